@@ -1,0 +1,226 @@
+"""The `planner` command line: options, rendering and exit codes. No planning logic lives here.
+
+Exit codes: 0 success; 1 no feasible plan / the estimated plan does not fit; 2 invalid usage or
+input (one line naming the bad value, never a traceback).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from planner import InfeasibleError, PlannerError, __version__
+from planner.cluster import Cluster, catalog_cluster_names, load_cluster
+from planner.config import DTYPES, ParallelConfig, Partition, Training
+from planner.cost.estimate import Estimate, estimate
+from planner.gpu import GIB, catalog_gpu_names, lookup_gpu
+from planner.model import ModelSpec, catalog_model_names, load_model
+from planner.placement import default_placement
+from planner.plan import build_plan_document, write_atomic
+from planner.render import describe_estimate, format_breakdown, format_stages, format_table
+
+DEFAULT_MODEL = "llama3-8b"
+DEFAULT_CLUSTER = "1x8xH100-80GB"
+DEFAULT_GLOBAL_BATCH = 128
+DEFAULT_SEQ_LEN = 8192
+
+
+# ---- shared options ---------------------------------------------------------------------------
+
+def problem_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Model, cluster and training options shared by `plan` and `estimate`."""
+    options = [
+        click.option("--model", "model_spec", default=DEFAULT_MODEL, show_default=True,
+                     help="Catalog name, HF config.json, or planner model/plan file."),
+        click.option("--cluster", "cluster_spec", default=DEFAULT_CLUSTER, show_default=True,
+                     help="Preset name, YAML/JSON cluster file, or NODESxGPUSxGPU (e.g. 16x8xH100-80GB)."),
+        click.option("--global-batch", type=int, default=DEFAULT_GLOBAL_BATCH, show_default=True,
+                     help="Sequences per iteration."),
+        click.option("--seq-len", type=int, default=DEFAULT_SEQ_LEN, show_default=True, help="Tokens per sequence."),
+        click.option("--dtype", type=click.Choice(DTYPES), default="bf16", show_default=True),
+        click.option("--attention", type=click.Choice(["flash", "unfused"]), default="flash", show_default=True,
+                     help="Attention kernel: FlashAttention, or unfused softmax (pre-2022 Megatron runs)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def parallel_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Parallel-configuration options; on `plan` each one fixes that dimension of the search."""
+    options = [
+        click.option("--tp", type=int, help="Tensor-parallel degree."),
+        click.option("--pp", type=int, help="Pipeline-parallel degree."),
+        click.option("--dp", type=int, help="Data-parallel degree."),
+        click.option("--micro-batch", type=int, help="Micro-batch size (sequences)."),
+        click.option("--vpp", type=int, help="Model chunks per pipeline rank (interleaved schedule)."),
+        click.option("--recompute", type=click.Choice(["none", "selective", "full"])),
+        click.option("--schedule", type=click.Choice(["1f1b", "interleaved", "gpipe"])),
+        click.option("--zero", "zero_stage", type=click.IntRange(0, 3), help="ZeRO stage (DeepSpeed semantics)."),
+        click.option("--distributed-optimizer", is_flag=True, default=None,
+                     help="Megatron-LM distributed optimizer (shards optimizer states like ZeRO-1)."),
+        click.option("--sequence-parallel/--no-sequence-parallel", default=None,
+                     help="Megatron-LM sequence parallelism (needs tp > 1)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def handle_errors(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn user errors into one line and the documented exit code."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except PlannerError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        except InfeasibleError as exc:
+            click.echo(f"infeasible: {exc}", err=True)
+            sys.exit(1)
+
+    return wrapper
+
+
+def build_training(global_batch: int, seq_len: int, dtype: str, attention: str) -> Training:
+    return Training(global_batch=global_batch, seq_len=seq_len, dtype=dtype, attention=attention,
+                    grad_bytes=2 if dtype == "fp16" else 4)
+
+
+def load_problem(model_spec: str, cluster_spec: str) -> tuple[ModelSpec, Cluster]:
+    return load_model(model_spec), load_cluster(cluster_spec)
+
+
+def shortfall_message(result: Estimate) -> str:
+    stage = result.tightest_stage()
+    short = stage.memory.total - stage.memory.capacity
+    return (
+        f"stage {stage.index} (pipeline rank {stage.pp_rank}) needs {stage.memory.total / GIB:.1f} GiB, "
+        f"{stage.gpu} has {stage.memory.capacity / GIB:.1f} GiB (short by {short / GIB:.1f} GiB); "
+        "try more GPUs, a larger --tp/--pp, --recompute full or --distributed-optimizer"
+    )
+
+
+# ---- commands ---------------------------------------------------------------------------------
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="planner")
+def main() -> None:
+    """planner: find the parallel layout for training a large model on a GPU cluster."""
+
+
+@main.command("estimate")
+@problem_options
+@parallel_options
+@click.option("--partition", help="Transformer blocks per (virtual) stage, e.g. 5,6,7,6 (default: uniform).")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan JSON document only.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the plan JSON here.")
+@handle_errors
+def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len: int, dtype: str,
+                     attention: str, partition: str | None, as_json: bool, out: Path | None,
+                     **parallel: Any) -> None:
+    """Estimate time and memory of one fully given configuration, with its breakdown."""
+    model, cluster = load_problem(model_spec, cluster_spec)
+    training = build_training(global_batch, seq_len, dtype, attention)
+    config = config_from_options(parallel, cluster)
+    split = parse_partition(partition, model) if partition else None
+    placement = default_placement(cluster, config)
+    result = estimate(model, cluster, training, config, split, placement)
+    document = build_plan_document(model, cluster, training, config, placement, result)
+    text = json.dumps(document, indent=2)
+    if out:
+        write_atomic(out, text + "\n")
+    if as_json:
+        click.echo(text)
+    else:
+        click.echo(f"{model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {global_batch}, "
+                   f"sequence {seq_len}, {dtype}")
+        click.echo(describe_estimate(config, result, config.num_gpus))
+        click.echo("\nbreakdown of one iteration")
+        click.echo(format_breakdown(result))
+        click.echo("\nstages (times per micro-batch; memory per GPU of that pipeline rank)")
+        click.echo(format_stages(result))
+    if not result.fits:
+        click.echo(f"does not fit: {shortfall_message(result)}", err=True)
+        sys.exit(1)
+
+
+def config_from_options(options: dict[str, Any], cluster: Cluster) -> ParallelConfig:
+    """A complete configuration for `estimate`: unspecified degrees default to 1 with dp taking the rest."""
+    tp = options.get("tp") or 1
+    pp = options.get("pp") or 1
+    dp = options.get("dp")
+    if dp is None:
+        if cluster.num_gpus % (tp * pp):
+            raise PlannerError(
+                f"tp × pp = {tp * pp} does not divide the cluster's {cluster.num_gpus} GPUs; give --dp explicitly"
+            )
+        dp = cluster.num_gpus // (tp * pp)
+    vpp = options.get("vpp") or 1
+    schedule = options.get("schedule") or ("interleaved" if vpp > 1 else "1f1b")
+    return ParallelConfig(
+        dp=dp, tp=tp, pp=pp, vpp=vpp, micro_batch=options.get("micro_batch") or 1,
+        sequence_parallel=bool(options.get("sequence_parallel")) if options.get("sequence_parallel") is not None
+        else tp > 1,
+        recompute=options.get("recompute") or "none",
+        zero_stage=options.get("zero_stage") or 0,
+        distributed_optimizer=bool(options.get("distributed_optimizer")),
+        schedule=schedule,
+    )
+
+
+def parse_partition(text: str, model: ModelSpec) -> Partition:
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise PlannerError(f"--partition {text!r} must be comma-separated block counts, e.g. 5,6,7,6") from None
+    return Partition.from_blocks(counts, model.num_layers)
+
+
+@main.command("list")
+@click.argument("what", type=click.Choice(["models", "gpus", "clusters"]))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@handle_errors
+def list_command(what: str, as_json: bool) -> None:
+    """List catalog models, GPU types or cluster presets."""
+    if what == "models":
+        models = [load_model(name) for name in catalog_model_names()]
+        records = [{**m.to_dict(), "num_parameters": m.num_parameters} for m in models]
+        headers = ("name", "layers", "hidden", "heads", "kv heads", "ffn", "vocab", "experts", "parameters")
+        rows = [(m.name, m.num_layers, m.hidden_size, m.num_attention_heads, m.num_key_value_heads,
+                 m.ffn_hidden_size, m.vocab_size, m.num_experts, f"{m.num_parameters / 1e9:.2f} B") for m in models]
+    elif what == "gpus":
+        gpus = [lookup_gpu(name) for name in catalog_gpu_names()]
+        records = [{"name": g.name, "peak_flops_per_s": dict(g.peak_flops_per_s), "memory_bytes": g.memory_bytes,
+                    "hbm_bandwidth_bytes_per_s": g.hbm_bandwidth_bytes_per_s,
+                    "matmul_efficiency": g.matmul_efficiency, "intra_node_link": g.intra_node_link,
+                    "intra_node_bandwidth_bytes_per_s": g.intra_node_bandwidth_bytes_per_s,
+                    "gpus_per_node": g.gpus_per_node, "nic_bandwidth_bytes_per_s": g.nic_bandwidth_bytes_per_s,
+                    "source": g.source} for g in gpus]
+        headers = ("name", "peak TFLOP/s", "memory", "HBM GB/s", "intra-node", "NIC GB/s")
+        rows = [(g.name, " ".join(f"{k}:{v / 1e12:g}" for k, v in g.peak_flops_per_s),
+                 f"{g.memory_bytes / GIB:.0f} GiB", f"{g.hbm_bandwidth_bytes_per_s / 1e9:.0f}",
+                 f"{g.intra_node_link} {g.intra_node_bandwidth_bytes_per_s / 1e9:.0f} GB/s",
+                 f"{g.nic_bandwidth_bytes_per_s / 1e9:g}") for g in gpus]
+    else:
+        clusters = [load_cluster(name) for name in catalog_cluster_names()]
+        records = [{"name": c.name, "num_nodes": c.num_nodes, "gpus_per_node": c.gpus_per_node,
+                    "gpu": c.gpu_label, "num_gpus": c.num_gpus} for c in clusters]
+        headers = ("name", "nodes", "GPUs/node", "GPU", "GPUs")
+        rows = [(c.name, c.num_nodes, c.gpus_per_node, c.gpu_label, c.num_gpus) for c in clusters]
+    if as_json:
+        click.echo(json.dumps(records, indent=2))
+    else:
+        click.echo(format_table(headers, rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,347 @@
+"""The cluster: nodes of GPUs, the links between them, and the bandwidth a collective gets.
+
+A `Cluster` is a list of nodes (each with its GPU type, NVLink/XGMI island and one NIC per GPU)
+plus optional per-node-pair link overrides (from a cluster file or a measured LINKS.json). Its
+`graph` is the same topology as a networkx graph: GPU vertices, one switch vertex per node
+(the NVLink island) and a fabric vertex; override pairs are direct switch–switch edges.
+
+Bandwidth convention: every bandwidth is bytes per second per direction *per GPU*. Inside a node
+that is the GPU's NVLink share; between nodes it is what one GPU's NIC carries to a peer GPU in
+the other node (LINKS.json measures exactly this with p2p probes).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cache, cached_property
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from planner.errors import PlannerError
+from planner.gpu import GPUSpec, lookup_gpu
+from planner.resources import load_structured_file, profiles_dir
+
+__all__ = [
+    "Cluster",
+    "GpuId",
+    "Link",
+    "Node",
+    "catalog_cluster_names",
+    "load_cluster",
+    "parse_shorthand",
+]
+
+_GB = 1e9
+# α of one NCCL ring step. Defaults until calibration overrides them (profiles/calibration.yaml):
+# NVLink hop a few µs, InfiniBand/RoCE hop ~10 µs (nccl-tests small-message times, REFERENCE.md §4).
+DEFAULT_INTRA_NODE_LATENCY_S = 5e-6
+DEFAULT_INTER_NODE_LATENCY_S = 10e-6
+
+GpuId = tuple[int, int]
+"""A GPU as (node index, GPU index inside the node)."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """A path's bandwidth (bytes/s per direction per GPU) and latency (seconds per message)."""
+
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    kind: str = "inter"  # "intra" (NVLink/XGMI/PCIe island) or "inter" (NIC fabric)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One server: `num_gpus` GPUs of one type on one intra-node fabric, one NIC per GPU."""
+
+    name: str
+    gpu: GPUSpec
+    num_gpus: int
+    intra_bandwidth_bytes_per_s: float
+    nic_bandwidth_bytes_per_s: float
+
+    def __post_init__(self) -> None:
+        if self.num_gpus < 1:
+            raise PlannerError(f"node {self.name}: num_gpus must be positive, got {self.num_gpus}")
+        if self.intra_bandwidth_bytes_per_s <= 0 or self.nic_bandwidth_bytes_per_s <= 0:
+            raise PlannerError(f"node {self.name}: bandwidths must be positive")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A set of nodes and the links between them (see the module docstring for units)."""
+
+    name: str
+    nodes: tuple[Node, ...]
+    pair_links: dict[tuple[int, int], Link] = field(default_factory=dict, compare=False, repr=False)
+    intra_latency_s: float = DEFAULT_INTRA_NODE_LATENCY_S
+    inter_latency_s: float = DEFAULT_INTER_NODE_LATENCY_S
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise PlannerError(f"cluster {self.name}: needs at least one node")
+        names = [node.name for node in self.nodes]
+        if len(set(names)) != len(names):
+            raise PlannerError(f"cluster {self.name}: node names must be unique")
+
+    # ---- shape ----------------------------------------------------------------------------
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(node.num_gpus for node in self.nodes)
+
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs in the smallest node (the size a TP group must fit in)."""
+        return min(node.num_gpus for node in self.nodes)
+
+    @property
+    def is_homogeneous(self) -> bool:
+        first = self.nodes[0]
+        return all(n.gpu == first.gpu and n.num_gpus == first.num_gpus for n in self.nodes)
+
+    @property
+    def gpu_types(self) -> tuple[GPUSpec, ...]:
+        seen: dict[str, GPUSpec] = {}
+        for node in self.nodes:
+            seen.setdefault(node.gpu.name, node.gpu)
+        return tuple(seen.values())
+
+    @property
+    def gpu(self) -> GPUSpec:
+        """The GPU type of a single-type cluster (mixed clusters name their groups instead)."""
+        types = self.gpu_types
+        if len(types) != 1:
+            raise PlannerError(f"cluster {self.name} mixes GPU types: {', '.join(t.name for t in types)}")
+        return types[0]
+
+    @property
+    def gpu_label(self) -> str:
+        return "+".join(t.name for t in self.gpu_types)
+
+    def gpu_ids(self) -> list[GpuId]:
+        """Every GPU in rank order: node by node, GPU index fastest."""
+        return [(n, g) for n, node in enumerate(self.nodes) for g in range(node.num_gpus)]
+
+    def node_index(self, name: str) -> int:
+        for index, node in enumerate(self.nodes):
+            if node.name == name:
+                return index
+        raise PlannerError(f"cluster {self.name} has no node named {name!r}")
+
+    # ---- links ----------------------------------------------------------------------------
+    def link(self, node_a: int, node_b: int) -> Link:
+        """The per-GPU path between two nodes (the NVLink island when they are the same node)."""
+        key = (min(node_a, node_b), max(node_a, node_b))
+        if key in self.pair_links:
+            return self.pair_links[key]
+        a, b = self.nodes[node_a], self.nodes[node_b]
+        if node_a == node_b:
+            return Link(a.intra_bandwidth_bytes_per_s, self.intra_latency_s, "intra")
+        bandwidth = min(a.nic_bandwidth_bytes_per_s, b.nic_bandwidth_bytes_per_s)
+        return Link(bandwidth, self.inter_latency_s, "inter")
+
+    def ring_link(self, gpus: Sequence[GpuId]) -> Link:
+        """Effective bus bandwidth and per-step latency of a ring collective over `gpus`.
+
+        The ring visits nodes in the order their GPUs first appear. Inside a node it runs on the
+        NVLink island; each node-to-node hop can use one NIC per group GPU on the node (NCCL runs
+        that many rings in parallel), so the hop gives `pair bandwidth × GPUs per node`, capped by
+        the island. The slowest hop bounds the ring.
+        """
+        if len(gpus) <= 1:
+            return Link(float("inf"), 0.0, "intra")
+        order: list[int] = []
+        per_node: dict[int, int] = {}
+        for node, _gpu in gpus:
+            if node not in per_node:
+                order.append(node)
+                per_node[node] = 0
+            per_node[node] += 1
+        if len(order) == 1:
+            return self.link(order[0], order[0])
+        width = min(per_node.values())
+        bandwidth = min(
+            (self.link(n, n).bandwidth_bytes_per_s for n in order if per_node[n] > 1), default=float("inf")
+        )
+        latency = 0.0
+        for position, node in enumerate(order):
+            hop = self.link(node, order[(position + 1) % len(order)])
+            bandwidth = min(bandwidth, hop.bandwidth_bytes_per_s * width)
+            latency = max(latency, hop.latency_s)
+        return Link(bandwidth, latency, "inter")
+
+    def p2p_link(self, a: GpuId, b: GpuId) -> Link:
+        """Point-to-point path between two GPUs."""
+        return self.link(a[0], b[0])
+
+    # ---- derived clusters -----------------------------------------------------------------
+    def with_pair_links(self, links: dict[tuple[int, int], Link]) -> Cluster:
+        merged = dict(self.pair_links)
+        merged.update({(min(a, b), max(a, b)): link for (a, b), link in links.items()})
+        return replace(self, pair_links=merged)
+
+    def with_nodes(self, nodes: Iterable[Node]) -> Cluster:
+        return replace(self, nodes=tuple(nodes))
+
+    # ---- graph view -----------------------------------------------------------------------
+    @cached_property
+    def graph(self) -> nx.Graph:
+        """GPUs, per-node switches and the fabric as a networkx graph with bandwidth/latency edges."""
+        graph = nx.Graph(name=self.name)
+        graph.add_node("fabric", kind="fabric")
+        for n, node in enumerate(self.nodes):
+            switch = ("switch", n)
+            graph.add_node(switch, kind="switch", node=node.name)
+            for g in range(node.num_gpus):
+                graph.add_node((n, g), kind="gpu", gpu=node.gpu.name, node=node.name)
+                graph.add_edge(
+                    (n, g), switch, bandwidth_bytes_per_s=node.intra_bandwidth_bytes_per_s,
+                    latency_s=self.intra_latency_s,
+                )
+            graph.add_edge(
+                switch, "fabric", bandwidth_bytes_per_s=node.nic_bandwidth_bytes_per_s * node.num_gpus,
+                latency_s=self.inter_latency_s / 2,
+            )
+        for (a, b), link in self.pair_links.items():
+            if a != b:
+                graph.add_edge(
+                    ("switch", a), ("switch", b), bandwidth_bytes_per_s=link.bandwidth_bytes_per_s,
+                    latency_s=link.latency_s, measured=True,
+                )
+        return graph
+
+
+# ---- construction -----------------------------------------------------------------------------
+
+_SHORTHAND = re.compile(r"^(\d+)x(\d+)x(.+)$", re.IGNORECASE)
+
+
+def uniform_cluster(name: str, gpu: GPUSpec, num_nodes: int, gpus_per_node: int,
+                    intra_bandwidth_bytes_per_s: float | None = None,
+                    nic_bandwidth_bytes_per_s: float | None = None) -> Cluster:
+    """`num_nodes` identical nodes of the usual build for this GPU unless bandwidths are given."""
+    if num_nodes < 1 or gpus_per_node < 1:
+        raise PlannerError(f"cluster {name}: node count and GPUs per node must be positive")
+    nodes = tuple(
+        Node(
+            name=f"node{i}",
+            gpu=gpu,
+            num_gpus=gpus_per_node,
+            intra_bandwidth_bytes_per_s=intra_bandwidth_bytes_per_s or gpu.intra_node_bandwidth_bytes_per_s,
+            nic_bandwidth_bytes_per_s=nic_bandwidth_bytes_per_s or gpu.nic_bandwidth_bytes_per_s,
+        )
+        for i in range(num_nodes)
+    )
+    return Cluster(name=name, nodes=nodes)
+
+
+def parse_shorthand(text: str) -> Cluster:
+    """`NODESxGPUSxGPU`, e.g. `16x8xH100-80GB`: usual node of that GPU (NVLink inside, a NIC per GPU)."""
+    match = _SHORTHAND.match(text.strip())
+    if not match:
+        raise PlannerError(f"cluster shorthand {text!r} is not NODESxGPUSxGPU (e.g. 16x8xH100-80GB)")
+    nodes, per_node, gpu_name = int(match[1]), int(match[2]), match[3]
+    if nodes < 1 or per_node < 1:
+        raise PlannerError(f"cluster {text!r}: node count and GPUs per node must be at least 1")
+    gpu = lookup_gpu(gpu_name)
+    return uniform_cluster(f"{nodes}x{per_node}x{gpu.name}", gpu, nodes, per_node)
+
+
+def _number(data: dict[str, Any], key: str, origin: str, default: float | None = None) -> float | None:
+    value = data.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise PlannerError(f"{origin}: '{key}' must be a positive number, got {value!r}")
+    return float(value)
+
+
+def cluster_from_dict(data: dict[str, Any], origin: str) -> Cluster:
+    """A cluster document: `node_groups` (or one group's keys at top level) plus optional `links`.
+
+    Group keys: gpu, nodes, gpus_per_node, intra_node_gbps, inter_node_gbps (per GPU, GB/s),
+    names (optional list of node names). Top level: name, intra_node_latency_us,
+    inter_node_latency_us, links: [{nodes: [a, b], gbps, latency_us}] with node names or indices.
+    """
+    if not isinstance(data, dict):
+        raise PlannerError(f"{origin}: a cluster file must be a mapping")
+    groups = data.get("node_groups") or [data]
+    if not isinstance(groups, list):
+        raise PlannerError(f"{origin}: 'node_groups' must be a list")
+    nodes: list[Node] = []
+    for position, group in enumerate(groups):
+        where = f"{origin}: node group {position}"
+        if not isinstance(group, dict) or "gpu" not in group:
+            raise PlannerError(f"{where}: needs a 'gpu' type")
+        gpu = lookup_gpu(str(group["gpu"]))
+        count = group.get("nodes", 1)
+        per_node = group.get("gpus_per_node", gpu.gpus_per_node)
+        for key, value in (("nodes", count), ("gpus_per_node", per_node)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PlannerError(f"{where}: '{key}' must be a positive integer, got {value!r}")
+        intra = _number(group, "intra_node_gbps", where, gpu.intra_node_bandwidth_bytes_per_s / _GB)
+        nic = _number(group, "inter_node_gbps", where, gpu.nic_bandwidth_bytes_per_s / _GB)
+        names = group.get("names") or [f"node{len(nodes) + i}" for i in range(count)]
+        if len(names) != count:
+            raise PlannerError(f"{where}: {len(names)} names given for {count} nodes")
+        nodes.extend(Node(str(n), gpu, per_node, intra * _GB, nic * _GB) for n in names)
+    cluster = Cluster(
+        name=str(data.get("name", Path(origin).stem)),
+        nodes=tuple(nodes),
+        intra_latency_s=_number(data, "intra_node_latency_us", origin, DEFAULT_INTRA_NODE_LATENCY_S * 1e6) / 1e6,
+        inter_latency_s=_number(data, "inter_node_latency_us", origin, DEFAULT_INTER_NODE_LATENCY_S * 1e6) / 1e6,
+    )
+    overrides: dict[tuple[int, int], Link] = {}
+    for position, entry in enumerate(data.get("links") or []):
+        where = f"{origin}: links[{position}]"
+        pair = entry.get("nodes") if isinstance(entry, dict) else None
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise PlannerError(f"{where}: needs 'nodes: [a, b]'")
+        a, b = (_resolve_node(cluster, item, where) for item in pair)
+        bandwidth = _number(entry, "gbps", where)
+        if bandwidth is None:
+            raise PlannerError(f"{where}: needs 'gbps'")
+        latency = _number(entry, "latency_us", where, cluster.inter_latency_s * 1e6)
+        overrides[(a, b)] = Link(bandwidth * _GB, latency / 1e6, "intra" if a == b else "inter")
+    return cluster.with_pair_links(overrides) if overrides else cluster
+
+
+def _resolve_node(cluster: Cluster, item: Any, where: str) -> int:
+    if isinstance(item, int) and not isinstance(item, bool):
+        if not 0 <= item < cluster.num_nodes:
+            raise PlannerError(f"{where}: node index {item} is outside 0..{cluster.num_nodes - 1}")
+        return item
+    return cluster.node_index(str(item))
+
+
+@cache
+def _catalog() -> dict[str, dict[str, Any]]:
+    return load_structured_file(profiles_dir() / "clusters.yaml")["clusters"]
+
+
+def catalog_cluster_names() -> list[str]:
+    return list(_catalog())
+
+
+def load_cluster(spec: str) -> Cluster:
+    """A catalog preset name, a YAML/JSON cluster file, or the `NODESxGPUSxGPU` shorthand."""
+    catalog = _catalog()
+    if spec in catalog:
+        return cluster_from_dict({"name": spec, **catalog[spec]}, f"catalog cluster {spec!r}")
+    path = Path(spec)
+    if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
+        return cluster_from_dict(load_structured_file(path), str(path))
+    if _SHORTHAND.match(spec.strip()):
+        return parse_shorthand(spec)
+    raise PlannerError(
+        f"unknown cluster {spec!r}: use a preset ({', '.join(catalog)}), a YAML/JSON file, "
+        "or NODESxGPUSxGPU such as 16x8xH100-80GB"
+    )

@@ -1,0 +1,238 @@
+"""Time and memory of one fully specified plan, with the breakdown a user needs to see why.
+
+`estimate` composes the pieces: unit costs on each pipeline rank's GPU (cost/time.py), stage
+sums over the partition, the schedule's critical path (cost/schedule.py), exposed DP traffic,
+the optimizer step, and per-GPU memory (cost/memory.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.cluster import Cluster
+from planner.config import ParallelConfig, Partition, Training
+from planner.cost.memory import in_flight_microbatches, model_state_bytes
+from planner.cost.schedule import pipeline_time
+from planner.cost.time import (
+    UnitCost,
+    UnitTimer,
+    data_parallel_time,
+    optimizer_step_time,
+    p2p_boundary_time,
+    unit_costs,
+)
+from planner.errors import PlannerError
+from planner.model import ModelSpec, UnitKind
+from planner.placement import GroupLinks, Placement, default_placement
+from planner.profile.analytic import AnalyticProfile, block_forward_flops, head_forward_flops
+from planner.profile.calibration import Calibration, default_calibration
+
+__all__ = ["BREAKDOWN_KEYS", "Estimate", "MemoryBreakdown", "StageEstimate", "estimate", "model_flops_per_iteration"]
+
+BREAKDOWN_KEYS = ("compute", "recompute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer", "other")
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes on one GPU; `other` is the stated runtime overhead (context, NCCL, fragmentation)."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    other: float
+    capacity: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.other
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
+            "activations": self.activations, "other": self.other, "total": self.total,
+            "capacity": self.capacity,
+        }
+
+
+@dataclass(frozen=True)
+class StageEstimate:
+    """One virtual stage: its units, its GPU, time per micro-batch, and its rank's memory."""
+
+    index: int
+    pp_rank: int
+    virtual_index: int
+    units: tuple[int, int]
+    blocks: tuple[int, int]
+    embedding: bool
+    head: bool
+    gpu: str
+    forward_s: float
+    backward_s: float  # includes recompute and TP communication of the backward pass
+    p2p_s: float
+    memory: MemoryBreakdown
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Iteration time, throughput, utilisation, per-stage detail and the breakdown (seconds)."""
+
+    iteration_time_s: float
+    tokens_per_s: float
+    model_tflops_per_gpu: float
+    mfu: float
+    breakdown_s: dict[str, float]
+    stages: tuple[StageEstimate, ...]
+    num_microbatches: int
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        return max(stage.memory.total for stage in self.stages)
+
+    @property
+    def fits(self) -> bool:
+        return all(stage.memory.fits for stage in self.stages)
+
+    def tightest_stage(self) -> StageEstimate:
+        return max(self.stages, key=lambda s: (s.memory.total - s.memory.capacity, -s.index))
+
+
+def model_flops_per_iteration(model: ModelSpec, training: Training) -> float:
+    """Model FLOPs (forward + backward, no recompute, attention not halved for causality) —
+    Korthikanti et al. eq. 7 for GPT, generalised to GQA/SwiGLU/MoE; the MFU convention."""
+    tokens = training.global_batch * training.seq_len
+    forward = model.num_layers * block_forward_flops(model, tokens, training.seq_len)
+    forward += head_forward_flops(model, tokens)
+    return 3 * forward
+
+
+def _unit_kind(model: ModelSpec, unit_index: int) -> UnitKind:
+    if unit_index == 0:
+        return UnitKind.EMBEDDING
+    return UnitKind.HEAD if unit_index == model.num_layers + 1 else UnitKind.BLOCK
+
+
+def _sum_costs(model: ModelSpec, costs: dict[UnitKind, UnitCost], start: int, end: int) -> dict[str, float]:
+    totals = dict.fromkeys(("forward", "backward", "recompute", "tp_forward", "tp_backward", "activations",
+                            "params"), 0.0)
+    for unit in range(start, end):
+        cost = costs[_unit_kind(model, unit)]
+        totals["forward"] += cost.forward_s
+        totals["backward"] += cost.backward_s
+        totals["recompute"] += cost.recompute_s
+        totals["tp_forward"] += cost.tp_forward_s
+        totals["tp_backward"] += cost.tp_backward_s
+        totals["activations"] += cost.activation_bytes
+        totals["params"] += cost.params
+    return totals
+
+
+def validate_layout(model: ModelSpec, config: ParallelConfig, partition: Partition) -> None:
+    """The partition must fit the model and the configuration's virtual stages."""
+    units = model.num_layers + 2
+    if partition.num_units != units:
+        raise PlannerError(
+            f"partition covers {partition.num_units} units but {model.name} has {units} "
+            f"(embedding + {model.num_layers} blocks + head)"
+        )
+    if partition.num_stages != config.num_virtual_stages:
+        raise PlannerError(
+            f"partition has {partition.num_stages} stages but pp × vpp = {config.pp} × {config.vpp} = "
+            f"{config.num_virtual_stages}"
+        )
+
+
+def estimate(
+    model: ModelSpec,
+    cluster: Cluster,
+    training: Training,
+    config: ParallelConfig,
+    partition: Partition | None = None,
+    placement: Placement | None = None,
+    timer: UnitTimer | None = None,
+    calibration: Calibration | None = None,
+) -> Estimate:
+    """Estimate one plan. Defaults: Megatron's uniform split, rank-order placement, analytic profile."""
+    calibration = calibration or default_calibration()
+    timer = timer or AnalyticProfile(model, calibration)
+    partition = partition or Partition.uniform(model.num_layers, config.num_virtual_stages)
+    validate_layout(model, config, partition)
+    placement = placement or default_placement(cluster, config)
+    links = GroupLinks.from_placement(cluster, config, placement)
+    m = config.num_microbatches(training.global_batch)
+    for rank, gpu in enumerate(links.gpu):
+        if not gpu.supports(training.dtype):
+            raise PlannerError(f"{training.dtype} is not supported by {gpu.name} (pipeline rank {rank})")
+
+    rank_costs = [unit_costs(model, training, config, links.gpu[r], links.tp[r], timer, calibration)
+                  for r in range(config.pp)]
+    bounds = partition.bounds()
+    last_stage = len(bounds) - 1
+    sums, stage_times, p2p = [], [], []
+    for k, (start, end) in enumerate(bounds):
+        r = k % config.pp
+        totals = _sum_costs(model, rank_costs[r], start, end)
+        boundary = p2p_boundary_time(model, training, config, links.pp[r], calibration) if k < last_stage else 0.0
+        sums.append(totals)
+        p2p.append(boundary)
+        stage_times.append(totals["forward"] + totals["backward"] + totals["recompute"]
+                           + totals["tp_forward"] + totals["tp_backward"] + boundary)
+
+    pipeline = pipeline_time(stage_times, config.pp, m, config.schedule)
+    memories, dp_exposed, optimizer = [], [], []
+    for r in range(config.pp):
+        mine = [k for k in range(len(bounds)) if k % config.pp == r]
+        params = sum(sums[k]["params"] for k in mine)
+        states = model_state_bytes(params, config.dp, config.optimizer_sharding, training.grad_bytes)
+        activations = in_flight_microbatches(config, r, m) * sum(sums[k]["activations"] for k in mine)
+        tensors = states.total + activations
+        other = calibration.memory_overhead_bytes + calibration.memory_fragmentation * tensors
+        memories.append(MemoryBreakdown(states.weights, states.gradients, states.optimizer, activations, other,
+                                        float(links.capacity_bytes[r])))
+        last_backward = sum(sums[k]["backward"] + sums[k]["recompute"] for k in mine)
+        first_forward = sum(sums[k]["forward"] for k in mine)
+        dp_time = data_parallel_time(params, training, config, links.dp[r], calibration, last_backward,
+                                     first_forward, m)
+        dp_exposed.append(dp_time.exposed_s)
+        optimizer.append(optimizer_step_time(params, config, links.gpu[r], calibration))
+
+    bottleneck = [k for k in range(len(bounds)) if k % config.pp == pipeline.bottleneck_rank]
+    steady = {name: m * sum(sums[k][name] for k in bottleneck) for name in sums[0]}
+    breakdown = {
+        "compute": steady["forward"] + steady["backward"],
+        "recompute": steady["recompute"],
+        "bubble": pipeline.bubble_s,
+        "tp_comm": steady["tp_forward"] + steady["tp_backward"],
+        "pp_comm": m * sum(p2p[k] for k in bottleneck),
+        "dp_comm": max(dp_exposed),
+        "optimizer": max(optimizer),
+        "other": calibration.iteration_overhead_s,
+    }
+    iteration = sum(breakdown.values())
+    flops = model_flops_per_iteration(model, training)
+    gpus_used = config.num_gpus
+    peak = sum(links.gpu[r].peak_flops(training.dtype) for r in range(config.pp)) / config.pp
+    stages = []
+    for k, (start, end) in enumerate(bounds):
+        r = k % config.pp
+        blocks = (min(max(start - 1, 0), model.num_layers), min(max(end - 1, 0), model.num_layers))
+        stages.append(StageEstimate(
+            index=k, pp_rank=r, virtual_index=k // config.pp, units=(start, end), blocks=blocks,
+            embedding=start == 0, head=end == model.num_layers + 2, gpu=links.gpu[r].name,
+            forward_s=sums[k]["forward"] + sums[k]["tp_forward"],
+            backward_s=sums[k]["backward"] + sums[k]["recompute"] + sums[k]["tp_backward"],
+            p2p_s=p2p[k], memory=memories[r],
+        ))
+    return Estimate(
+        iteration_time_s=iteration,
+        tokens_per_s=training.tokens_per_iteration / iteration,
+        model_tflops_per_gpu=flops / iteration / gpus_used / 1e12,
+        mfu=flops / iteration / gpus_used / peak,
+        breakdown_s=breakdown,
+        stages=tuple(stages),
+        num_microbatches=m,
+    )

@@ -1,0 +1,171 @@
+"""Per-unit and per-stage time of one configuration: compute, recompute and tensor-parallel
+communication per micro-batch; pipeline p2p per stage boundary; data-parallel gradient
+reduction with the overlap Megatron-LM achieves; the optimizer step.
+
+Everything here is linear in the units a stage holds, which is what lets the ILP partitioner
+optimise the same quantities the estimate reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from planner.cluster import Link
+from planner.config import ParallelConfig, Recompute, Training
+from planner.cost.comm import all_gather_time, all_reduce_time, p2p_time, reduce_scatter_time
+from planner.cost.memory import activation_bytes
+from planner.gpu import GPUSpec
+from planner.model import ModelSpec, UnitKind
+from planner.profile.analytic import UnitSetting, UnitTimes, unit_setting
+from planner.profile.calibration import Calibration
+
+__all__ = [
+    "OPTIMIZER_BYTES_PER_PARAM",
+    "DataParallelTime",
+    "UnitCost",
+    "UnitTimer",
+    "data_parallel_time",
+    "optimizer_step_time",
+    "p2p_boundary_time",
+    "unit_costs",
+]
+
+# Adam step per local parameter: read fp32 param, grad, momentum, variance (16 B), write param,
+# momentum, variance (12 B) and the 16-bit model copy (2 B).
+OPTIMIZER_BYTES_PER_PARAM = 30
+# All-reduce-equivalents of the b·s·h activation each unit's TP collectives move per micro-batch
+# (Narayanan et al. 2021 §3.2: a block does 2 all-reduces forward and 2 backward; with sequence
+# parallelism each becomes an all-gather + reduce-scatter of the same volume, Korthikanti §4.2.2).
+_TP_ALL_REDUCES = {UnitKind.EMBEDDING: (1, 0), UnitKind.BLOCK: (2, 2), UnitKind.HEAD: (0, 1)}
+
+
+class UnitTimer(Protocol):
+    """Source of unit compute times: the analytic profile or a measured one."""
+
+    def times(self, kind: UnitKind, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes: ...
+
+
+@dataclass(frozen=True)
+class UnitCost:
+    """One unit for one micro-batch on one TP rank of a given GPU type."""
+
+    forward_s: float
+    backward_s: float  # without recompute
+    recompute_s: float  # extra forward work repeated during backward
+    tp_forward_s: float
+    tp_backward_s: float  # includes the recomputed forward's collectives under full recompute
+    activation_bytes: float
+    params: float  # parameters held per TP rank
+
+    @property
+    def compute_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+    @property
+    def tp_s(self) -> float:
+        return self.tp_forward_s + self.tp_backward_s
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.recompute_s + self.tp_s
+
+
+def unit_costs(
+    model: ModelSpec, training: Training, config: ParallelConfig, gpu: GPUSpec, tp_link: Link,
+    timer: UnitTimer, calibration: Calibration,
+) -> dict[UnitKind, UnitCost]:
+    """Cost of each unit kind (all blocks are alike) for one configuration on one GPU type."""
+    setting = unit_setting(training, config.tp, config.micro_batch, config.sequence_parallel)
+    message = 2 * training.seq_len * config.micro_batch * model.hidden_size
+    all_reduce = all_reduce_time(message, config.tp, tp_link, calibration)
+    params = {
+        UnitKind.EMBEDDING: model.embedding_parameters(),
+        UnitKind.BLOCK: model.block_parameters(),
+        UnitKind.HEAD: model.head_parameters(),
+    }
+    costs = {}
+    for kind in UnitKind:
+        times = timer.times(kind, setting, gpu)
+        forward_ars, backward_ars = _TP_ALL_REDUCES[kind]
+        recompute = 0.0
+        if kind is UnitKind.BLOCK and config.recompute is Recompute.FULL:
+            recompute = times.forward_s
+            backward_ars += forward_ars
+        elif kind is UnitKind.BLOCK and config.recompute is Recompute.SELECTIVE:
+            recompute = times.attention_core_forward_s
+        costs[kind] = UnitCost(
+            forward_s=times.forward_s,
+            backward_s=times.backward_s,
+            recompute_s=recompute,
+            tp_forward_s=forward_ars * all_reduce,
+            tp_backward_s=backward_ars * all_reduce,
+            activation_bytes=activation_bytes(model, kind, training, config),
+            params=params[kind] / config.tp,
+        )
+    return costs
+
+
+def p2p_boundary_time(model: ModelSpec, training: Training, config: ParallelConfig, link: Link,
+                      calibration: Calibration) -> float:
+    """Forward activation plus backward gradient across one stage boundary, per micro-batch.
+
+    With TP > 1 Megatron-LM sends 1/tp of the tensor (sequence-parallel shards, or the
+    scatter/gather optimisation of Narayanan et al. §4.1) and re-gathers it over NVLink.
+    """
+    size = 2 * training.seq_len * config.micro_batch * model.hidden_size / config.tp
+    return 2 * p2p_time(size, link, calibration)
+
+
+@dataclass(frozen=True)
+class DataParallelTime:
+    """Gradient/parameter communication of one pipeline rank per iteration, total and exposed."""
+
+    total_s: float
+    exposed_s: float
+
+
+def data_parallel_time(
+    params: float, training: Training, config: ParallelConfig, link: Link, calibration: Calibration,
+    last_backward_s: float, first_forward_s: float, num_microbatches: int,
+) -> DataParallelTime:
+    """DP traffic for `params` local parameters and how much of it the schedule cannot hide.
+
+    Plain DP all-reduces gradients once per iteration; the distributed optimizer / ZeRO-1
+    reduce-scatters gradients and all-gathers updated 16-bit weights; ZeRO-2 reduce-scatters
+    every micro-batch and ZeRO-3 also all-gathers weights for each forward and backward.
+    Megatron's overlap_grad_reduce hides the reduction behind the last micro-batch's backward;
+    overlap_param_gather hides the all-gather behind the first forward.
+    """
+    dp = config.dp
+    if dp == 1:
+        return DataParallelTime(0.0, 0.0)
+    grads = params * training.grad_bytes
+    weights = params * 2
+    sharding = config.optimizer_sharding
+    if sharding == 0:
+        reduce_s = all_reduce_time(grads, dp, link, calibration)
+        return DataParallelTime(reduce_s, _exposed(reduce_s, last_backward_s, config.overlap_grad_reduce))
+    if sharding == 1:
+        reduce_s = reduce_scatter_time(grads, dp, link, calibration)
+        gather_s = all_gather_time(weights, dp, link, calibration)
+        exposed = _exposed(reduce_s, last_backward_s, config.overlap_grad_reduce)
+        exposed += _exposed(gather_s, first_forward_s, config.overlap_param_gather)
+        return DataParallelTime(reduce_s + gather_s, exposed)
+    per_microbatch = reduce_scatter_time(grads, dp, link, calibration)
+    if sharding == 3:
+        per_microbatch += 2 * all_gather_time(weights, dp, link, calibration)
+    window = last_backward_s + first_forward_s
+    return DataParallelTime(num_microbatches * per_microbatch,
+                            num_microbatches * _exposed(per_microbatch, window, True))
+
+
+def _exposed(comm_s: float, hiding_s: float, overlapped: bool) -> float:
+    return max(0.0, comm_s - hiding_s) if overlapped else comm_s
+
+
+def optimizer_step_time(params: float, config: ParallelConfig, gpu: GPUSpec, calibration: Calibration) -> float:
+    """Memory-bound Adam step over the parameters this GPU updates (sharded over dp under ZeRO)."""
+    local = params / (config.dp if config.optimizer_sharding >= 1 else 1)
+    bandwidth = gpu.hbm_bandwidth_bytes_per_s * calibration.memory_bound_efficiency
+    return local * OPTIMIZER_BYTES_PER_PARAM / bandwidth

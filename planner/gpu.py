@@ -1,0 +1,96 @@
+"""GPU types (`GPUSpec`) and the shipped GPU catalog (``profiles/gpus.yaml``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import cache
+from typing import Any
+
+from planner.errors import PlannerError
+from planner.resources import load_structured_file, profiles_dir
+
+__all__ = ["GIB", "GPUSpec", "catalog_gpu_names", "gpu_from_dict", "lookup_gpu"]
+
+GIB = 1024**3
+_GB = 1e9
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One accelerator type. Bandwidths are per direction; FLOP/s are dense tensor-core peaks."""
+
+    name: str
+    peak_flops_per_s: tuple[tuple[str, float], ...]
+    memory_bytes: int
+    hbm_bandwidth_bytes_per_s: float
+    matmul_efficiency: float
+    intra_node_link: str
+    intra_node_bandwidth_bytes_per_s: float
+    gpus_per_node: int
+    nic_bandwidth_bytes_per_s: float
+    sm_count: int = 108
+    source: str = ""
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak for a training dtype; fp16 stands in for bf16 on GPUs without bf16 (V100)."""
+        peaks = dict(self.peak_flops_per_s)
+        if dtype in peaks:
+            return peaks[dtype]
+        raise PlannerError(f"GPU {self.name} has no {dtype} tensor-core peak; it supports {', '.join(peaks)}")
+
+    def supports(self, dtype: str) -> bool:
+        return dtype in dict(self.peak_flops_per_s)
+
+    def scaled(self, speed_factor: float) -> GPUSpec:
+        """The same GPU running `speed_factor` times as fast (below 1: a straggler)."""
+        peaks = tuple((dtype, value * speed_factor) for dtype, value in self.peak_flops_per_s)
+        return replace(
+            self,
+            name=f"{self.name}@{speed_factor:g}x",
+            peak_flops_per_s=peaks,
+            hbm_bandwidth_bytes_per_s=self.hbm_bandwidth_bytes_per_s * speed_factor,
+        )
+
+
+def gpu_from_dict(name: str, data: dict[str, Any], origin: str) -> GPUSpec:
+    """Build a GPUSpec from a catalog-style mapping (GB/s, TFLOP/s, GiB as in profiles/gpus.yaml)."""
+    try:
+        efficiency = float(data["matmul_efficiency"])
+        spec = GPUSpec(
+            name=name,
+            peak_flops_per_s=tuple((k, float(v) * 1e12) for k, v in data["peak_tflops"].items()),
+            memory_bytes=int(float(data["memory_gib"]) * GIB),
+            hbm_bandwidth_bytes_per_s=float(data["hbm_gbps"]) * _GB,
+            matmul_efficiency=efficiency,
+            intra_node_link=str(data["intra_node"]["link"]),
+            intra_node_bandwidth_bytes_per_s=float(data["intra_node"]["gbps"]) * _GB,
+            gpus_per_node=int(data["gpus_per_node"]),
+            nic_bandwidth_bytes_per_s=float(data["nic_gbps"]) * _GB,
+            sm_count=int(data["sm_count"]),
+            source=str(data.get("source", origin)),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise PlannerError(f"{origin}: GPU {name!r} is missing or has a bad field ({exc})") from None
+    if not 0 < efficiency <= 1:
+        raise PlannerError(f"{origin}: GPU {name!r} matmul_efficiency must be in (0, 1], got {efficiency}")
+    return spec
+
+
+@cache
+def _catalog() -> dict[str, GPUSpec]:
+    path = profiles_dir() / "gpus.yaml"
+    document = load_structured_file(path)
+    return {name: gpu_from_dict(name, data, str(path)) for name, data in document["gpus"].items()}
+
+
+def catalog_gpu_names() -> list[str]:
+    return list(_catalog())
+
+
+def lookup_gpu(name: str) -> GPUSpec:
+    """A catalog GPU by name (case-insensitive)."""
+    catalog = _catalog()
+    for key, spec in catalog.items():
+        if key.lower() == name.lower():
+            return spec
+    raise PlannerError(f"unknown GPU type {name!r}; known: {', '.join(catalog)}")

@@ -1,0 +1,328 @@
+"""Model architecture (`ModelSpec`), its partitionable units, the model catalog and HF config import.
+
+A model is a sequence of units that pipeline stages take contiguously: the embedding, one unit
+per transformer block, and the head (final norm + output projection + loss). Parameter counts
+are exact (they reproduce the published counts of Llama 3, Mixtral and Narayanan et al. eq. 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from planner.errors import PlannerError
+from planner.resources import load_structured_file, profiles_dir
+
+__all__ = [
+    "ModelSpec",
+    "Unit",
+    "UnitKind",
+    "catalog_model_names",
+    "load_model",
+    "model_from_hf_config",
+]
+
+
+class UnitKind(str, Enum):
+    """What a partitionable unit is."""
+
+    EMBEDDING = "embedding"
+    BLOCK = "block"
+    HEAD = "head"
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One partitionable piece of the model; blocks carry their index among transformer blocks."""
+
+    kind: UnitKind
+    index: int = 0
+    num_parameters: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"block{self.index}" if self.kind is UnitKind.BLOCK else self.kind.value
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer. Dimensions are per the whole model (before any parallelism).
+
+    ``ffn_hidden_size`` is the per-expert intermediate size for MoE models. ``dropout`` says
+    whether training applies hidden/attention dropout (GPT-3-era runs did; Llama-era runs do not),
+    which decides whether dropout masks are kept as activations.
+    """
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    max_position_embeddings: int = 2048
+    activation: str = "swiglu"  # "swiglu" | "gelu"
+    normalization: str = "rmsnorm"  # "rmsnorm" | "layernorm"
+    position_embedding: str = "rope"  # "rope" | "learned" | "alibi" (ALiBi has no parameters)
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+    linear_bias: bool = False  # biases on every linear layer and norm (GPT-2/3, NeoX)
+    num_experts: int = 1
+    moe_top_k: int = 1
+    dropout: bool = False
+    source: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise PlannerError(f"model {self.name!r}: {name} must be a positive integer, got {value!r}")
+        if self.num_key_value_heads is None:
+            object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise PlannerError(
+                    f"model {self.name!r}: hidden_size {self.hidden_size} is not divisible by "
+                    f"num_attention_heads {self.num_attention_heads}; give head_dim explicitly"
+                )
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        kv = self.num_key_value_heads
+        if kv < 1 or self.num_attention_heads % kv:
+            raise PlannerError(
+                f"model {self.name!r}: num_key_value_heads {kv} must divide "
+                f"num_attention_heads {self.num_attention_heads}"
+            )
+        checks = {
+            "activation": ("swiglu", "gelu"),
+            "normalization": ("rmsnorm", "layernorm"),
+            "position_embedding": ("rope", "learned", "alibi"),
+        }
+        for name, allowed in checks.items():
+            if getattr(self, name) not in allowed:
+                raise PlannerError(f"model {self.name!r}: {name} must be one of {', '.join(allowed)}")
+        if self.num_experts < 1 or not 1 <= self.moe_top_k <= self.num_experts:
+            raise PlannerError(
+                f"model {self.name!r}: need 1 <= moe_top_k ({self.moe_top_k}) <= num_experts ({self.num_experts})"
+            )
+
+    # ---- derived sizes -------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 1
+
+    @property
+    def query_width(self) -> int:
+        """Width of the query projection output (heads × head_dim)."""
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    @property
+    def norm_parameters(self) -> int:
+        """Parameters of one norm layer (LayerNorm has a bias)."""
+        return 2 * self.hidden_size if self.normalization == "layernorm" else self.hidden_size
+
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices of size h × ffn per expert: 3 for SwiGLU (gate, up, down), 2 for GeLU."""
+        return 3 if self.activation == "swiglu" else 2
+
+    def attention_parameters(self) -> int:
+        h, q, kv = self.hidden_size, self.query_width, self.kv_width
+        weights = h * (q + 2 * kv) + q * h
+        bias = 0
+        if self.qkv_bias or self.linear_bias:
+            bias += q + 2 * kv
+        if self.linear_bias:
+            bias += h
+        return weights + bias
+
+    def expert_parameters(self) -> int:
+        """Parameters of one expert's MLP (the whole MLP for a dense model)."""
+        h, f = self.hidden_size, self.ffn_hidden_size
+        weights = self.mlp_matrices * h * f
+        bias = ((self.mlp_matrices - 1) * f + h) if self.linear_bias else 0
+        return weights + bias
+
+    def block_parameters(self) -> int:
+        router = self.hidden_size * self.num_experts if self.is_moe else 0
+        return (
+            self.attention_parameters()
+            + self.num_experts * self.expert_parameters()
+            + router
+            + 2 * self.norm_parameters
+        )
+
+    def block_active_parameters(self) -> int:
+        """Parameters one token passes through in a block (top-k experts for MoE)."""
+        router = self.hidden_size * self.num_experts if self.is_moe else 0
+        return (
+            self.attention_parameters()
+            + self.moe_top_k * self.expert_parameters()
+            + router
+            + 2 * self.norm_parameters
+        )
+
+    def embedding_parameters(self) -> int:
+        positions = self.max_position_embeddings * self.hidden_size if self.position_embedding == "learned" else 0
+        return self.vocab_size * self.hidden_size + positions
+
+    def head_parameters(self) -> int:
+        """Final norm plus the output projection (zero extra when tied to the embedding)."""
+        output = 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
+        return self.norm_parameters + output
+
+    @property
+    def num_parameters(self) -> int:
+        """Unique parameters (a tied output matrix counts once)."""
+        return self.embedding_parameters() + self.num_layers * self.block_parameters() + self.head_parameters()
+
+    def units(self) -> tuple[Unit, ...]:
+        """Embedding, every block in order, then the head."""
+        block = self.block_parameters()
+        return (
+            Unit(UnitKind.EMBEDDING, 0, self.embedding_parameters()),
+            *(Unit(UnitKind.BLOCK, i, block) for i in range(self.num_layers)),
+            Unit(UnitKind.HEAD, 0, self.head_parameters()),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields a planner model file holds (also the plan JSON's model section, plus counts)."""
+        return {k: v for k, v in self.__dict__.items() if k != "source"}
+
+    def with_layers(self, num_layers: int) -> ModelSpec:
+        """The same architecture with another depth (used by sweeps that vary NLAYERS)."""
+        return replace(self, num_layers=num_layers)
+
+
+# ---- catalog and file loading ----------------------------------------------------------------
+
+_MODEL_FIELDS = set(ModelSpec.__dataclass_fields__) - {"source"}
+
+
+def model_from_dict(data: dict[str, Any], source: str) -> ModelSpec:
+    """Build a ModelSpec from a planner model document (catalog entry or user file)."""
+    unknown = set(data) - _MODEL_FIELDS
+    if unknown:
+        raise PlannerError(f"{source}: unknown model field(s) {', '.join(sorted(unknown))}")
+    missing = {"name", "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size"} - set(
+        data
+    )
+    if missing:
+        raise PlannerError(f"{source}: model is missing {', '.join(sorted(missing))}")
+    try:
+        return ModelSpec(**data, source=source)
+    except TypeError as exc:
+        raise PlannerError(f"{source}: {exc}") from None
+
+
+@cache
+def _catalog() -> dict[str, dict[str, Any]]:
+    document = load_structured_file(profiles_dir() / "models.yaml")
+    return {entry["name"]: entry for entry in document["models"]}
+
+
+def catalog_model_names() -> list[str]:
+    return list(_catalog())
+
+
+def _require_int(config: dict[str, Any], key: str, path: Path) -> int:
+    value = config.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise PlannerError(f"{path}: '{key}' must be a positive integer, got {value!r}")
+    return value
+
+
+_HF_LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3")
+_HF_SUPPORTED = (*_HF_LLAMA_LIKE, "gpt2", "gpt_neox")
+
+
+def model_from_hf_config(config: dict[str, Any], path: Path, name: str | None = None) -> ModelSpec:
+    """Translate a Hugging Face ``config.json`` (already parsed) into a ModelSpec, offline."""
+    model_type = config.get("model_type")
+    if model_type not in _HF_SUPPORTED:
+        raise PlannerError(
+            f"{path}: model_type {model_type!r} is not supported; supported: {', '.join(_HF_SUPPORTED)}"
+        )
+    name = name or config.get("_name_or_path") or path.parent.name or model_type
+    if model_type == "gpt2":
+        hidden = _require_int(config, "n_embd", path)
+        return ModelSpec(
+            name=name,
+            num_layers=_require_int(config, "n_layer", path),
+            hidden_size=hidden,
+            num_attention_heads=_require_int(config, "n_head", path),
+            ffn_hidden_size=config.get("n_inner") or 4 * hidden,
+            vocab_size=_require_int(config, "vocab_size", path),
+            max_position_embeddings=_require_int(config, "n_positions", path),
+            activation="gelu",
+            normalization="layernorm",
+            position_embedding="learned",
+            tie_embeddings=config.get("tie_word_embeddings", True),
+            linear_bias=True,
+            dropout=bool(config.get("resid_pdrop", 0.1) or config.get("attn_pdrop", 0.1)),
+            source=str(path),
+        )
+    if model_type == "gpt_neox":
+        return ModelSpec(
+            name=name,
+            num_layers=_require_int(config, "num_hidden_layers", path),
+            hidden_size=_require_int(config, "hidden_size", path),
+            num_attention_heads=_require_int(config, "num_attention_heads", path),
+            ffn_hidden_size=_require_int(config, "intermediate_size", path),
+            vocab_size=_require_int(config, "vocab_size", path),
+            max_position_embeddings=config.get("max_position_embeddings", 2048),
+            activation="gelu",
+            normalization="layernorm",
+            position_embedding="rope",
+            tie_embeddings=config.get("tie_word_embeddings", False),
+            linear_bias=True,
+            dropout=bool(config.get("hidden_dropout", 0.0) or config.get("attention_dropout", 0.0)),
+            source=str(path),
+        )
+    heads = _require_int(config, "num_attention_heads", path)
+    num_experts = config.get("num_local_experts") or config.get("num_experts") or 1
+    ffn = config.get("moe_intermediate_size") if num_experts > 1 and "moe_intermediate_size" in config else None
+    return ModelSpec(
+        name=name,
+        num_layers=_require_int(config, "num_hidden_layers", path),
+        hidden_size=_require_int(config, "hidden_size", path),
+        num_attention_heads=heads,
+        num_key_value_heads=config.get("num_key_value_heads") or heads,
+        head_dim=config.get("head_dim"),
+        ffn_hidden_size=ffn or _require_int(config, "intermediate_size", path),
+        vocab_size=_require_int(config, "vocab_size", path),
+        max_position_embeddings=config.get("max_position_embeddings", 2048),
+        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+        qkv_bias=model_type.startswith("qwen2") or bool(config.get("attention_bias", False)),
+        num_experts=num_experts,
+        moe_top_k=config.get("num_experts_per_tok", 1) if num_experts > 1 else 1,
+        dropout=bool(config.get("attention_dropout", 0.0)),
+        source=str(path),
+    )
+
+
+def load_model(spec: str) -> ModelSpec:
+    """A catalog name, a path to an HF ``config.json``, or a planner model file (YAML/JSON)."""
+    catalog = _catalog()
+    if spec in catalog:
+        return model_from_dict(catalog[spec], f"catalog model {spec!r}")
+    path = Path(spec)
+    if not path.exists():
+        raise PlannerError(
+            f"unknown model {spec!r}: not a catalog name ({', '.join(catalog)}) nor an existing file"
+        )
+    document = load_structured_file(path)
+    if not isinstance(document, dict):
+        raise PlannerError(f"{path}: expected a mapping of model fields, got {type(document).__name__}")
+    if "model_type" in document:
+        return model_from_hf_config(document, path)
+    if isinstance(document.get("model"), dict):  # a plan or profile file carries its model
+        document = {k: v for k, v in document["model"].items() if k in _MODEL_FIELDS}
+    return model_from_dict(document, str(path))

@@ -1,0 +1,186 @@
+"""Analytic per-unit compute profile: FLOPs and bytes of every kernel → time on a GPU.
+
+GEMMs run on a roofline whose compute roof is the GPU's measured matmul efficiency times a
+wave-quantisation factor (output tiles over whole waves of SMs), so small or oddly shaped GEMMs
+are slower per FLOP; element-wise work (norms, activations, residuals, dropout, softmax) is
+memory bound at HBM bandwidth. Times are per micro-batch on one TP rank.
+
+FLOP conventions (checked in tests against Narayanan et al. 2021 eq. 3 and Korthikanti et al.
+2022 eq. 7): a GEMM of m×k by k×n costs 2mnk; backward costs twice the forward GEMMs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.config import Training
+from planner.gpu import GPUSpec
+from planner.model import ModelSpec, UnitKind
+from planner.profile.calibration import Calibration
+
+__all__ = [
+    "AnalyticProfile",
+    "UnitSetting",
+    "UnitTimes",
+    "block_forward_flops",
+    "head_forward_flops",
+    "unit_setting",
+]
+
+_ATTENTION_BACKWARD_RATIO = 2.5  # FlashAttention-2 backward: 5 matmuls vs 2 forward (Dao 2023)
+
+
+@dataclass(frozen=True)
+class UnitSetting:
+    """The per-rank shape a unit runs at."""
+
+    tp: int
+    micro_batch: int
+    seq_len: int
+    sequence_parallel: bool
+    dtype: str
+    attention: str
+
+
+@dataclass(frozen=True)
+class UnitTimes:
+    """Compute time of one unit for one micro-batch on one TP rank (communication excluded).
+
+    `attention_core_forward_s` is the part selective recomputation repeats.
+    """
+
+    forward_s: float
+    backward_s: float
+    attention_core_forward_s: float = 0.0
+
+
+def _local_heads(heads: int, tp: int) -> float:
+    """Heads per TP rank; KV heads fewer than TP ranks are replicated, one per rank."""
+    return max(heads / tp, 1.0)
+
+
+def block_forward_flops(model: ModelSpec, tokens: int, seq_len: int, causal_halving: bool = False) -> float:
+    """Forward FLOPs of one transformer block over `tokens` tokens (whole model width, no TP)."""
+    h, q, kv, f = model.hidden_size, model.query_width, model.kv_width, model.ffn_hidden_size
+    gemm = 2 * tokens * h * (q + 2 * kv) + 2 * tokens * q * h
+    gemm += model.moe_top_k * model.mlp_matrices * 2 * tokens * h * f
+    if model.is_moe:
+        gemm += 2 * tokens * h * model.num_experts
+    attention = 2 * 2 * tokens * seq_len * q * (0.5 if causal_halving else 1.0)
+    return gemm + attention
+
+
+def head_forward_flops(model: ModelSpec, tokens: int) -> float:
+    """Forward FLOPs of the output projection (logits)."""
+    return 2 * tokens * model.hidden_size * model.vocab_size
+
+
+@dataclass(frozen=True)
+class AnalyticProfile:
+    """Unit times from first principles for one model, with calibrated efficiencies."""
+
+    model: ModelSpec
+    calibration: Calibration
+
+    def gemm_time(self, gpu: GPUSpec, dtype: str, m: float, n: float, k: float, count: float = 1) -> float:
+        """Time of `count` independent m×k·k×n GEMMs on a wave-quantised roofline."""
+        if m <= 0 or n <= 0 or k <= 0 or count <= 0:
+            return 0.0
+        cal = self.calibration
+        tile = cal.gemm_tile
+        tiles = math.ceil(m / tile) * math.ceil(n / tile) * count
+        waves = math.ceil(tiles / gpu.sm_count)
+        wave_efficiency = tiles / (waves * gpu.sm_count)
+        compute = 2 * m * n * k * count / (gpu.peak_flops(dtype) * gpu.matmul_efficiency * wave_efficiency)
+        element_bytes = 1 if dtype == "fp8" else 2
+        traffic = element_bytes * (m * k + k * n) * count + 2 * m * n * count
+        memory = traffic / (gpu.hbm_bandwidth_bytes_per_s * cal.memory_bound_efficiency)
+        return max(compute, memory) + cal.kernel_launch_s
+
+    def memory_time(self, gpu: GPUSpec, num_bytes: float) -> float:
+        return num_bytes / (gpu.hbm_bandwidth_bytes_per_s * self.calibration.memory_bound_efficiency)
+
+    # ---- units -------------------------------------------------------------------------
+    def times(self, kind: UnitKind, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
+        if kind is UnitKind.BLOCK:
+            return self._block(setting, gpu)
+        if kind is UnitKind.EMBEDDING:
+            return self._embedding(setting, gpu)
+        return self._head(setting, gpu)
+
+    def _attention_core(self, setting: UnitSetting, gpu: GPUSpec) -> tuple[float, float]:
+        m, s, b = self.model, setting.seq_len, setting.micro_batch
+        heads = _local_heads(m.num_attention_heads, setting.tp)
+        attention_dtype = "bf16" if setting.dtype == "fp8" and gpu.supports("bf16") else setting.dtype
+        if setting.attention == "flash":
+            flops = 2 * 2 * b * s * s * heads * m.head_dim * 0.5  # causal: masked tiles are skipped
+            rate = gpu.peak_flops(attention_dtype) * self.calibration.flash_attention_efficiency
+            forward = flops / rate + self.calibration.kernel_launch_s
+            return forward, _ATTENTION_BACKWARD_RATIO * forward
+        batches = b * heads
+        score_gemms = self.gemm_time(gpu, attention_dtype, s, s, m.head_dim, batches)
+        value_gemms = self.gemm_time(gpu, attention_dtype, s, m.head_dim, s, batches)
+        elements = batches * s * s
+        # fused scale+mask+softmax reads and writes 2-byte scores; dropout reads, writes and keeps a 1-byte mask
+        softmax_dropout_bytes = elements * (4 + (5 if m.dropout else 0))
+        forward = score_gemms + value_gemms + self.memory_time(gpu, softmax_dropout_bytes)
+        return forward, 2 * (score_gemms + value_gemms) + self.memory_time(gpu, 2 * softmax_dropout_bytes)
+
+    def _elementwise_bytes_per_token(self, setting: UnitSetting) -> float:
+        """HBM bytes per token of a block's memory-bound kernels in the forward pass."""
+        m, t = self.model, setting.tp
+        width = m.hidden_size / t if setting.sequence_parallel else m.hidden_size
+        norms = 2 * 4 * width  # read + write 2-byte activations
+        residuals = 2 * 6 * width  # read two, write one
+        dropouts = 2 * 5 * width if m.dropout else 0.0
+        ffn_local = m.ffn_hidden_size * m.moe_top_k / t
+        activation = 6 * ffn_local if m.activation == "swiglu" else 4 * ffn_local
+        rope = 4 * (m.query_width + m.kv_width) / t if m.position_embedding == "rope" else 0.0
+        return norms + residuals + dropouts + activation + rope
+
+    def _block(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
+        m, t = self.model, setting.tp
+        tokens = setting.micro_batch * setting.seq_len
+        h, q, kv, f = m.hidden_size, m.query_width, m.kv_width, m.ffn_hidden_size
+        qkv_width = q / t + 2 * kv * _local_heads(m.num_key_value_heads, t) / m.num_key_value_heads
+        gemms = self.gemm_time(gpu, setting.dtype, tokens, qkv_width, h)
+        gemms += self.gemm_time(gpu, setting.dtype, tokens, h, q / t)
+        up_width = (2 if m.activation == "swiglu" else 1) * f / t
+        if m.is_moe:
+            expert_tokens = tokens * m.moe_top_k / m.num_experts
+            gemms += self.gemm_time(gpu, setting.dtype, expert_tokens, up_width, h, m.num_experts)
+            gemms += self.gemm_time(gpu, setting.dtype, expert_tokens, h, f / t, m.num_experts)
+            gemms += self.gemm_time(gpu, setting.dtype, tokens, m.num_experts, h)
+        else:
+            gemms += self.gemm_time(gpu, setting.dtype, tokens, up_width, h)
+            gemms += self.gemm_time(gpu, setting.dtype, tokens, h, f / t)
+        core_forward, core_backward = self._attention_core(setting, gpu)
+        elementwise = self.memory_time(gpu, tokens * self._elementwise_bytes_per_token(setting))
+        forward = gemms + core_forward + elementwise
+        backward = 2 * gemms + core_backward + 2 * elementwise
+        return UnitTimes(forward, backward, core_forward)
+
+    def _embedding(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
+        m = self.model
+        tokens = setting.micro_batch * setting.seq_len
+        width = m.hidden_size / setting.tp if setting.sequence_parallel else m.hidden_size
+        forward_bytes = tokens * (2 * m.hidden_size + 2 * width * (2 if m.position_embedding == "learned" else 1))
+        # backward accumulates row gradients into the (vocab-sharded) fp32 table gradient
+        backward_bytes = tokens * m.hidden_size * (2 + 8)
+        return UnitTimes(self.memory_time(gpu, forward_bytes), self.memory_time(gpu, backward_bytes))
+
+    def _head(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
+        m, t = self.model, setting.tp
+        tokens = setting.micro_batch * setting.seq_len
+        vocab_local = m.vocab_size / t
+        width = m.hidden_size / t if setting.sequence_parallel else m.hidden_size
+        logits = self.gemm_time(gpu, setting.dtype, tokens, vocab_local, m.hidden_size)
+        norm = self.memory_time(gpu, tokens * 4 * width)
+        # vocab-parallel cross entropy over fp32 logits: max, exp-sum and loss passes, then the gradient
+        cross_entropy = self.memory_time(gpu, tokens * vocab_local * 4 * 4)
+        return UnitTimes(logits + norm + cross_entropy, 2 * logits + 2 * norm + cross_entropy)
+
+
+def unit_setting(training: Training, tp: int, micro_batch: int, sequence_parallel: bool) -> UnitSetting:
+    return UnitSetting(tp, micro_batch, training.seq_len, sequence_parallel, training.dtype, training.attention)

@@ -1,0 +1,70 @@
+"""Human-readable text for the CLI: tables of estimates and stages. Formatting only, no planning."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from planner.config import ParallelConfig
+from planner.cost.estimate import BREAKDOWN_KEYS, Estimate
+from planner.gpu import GIB
+
+__all__ = ["format_breakdown", "format_stages", "format_table", "gib", "stage_split_summary"]
+
+
+def gib(num_bytes: float) -> str:
+    return f"{num_bytes / GIB:.1f} GiB"
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Left-aligned text columns separated by two spaces."""
+    cells = [[str(h) for h in headers], *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def format_breakdown(result: Estimate) -> str:
+    """Iteration time split into the DESIGN.md breakdown terms, with shares."""
+    total = result.iteration_time_s
+    rows = [(key, f"{result.breakdown_s[key]:.4f} s", f"{100 * result.breakdown_s[key] / total:5.1f} %")
+            for key in BREAKDOWN_KEYS]
+    rows.append(("total", f"{total:.4f} s", "100.0 %"))
+    return format_table(("term", "time", "share"), rows)
+
+
+def stage_split_summary(result: Estimate) -> str:
+    """Blocks per stage, with E/H marking where the embedding and head sit (e.g. `E8|8|8|8H`)."""
+    parts = []
+    for stage in result.stages:
+        text = str(stage.blocks[1] - stage.blocks[0])
+        parts.append(("E" if stage.embedding else "") + text + ("H" if stage.head else ""))
+    return "|".join(parts)
+
+
+def format_stages(result: Estimate) -> str:
+    rows = []
+    for s in result.stages:
+        mem = s.memory
+        rows.append((
+            s.index, s.pp_rank, s.virtual_index, f"{s.blocks[0]}-{s.blocks[1] - 1}" if s.blocks[1] > s.blocks[0] else "-",
+            ("E" if s.embedding else "") + ("H" if s.head else ""), s.gpu,
+            f"{1e3 * s.forward_s:.2f}", f"{1e3 * s.backward_s:.2f}", f"{1e3 * s.p2p_s:.2f}",
+            gib(mem.weights + mem.gradients + mem.optimizer), gib(mem.activations), gib(mem.total),
+            gib(mem.capacity), "yes" if mem.fits else "NO",
+        ))
+    headers = ("stage", "pp", "chunk", "blocks", "ends", "gpu", "fwd ms", "bwd ms", "p2p ms", "states",
+               "activations", "total", "capacity", "fits")
+    return format_table(headers, rows)
+
+
+def describe_estimate(config: ParallelConfig, result: Estimate, num_gpus: int) -> str:
+    lines = [
+        f"configuration   {config.describe()}  ({num_gpus} GPUs, {result.num_microbatches} micro-batches)",
+        f"iteration time  {result.iteration_time_s:.4f} s",
+        f"throughput      {result.tokens_per_s:,.0f} tokens/s ({result.tokens_per_s / num_gpus:,.0f} per GPU)",
+        f"model TFLOP/s   {result.model_tflops_per_gpu:.1f} per GPU, MFU {100 * result.mfu:.1f} %",
+        f"peak memory     {gib(result.peak_memory_bytes)} "
+        f"({'fits' if result.fits else 'DOES NOT FIT'})",
+    ]
+    return "\n".join(lines)

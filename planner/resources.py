@@ -1,0 +1,54 @@
+"""Locates and reads the data files shipped in ``profiles/`` (GPU catalog, models, calibration).
+
+Installed, ``profiles/`` lives inside the package (``planner/profiles``); in a source checkout it
+sits at the repository root. Every loader of shipped data goes through here.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from planner.errors import PlannerError
+
+__all__ = ["load_csv_rows", "load_structured_file", "profiles_dir"]
+
+
+@cache
+def profiles_dir() -> Path:
+    """The directory holding the shipped data files."""
+    package = Path(__file__).resolve().parent
+    for candidate in (package / "profiles", package.parent / "profiles"):
+        if candidate.is_dir():
+            return candidate
+    raise RuntimeError(f"planner's data directory 'profiles' is missing next to {package}")
+
+
+def load_structured_file(path: Path) -> Any:
+    """Parse a YAML or JSON file given by a user; bad syntax is a PlannerError naming the file."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise PlannerError(f"file not found: {path}") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise PlannerError(f"cannot read {path}: {exc}") from None
+    if not text.strip():
+        raise PlannerError(f"{path} is empty")
+    try:
+        if path.suffix.lower() == ".json":
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        first_line = str(exc).splitlines()[0]
+        raise PlannerError(f"{path} is not valid {path.suffix.lstrip('.').upper() or 'YAML'}: {first_line}") from None
+
+
+def load_csv_rows(name: str) -> list[dict[str, str]]:
+    """Rows of a shipped CSV file under ``profiles/``, as dictionaries of strings."""
+    with (profiles_dir() / name).open(newline="") as handle:
+        return list(csv.DictReader(handle))
