@@ -56,9 +56,9 @@ class GroupLinks:
     """What the cost model needs from a placement, per pipeline rank.
 
     `gpu[r]`: the slowest GPU type among rank r's GPUs (it bounds the rank's speed);
-    `capacity_bytes[r]`: the smallest memory among them. `tp[r]` / `dp[r]`: the worst ring over that rank's TP / DP groups. `pp[r]`: the
-    worst link between rank r and rank r+1 (the last entry links the last rank back to the first,
-    used only by interleaved schedules).
+    `capacity_bytes[r]`: the smallest memory among them. `tp[r]` / `dp[r]`: the worst ring over that
+    rank's TP / DP groups. `pp[r]`: the worst link between rank r and rank r+1 (the last entry
+    links the last rank back to the first, used only by interleaved schedules).
     """
 
     gpu: tuple[GPUSpec, ...]
@@ -73,11 +73,10 @@ class GroupLinks:
             raise PlannerError(
                 f"placement lists {len(placement.gpus)} GPUs for a configuration of {config.num_gpus}"
             )
-        nodes = cluster.nodes
         gpus, capacity, tp_links, dp_links, pp_links = [], [], [], [], []
         for pp in range(config.pp):
             members = [placement.gpu_of(config, d, pp, t) for d in range(config.dp) for t in range(config.tp)]
-            types = {nodes[n].gpu for n, _ in members}
+            types = {cluster.gpu_spec(member) for member in members}
             gpus.append(min(types, key=lambda g: (max(dict(g.peak_flops_per_s).values()), g.name)))
             capacity.append(min(g.memory_bytes for g in types))
             tp_groups = [[placement.gpu_of(config, d, pp, t) for t in range(config.tp)] for d in range(config.dp)]

@@ -79,7 +79,7 @@ def build_plan_document(
             "order": "tp-cp-ep-dp-pp",
             "ranks": [
                 dict(zip(("rank", "node", "gpu_index", "dp", "pp", "tp"),
-                         (rank, cluster.nodes[gpu[0]].name, gpu[1], *rank_coordinates(config, rank))))
+                         (rank, cluster.nodes[gpu[0]].name, gpu[1], *rank_coordinates(config, rank)), strict=True))
                 for rank, gpu in enumerate(placement.gpus)
             ],
         },

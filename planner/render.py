@@ -19,7 +19,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     """Left-aligned text columns separated by two spaces."""
     cells = [[str(h) for h in headers], *[[str(c) for c in row] for row in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in cells]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(lines)
 
@@ -46,8 +46,9 @@ def format_stages(result: Estimate) -> str:
     rows = []
     for s in result.stages:
         mem = s.memory
+        blocks = f"{s.blocks[0]}-{s.blocks[1] - 1}" if s.blocks[1] > s.blocks[0] else "-"
         rows.append((
-            s.index, s.pp_rank, s.virtual_index, f"{s.blocks[0]}-{s.blocks[1] - 1}" if s.blocks[1] > s.blocks[0] else "-",
+            s.index, s.pp_rank, s.virtual_index, blocks,
             ("E" if s.embedding else "") + ("H" if s.head else ""), s.gpu,
             f"{1e3 * s.forward_s:.2f}", f"{1e3 * s.backward_s:.2f}", f"{1e3 * s.p2p_s:.2f}",
             gib(mem.weights + mem.gradients + mem.optimizer), gib(mem.activations), gib(mem.total),

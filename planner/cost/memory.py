@@ -38,7 +38,8 @@ class ModelStateBytes:
 
 
 def model_state_bytes(
-    num_params: float, dp: int, sharding: int, grad_bytes: int = 4, optimizer_bytes: int = ADAM_STATE_BYTES
+    num_params: float, dp: int, sharding: int, grad_bytes: int = 4, optimizer_bytes: int = ADAM_STATE_BYTES,
+    param_bytes: int = PARAM_BYTES,
 ) -> ModelStateBytes:
     """Model states for `num_params` parameters replicated over `dp` ranks.
 
@@ -48,7 +49,7 @@ def model_state_bytes(
     18 bytes/param (6 + 12/d with the distributed optimizer).
     """
     return ModelStateBytes(
-        weights=num_params * PARAM_BYTES / (dp if sharding >= 3 else 1),
+        weights=num_params * param_bytes / (dp if sharding >= 3 else 1),
         gradients=num_params * grad_bytes / (dp if sharding >= 2 else 1),
         optimizer=num_params * optimizer_bytes / (dp if sharding >= 1 else 1),
     )

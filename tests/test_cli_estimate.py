@@ -1,0 +1,82 @@
+"""`planner estimate` and `planner list` through click's runner: output, JSON, files, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from cli import main
+from planner.plan import load_plan
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_estimate_prints_breakdown_and_stages() -> None:
+    result = run("estimate", "--model", "llama2-7b", "--cluster", "1x8xA100-80GB", "--global-batch", "64",
+                 "--seq-len", "4096", "--tp", "2", "--pp", "2", "--recompute", "selective")
+    assert result.exit_code == 0, result.output
+    assert "iteration time" in result.output and "breakdown of one iteration" in result.output
+    assert "bubble" in result.output and "tp_comm" in result.output
+
+
+def test_estimate_json_is_one_plan_document(tmp_path) -> None:
+    out = tmp_path / "plan.json"
+    result = run("estimate", "--model", "llama2-7b", "--cluster", "2x8xA100-80GB", "--global-batch", "64",
+                 "--seq-len", "2048", "--tp", "2", "--pp", "4", "--partition", "7,8,9,8", "--json", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert document["schema_version"] == 1
+    assert document["parallelism"]["dp"] * 2 * 4 == 16
+    assert [s["blocks"] for s in document["stages"]] == [[0, 7], [7, 15], [15, 24], [24, 32]]
+    assert len(document["placement"]["ranks"]) == 16
+    for key in ("iteration_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu", "breakdown_s",
+                "peak_memory_bytes", "fits"):
+        assert key in document["estimate"]
+    plan = load_plan(out)  # the written file round-trips
+    assert plan.partition.blocks_per_stage() == (7, 8, 9, 8)
+
+
+def test_estimate_that_does_not_fit_exits_1_with_shortfall() -> None:
+    result = run("estimate", "--model", "llama3-70b", "--cluster", "1x8xA100-80GB", "--global-batch", "8",
+                 "--seq-len", "4096", "--tp", "1", "--dp", "8")
+    assert result.exit_code == 1
+    assert "does not fit" in result.stderr and "short by" in result.stderr
+    assert "iteration time" in result.stdout  # the estimate is still shown
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "nope"], "unknown model 'nope'"),
+        (["--cluster", "3x8"], "unknown cluster '3x8'"),
+        (["--tp", "3"], "does not divide"),
+        (["--global-batch", "100", "--tp", "1", "--micro-batch", "3"], "not divisible by micro_batch × dp"),
+        (["--partition", "a,b"], "--partition 'a,b'"),
+        (["--dtype", "int4"], "Invalid value for '--dtype'"),
+        (["--global-batch", "0"], "global_batch must be a positive integer"),
+        (["--sequence-parallel", "--tp", "1"], "sequence_parallel needs tp > 1"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args: list[str], message: str) -> None:
+    result = run("estimate", *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_out_into_missing_directory_fails_cleanly(tmp_path) -> None:
+    result = run("estimate", "--out", str(tmp_path / "missing" / "plan.json"))
+    assert result.exit_code == 2 and "does not exist" in result.stderr
+
+
+@pytest.mark.parametrize("what", ["models", "gpus", "clusters"])
+def test_list(what: str) -> None:
+    table = run("list", what)
+    assert table.exit_code == 0
+    records = json.loads(run("list", what, "--json").output)
+    assert records and all("name" in r for r in records)
+    assert records[0]["name"] in table.output

@@ -1,0 +1,103 @@
+"""Clusters: shorthand, files, presets, link overrides, collective bandwidth, and bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.cluster import load_cluster, parse_shorthand
+from planner.errors import PlannerError
+from planner.gpu import catalog_gpu_names, lookup_gpu
+
+
+def test_gpu_catalog_covers_required_types_with_sources() -> None:
+    required = {"V100-32GB", "A100-40GB", "A100-80GB", "H100-80GB", "H200", "B200", "L40S", "A10", "RTX4090",
+                "MI250X", "MI300X"}
+    assert required <= set(catalog_gpu_names())
+    for name in required:
+        gpu = lookup_gpu(name)
+        assert gpu.source and gpu.memory_bytes > 0 and 0 < gpu.matmul_efficiency <= 1
+
+
+def test_published_peaks() -> None:
+    """validation/hardware_peak_tflops.csv: A100 312, H100 989 (bf16 dense), H100 FP8 1979."""
+    assert lookup_gpu("A100-80GB").peak_flops("bf16") == 312e12
+    assert lookup_gpu("H100-80GB").peak_flops("bf16") == 989e12
+    assert lookup_gpu("H100-80GB").peak_flops("fp8") == 1979e12
+    with pytest.raises(PlannerError, match="no bf16"):
+        lookup_gpu("V100-32GB").peak_flops("bf16")
+
+
+def test_shorthand() -> None:
+    cluster = parse_shorthand("16x8xH100-80GB")
+    assert (cluster.num_nodes, cluster.gpus_per_node, cluster.num_gpus) == (16, 8, 128)
+    assert cluster.gpu.name == "H100-80GB"
+    assert len(cluster.graph) == 16 * 8 + 16 + 1  # GPUs, one switch per node, the fabric
+
+
+@pytest.mark.parametrize("text", ["16x8", "0x8xH100-80GB", "axbxc"])
+def test_bad_shorthand(text: str) -> None:
+    with pytest.raises(PlannerError):
+        load_cluster(text)
+
+
+def test_unknown_gpu_in_shorthand() -> None:
+    with pytest.raises(PlannerError, match="unknown GPU type 'Z100'"):
+        load_cluster("2x8xZ100")
+
+
+def test_ring_bandwidth_inside_and_across_nodes() -> None:
+    cluster = parse_shorthand("4x8xA100-80GB")
+    inside = cluster.ring_link([(0, g) for g in range(8)])
+    assert inside.bandwidth_bytes_per_s == 300e9 and inside.kind == "intra"
+    one_per_node = cluster.ring_link([(n, 0) for n in range(4)])
+    assert one_per_node.bandwidth_bytes_per_s == 25e9  # one HDR NIC per GPU
+    full = cluster.ring_link([(n, g) for n in range(4) for g in range(8)])
+    assert full.bandwidth_bytes_per_s == 200e9  # 8 NICs per node in parallel rings
+
+
+def test_cluster_file_with_mixed_groups_and_overrides(tmp_path) -> None:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(
+        "name: lab\n"
+        "node_groups:\n"
+        "  - {gpu: A100-80GB, nodes: 2, gpus_per_node: 8, names: [a0, a1]}\n"
+        "  - {gpu: V100-32GB, nodes: 1, gpus_per_node: 4, inter_node_gbps: 12.5}\n"
+        "inter_node_latency_us: 8\n"
+        "links:\n"
+        "  - {nodes: [a0, 2], gbps: 1.0, latency_us: 100}\n"
+    )
+    cluster = load_cluster(str(path))
+    assert cluster.num_gpus == 20 and not cluster.is_homogeneous
+    assert cluster.gpu_label == "A100-80GB+V100-32GB"
+    assert cluster.link(0, 1).bandwidth_bytes_per_s == 25e9
+    assert cluster.link(0, 1).latency_s == pytest.approx(8e-6)
+    assert cluster.link(2, 0).bandwidth_bytes_per_s == 1e9
+    assert cluster.link(2, 0).latency_s == pytest.approx(100e-6)
+    assert cluster.link(1, 2).bandwidth_bytes_per_s == 12.5e9
+    with pytest.raises(PlannerError, match="mixes GPU types"):
+        _ = cluster.gpu
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("node_groups: [{nodes: 2}]", "needs a 'gpu' type"),
+        ("node_groups: [{gpu: A100-80GB, nodes: 0}]", "'nodes' must be a positive integer"),
+        ("node_groups: [{gpu: A100-80GB, intra_node_gbps: -3}]", "'intra_node_gbps' must be a positive number"),
+        ("node_groups: [{gpu: A100-80GB, nodes: 2}]\nlinks: [{nodes: [0, 5], gbps: 1}]", "outside 0..1"),
+        ("node_groups: [{gpu: A100-80GB, nodes: 2}]\nlinks: [{nodes: [0, 1]}]", "needs 'gbps'"),
+        ("- just a list", "must be a mapping"),
+        ("", "is empty"),
+        ("node_groups: [", "not valid YAML"),
+    ],
+)
+def test_bad_cluster_files(tmp_path, content: str, message: str) -> None:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(content)
+    with pytest.raises(PlannerError, match=message):
+        load_cluster(str(path))
+
+
+def test_presets_load() -> None:
+    assert load_cluster("selene-128").num_gpus == 1024
+    assert load_cluster("jean-zay-a100-48").link(0, 1).bandwidth_bytes_per_s == 6.25e9

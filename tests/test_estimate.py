@@ -1,0 +1,97 @@
+"""The composed estimate: invariants over random configurations and the breakdown's arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.cluster import parse_shorthand
+from planner.config import ParallelConfig, Partition, Recompute, Schedule, Training
+from planner.cost.estimate import BREAKDOWN_KEYS, estimate
+from planner.cost.schedule import pipeline_time
+from planner.errors import PlannerError
+from planner.model import load_model
+
+MODEL = load_model("llama2-7b")
+CLUSTER = parse_shorthand("4x8xA100-80GB")
+
+
+@st.composite
+def configurations(draw):
+    tp = draw(st.sampled_from([1, 2, 4, 8]))
+    pp = draw(st.sampled_from([1, 2, 4]))
+    dp = 32 // (tp * pp)
+    micro_batch = draw(st.sampled_from([1, 2]))
+    m = draw(st.sampled_from([1, 2, 4, 8]))
+    schedule = draw(st.sampled_from(list(Schedule))) if pp > 1 else Schedule.ONE_F_ONE_B
+    vpp = 2 if schedule is Schedule.INTERLEAVED else 1
+    config = ParallelConfig(
+        dp=dp, tp=tp, pp=pp, vpp=vpp, micro_batch=micro_batch, schedule=schedule,
+        sequence_parallel=tp > 1 and draw(st.booleans()), recompute=draw(st.sampled_from(list(Recompute))),
+        distributed_optimizer=draw(st.booleans()),
+    )
+    return config, Training(global_batch=micro_batch * dp * m, seq_len=2048)
+
+
+@settings(max_examples=40, deadline=None)
+@given(configurations())
+def test_estimate_invariants(case) -> None:
+    config, training = case
+    result = estimate(MODEL, CLUSTER, training, config)
+    assert config.dp * config.tp * config.pp * config.cp == CLUSTER.num_gpus
+    assert set(result.breakdown_s) == set(BREAKDOWN_KEYS)
+    assert all(v >= 0 for v in result.breakdown_s.values())
+    assert result.iteration_time_s == pytest.approx(sum(result.breakdown_s.values()))
+    # stages cover every block exactly once, in order; embedding first, head last
+    covered = [b for stage in result.stages for b in range(*stage.blocks)]
+    assert covered == list(range(MODEL.num_layers))
+    assert result.stages[0].embedding and result.stages[-1].head
+    assert [s.pp_rank for s in result.stages] == [k % config.pp for k in range(config.pp * config.vpp)]
+    assert 0 < result.mfu < 1
+    assert result.fits == all(s.memory.total <= s.memory.capacity for s in result.stages)
+
+
+def test_recompute_trades_time_for_memory() -> None:
+    training = Training(global_batch=64, seq_len=4096)
+    results = {r: estimate(MODEL, CLUSTER, training, ParallelConfig(dp=8, tp=4, pp=1, recompute=r,
+                                                                     sequence_parallel=True))
+               for r in Recompute}
+    assert results[Recompute.NONE].iteration_time_s < results[Recompute.SELECTIVE].iteration_time_s
+    assert results[Recompute.SELECTIVE].iteration_time_s < results[Recompute.FULL].iteration_time_s
+    memory = {r: results[r].peak_memory_bytes for r in Recompute}
+    assert memory[Recompute.FULL] < memory[Recompute.SELECTIVE] < memory[Recompute.NONE]
+
+
+def test_uneven_partition_changes_stage_times_and_is_validated() -> None:
+    training = Training(global_batch=32, seq_len=2048)
+    config = ParallelConfig(dp=2, tp=4, pp=4)
+    uniform = estimate(MODEL, CLUSTER, training, config)
+    skewed = estimate(MODEL, CLUSTER, training, config, Partition.from_blocks([5, 9, 9, 9], 32))
+    assert [s.blocks for s in skewed.stages] == [(0, 5), (5, 14), (14, 23), (23, 32)]
+    assert skewed.iteration_time_s > uniform.iteration_time_s
+    with pytest.raises(PlannerError, match="partition has 3 stages but pp × vpp = 4 × 1 = 4"):
+        estimate(MODEL, CLUSTER, training, config, Partition.from_blocks([10, 11, 11], 32))
+    with pytest.raises(PlannerError, match="summing to 32"):
+        Partition.from_blocks([10, 10, 10, 10], 32)
+
+
+def test_bubble_matches_narayanan_for_uniform_stages() -> None:
+    """Bubble fraction (p − 1)/m for 1F1B, (p − 1)/(v·m) interleaved (Narayanan et al. 2021 §2.2)."""
+    p, m, tau = 8, 32, 0.01
+    one = pipeline_time([tau] * p, p, m, Schedule.ONE_F_ONE_B)
+    assert one.bubble_s / one.steady_s == pytest.approx((p - 1) / m)
+    v = 3
+    inter = pipeline_time([tau / v] * (p * v), p, m, Schedule.INTERLEAVED)
+    assert inter.bubble_s / inter.steady_s == pytest.approx((p - 1) / (v * m))
+
+
+def test_config_errors_name_the_values() -> None:
+    with pytest.raises(PlannerError, match="not divisible by micro_batch × dp = 2 × 4 = 8"):
+        ParallelConfig(dp=4, tp=2, pp=1, micro_batch=2).num_microbatches(100)
+    with pytest.raises(PlannerError, match="sequence_parallel needs tp > 1"):
+        ParallelConfig(dp=1, tp=1, pp=1, sequence_parallel=True)
+    with pytest.raises(PlannerError, match="ZeRO-2"):
+        ParallelConfig(dp=2, tp=1, pp=2, zero_stage=2)
+    with pytest.raises(PlannerError, match="needs 64 GPUs"):
+        estimate(MODEL, CLUSTER, Training(global_batch=64), ParallelConfig(dp=8, tp=8, pp=1))
