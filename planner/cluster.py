@@ -80,6 +80,8 @@ class Cluster:
     pair_links: dict[tuple[int, int], Link] = field(default_factory=dict, compare=False, repr=False)
     intra_latency_s: float = DEFAULT_INTRA_NODE_LATENCY_S
     inter_latency_s: float = DEFAULT_INTER_NODE_LATENCY_S
+    # Per-GPU exceptions to a node's GPU type (known stragglers, planner.slowdown).
+    gpu_overrides: dict[GpuId, GPUSpec] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -129,6 +131,10 @@ class Cluster:
     def gpu_ids(self) -> list[GpuId]:
         """Every GPU in rank order: node by node, GPU index fastest."""
         return [(n, g) for n, node in enumerate(self.nodes) for g in range(node.num_gpus)]
+
+    def gpu_spec(self, gpu: GpuId) -> GPUSpec:
+        """The GPU type at (node, GPU index): the node's type unless a per-GPU override exists."""
+        return self.gpu_overrides.get(gpu, self.nodes[gpu[0]].gpu)
 
     def node_index(self, name: str) -> int:
         for index, node in enumerate(self.nodes):
@@ -187,6 +193,9 @@ class Cluster:
         merged = dict(self.pair_links)
         merged.update({(min(a, b), max(a, b)): link for (a, b), link in links.items()})
         return replace(self, pair_links=merged)
+
+    def with_gpu_overrides(self, overrides: dict[GpuId, GPUSpec]) -> Cluster:
+        return replace(self, gpu_overrides={**self.gpu_overrides, **overrides})
 
     def with_nodes(self, nodes: Iterable[Node]) -> Cluster:
         return replace(self, nodes=tuple(nodes))

@@ -1,0 +1,292 @@
+"""Placement search: which GPUs run each rank, chosen to minimise the estimated iteration time.
+
+The unit moved around is a *TP slot*: `tp` consecutive GPUs of one node, so every tensor-parallel
+group stays inside an NVLink island. A placement gives each (dp, pp) cell — cell c = dp + DP·pp,
+which holds ranks c·tp … c·tp + tp − 1 in Megatron-LM's tp-dp-pp order — one slot. That decides
+which nodes form each pipeline and in which order (pipeline p2p sits on the critical path every
+micro-batch), which replicas share a DP ring (its slowest hop bounds it), which GPU types and
+stragglers each pipeline rank gets, and which GPUs stay idle when the job uses fewer than exist.
+
+Every candidate is scored by the full cost model (`planner.cost.estimate`), so link speeds, mixed
+GPU types and slow devices all count exactly as the estimate counts them.
+
+* **exact**: when the node assignments number at most `exact_limit` (e.g. up to 7 nodes, or 8
+  nodes of which 4 are used), every assignment of physical nodes to the naive layout's node
+  positions is scored; the layout inside each node stays in rank order.
+* **annealing** beyond: seeded simulated annealing over node swaps (and, when a node holds several
+  TP slots, swaps of single slots), started from the better of the naive rank order and a greedy
+  path along the fastest links. Bounded by `max_evaluations` (deterministic for a seed) and by
+  `time_limit_s` as a safety cap.
+
+The result always carries the naive rank order's time (`default_placement`), so the gain is known.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from planner.cluster import Cluster
+from planner.config import ParallelConfig, Partition, Training
+from planner.cost.estimate import Estimate, estimate
+from planner.cost.time import UnitTimer
+from planner.model import ModelSpec
+from planner.placement import Placement, default_placement
+from planner.profile.calibration import Calibration
+
+__all__ = [
+    "PlacementResult",
+    "homogeneous_subset",
+    "placement_objective",
+    "search_placement",
+    "stage_nodes",
+]
+
+Slot = tuple[int, int]
+"""A TP slot: (node index, first GPU index); it spans GPUs first … first + tp − 1."""
+
+Evaluate = Callable[[Placement], Estimate]
+
+_DEFAULT_EXACT_LIMIT = 5040
+_T_START = 0.05  # annealing temperature as a fraction of the current time: accept ~5 % worse early
+_T_END = 1e-4
+
+
+@dataclass(frozen=True)
+class PlacementResult:
+    """The best placement found, its estimate, the naive rank order's time and how it was found."""
+
+    placement: Placement
+    estimate: Estimate
+    naive_time_s: float
+    method: str  # "exact", "annealing", or "rank-order" (nothing to move)
+    evaluations: int
+    search_time_s: float
+    time_capped: bool = False  # the annealing stopped at time_limit_s, not at max_evaluations
+
+    @property
+    def iteration_time_s(self) -> float:
+        return self.estimate.iteration_time_s
+
+    @property
+    def gain(self) -> float:
+        """Fraction of the naive rank order's iteration time saved (0.2 = 20 % faster)."""
+        return 1.0 - self.iteration_time_s / self.naive_time_s
+
+
+def placement_objective(
+    model: ModelSpec, cluster: Cluster, training: Training, config: ParallelConfig,
+    partition: Partition | None = None, timer: UnitTimer | None = None, calibration: Calibration | None = None,
+) -> Evaluate:
+    """The cost model with everything but the placement fixed."""
+    return lambda placement: estimate(model, cluster, training, config, partition, placement, timer, calibration)
+
+
+def _score(result: Estimate) -> tuple[int, float]:
+    """Lower is better: every fitting plan beats every non-fitting one; then time, or the overshoot."""
+    if result.fits:
+        return 0, result.iteration_time_s
+    return 1, max(stage.memory.total / stage.memory.capacity for stage in result.stages)
+
+
+def _cells_of(placement: Placement, tp: int) -> list[Slot] | None:
+    """The slot of each cell, or None when some TP group is not `tp` consecutive GPUs of one node."""
+    cells = []
+    for start in range(0, len(placement.gpus), tp):
+        node, first = placement.gpus[start]
+        if first % tp or any(placement.gpus[start + t] != (node, first + t) for t in range(tp)):
+            return None
+        cells.append((node, first))
+    return cells
+
+
+def _placement_of(cells: Sequence[Slot], tp: int) -> Placement:
+    return Placement(tuple((node, first + t) for node, first in cells for t in range(tp)))
+
+
+def _all_slots(cluster: Cluster, tp: int) -> list[Slot]:
+    return [(n, first) for n, node in enumerate(cluster.nodes) if node.num_gpus % tp == 0
+            for first in range(0, node.num_gpus, tp)]
+
+
+def stage_nodes(cluster: Cluster, config: ParallelConfig, placement: Placement) -> tuple[tuple[str, ...], ...]:
+    """Per pipeline rank, the names of the nodes its GPUs sit on (in dp-replica order, no repeats)."""
+    out = []
+    for pp in range(config.pp):
+        names: list[str] = []
+        for dp in range(config.dp):
+            for tp in range(config.tp):
+                name = cluster.nodes[placement.gpu_of(config, dp, pp, tp)[0]].name
+                if name not in names:
+                    names.append(name)
+        out.append(tuple(names))
+    return tuple(out)
+
+
+class _Scorer:
+    """Memoised scoring of cell assignments, counting distinct evaluations."""
+
+    def __init__(self, evaluate: Evaluate, tp: int) -> None:
+        self.evaluate, self.tp = evaluate, tp
+        self.cache: dict[tuple[Slot, ...], tuple[tuple[int, float], Estimate]] = {}
+
+    def __call__(self, cells: Sequence[Slot]) -> tuple[tuple[int, float], Estimate]:
+        key = tuple(cells)
+        if key not in self.cache:
+            result = self.evaluate(_placement_of(key, self.tp))
+            self.cache[key] = (_score(result), result)
+        return self.cache[key]
+
+    @property
+    def evaluations(self) -> int:
+        return len(self.cache)
+
+
+def search_placement(
+    cluster: Cluster, config: ParallelConfig, evaluate: Evaluate, *, seed: int = 0,
+    max_evaluations: int = 3000, time_limit_s: float = 30.0, exact_limit: int = _DEFAULT_EXACT_LIMIT,
+) -> PlacementResult:
+    """The placement minimising `evaluate` (see the module docstring for the method)."""
+    started = time.perf_counter()
+    naive = default_placement(cluster, config)
+    naive_estimate = evaluate(naive)
+    cells = _cells_of(naive, config.tp)
+    if cells is None:
+        # TP groups straddle nodes (tp does not divide a node): nothing can move without splitting them.
+        return PlacementResult(naive, naive_estimate, naive_estimate.iteration_time_s, "rank-order", 1,
+                               time.perf_counter() - started)
+    scorer = _Scorer(evaluate, config.tp)
+    scorer.cache[tuple(cells)] = (_score(naive_estimate), naive_estimate)
+    positions = list(dict.fromkeys(node for node, _ in cells))
+    if math.perm(cluster.num_nodes, len(positions)) <= exact_limit:
+        best = _exact(cluster, cells, positions, scorer)
+        method, capped = "exact", False
+    else:
+        best, capped = _anneal(cluster, config, cells, scorer, random.Random(seed), max_evaluations,
+                               started + time_limit_s)
+        method = "annealing"
+    result = scorer(best)[1]
+    return PlacementResult(_placement_of(best, config.tp), result, naive_estimate.iteration_time_s, method,
+                           scorer.evaluations, time.perf_counter() - started, capped)
+
+
+def _exact(cluster: Cluster, cells: list[Slot], positions: list[int], scorer: _Scorer) -> list[Slot]:
+    """Score every injective map of the naive layout's nodes onto physical nodes of the same size."""
+    best, best_score = cells, scorer(cells)[0]
+    sizes = [cluster.nodes[n].num_gpus for n in positions]
+    for chosen in itertools.permutations(range(cluster.num_nodes), len(positions)):
+        if any(cluster.nodes[n].num_gpus != size for n, size in zip(chosen, sizes, strict=True)):
+            continue
+        mapping = dict(zip(positions, chosen, strict=True))
+        candidate = [(mapping[node], first) for node, first in cells]
+        score = scorer(candidate)[0]
+        if score < best_score:
+            best, best_score = candidate, score
+    return best
+
+
+def _greedy_path(cluster: Cluster) -> list[int]:
+    """A node order walking the fastest links: nearest-neighbour paths from every start, the best kept."""
+    def hop(a: int, b: int) -> float:
+        return cluster.link(a, b).bandwidth_bytes_per_s
+
+    best_path, best_key = list(range(cluster.num_nodes)), (-math.inf, -math.inf)
+    for start in range(cluster.num_nodes):
+        path, left = [start], set(range(cluster.num_nodes)) - {start}
+        while left:
+            path.append(max(sorted(left), key=lambda n, here=path[-1]: hop(here, n)))
+            left.remove(path[-1])
+        hops = [hop(a, b) for a, b in itertools.pairwise(path)] or [math.inf]
+        key = (min(hops), sum(hops))
+        if key > best_key:
+            best_path, best_key = path, key
+    return best_path
+
+
+def _path_seed(cluster: Cluster, config: ParallelConfig, slots: list[Slot]) -> list[Slot] | None:
+    """Cells laid pipeline by pipeline along the greedy path, so consecutive stages share fast links."""
+    order = {node: i for i, node in enumerate(_greedy_path(cluster))}
+    ranked = sorted(slots, key=lambda slot: (order[slot[0]], slot[1]))
+    if len(ranked) < config.dp * config.pp:
+        return None
+    seed_cells: list[Slot] = [(0, 0)] * (config.dp * config.pp)
+    for i, (d, p) in enumerate((d, p) for d in range(config.dp) for p in range(config.pp)):
+        seed_cells[d + config.dp * p] = ranked[i]
+    return seed_cells
+
+
+def _neighbour(cluster: Cluster, cells: list[Slot], free: list[Slot], rng: random.Random,
+               slot_moves: bool) -> tuple[list[Slot], list[Slot]]:
+    """Swap two nodes' roles, or (when nodes hold several slots) one cell's slot with another's."""
+    if cluster.num_nodes >= 2 and (not slot_moves or rng.random() < 0.5):
+        a, b = rng.sample(range(cluster.num_nodes), 2)
+        if cluster.nodes[a].num_gpus != cluster.nodes[b].num_gpus:
+            return cells, free
+        swap = {a: b, b: a}
+        return ([(swap.get(n, n), f) for n, f in cells], [(swap.get(n, n), f) for n, f in free])
+    i = rng.randrange(len(cells))
+    j = rng.randrange(len(cells) + len(free))
+    cells, free = list(cells), list(free)
+    if j < len(cells):
+        cells[i], cells[j] = cells[j], cells[i]
+    else:
+        cells[i], free[j - len(cells)] = free[j - len(cells)], cells[i]
+    return cells, free
+
+
+def _anneal(cluster: Cluster, config: ParallelConfig, cells: list[Slot], scorer: _Scorer, rng: random.Random,
+            max_evaluations: int, deadline: float) -> tuple[list[Slot], bool]:
+    """Simulated annealing with a geometric temperature schedule over the evaluation budget."""
+    slots = _all_slots(cluster, config.tp)
+    seed_cells = _path_seed(cluster, config, slots)
+    starts = [cells] + ([seed_cells] if seed_cells else [])
+    current = min(starts, key=lambda c: scorer(c)[0])
+    free = [slot for slot in slots if slot not in set(current)]
+    current_score = scorer(current)[0]
+    best, best_score = current, current_score
+    slot_moves = any(node.num_gpus > config.tp for node in cluster.nodes)
+    if cluster.num_nodes < 2 and not slot_moves:
+        return best, False
+    cooling = (_T_END / _T_START) ** (1.0 / max(max_evaluations, 1))
+    temperature, steps = _T_START, 0
+    while scorer.evaluations < max_evaluations and steps < 20 * max_evaluations:
+        if time.perf_counter() > deadline:
+            return best, True
+        steps += 1
+        candidate, candidate_free = _neighbour(cluster, current, free, rng, slot_moves)
+        score = scorer(candidate)[0]
+        if score[0] == current_score[0]:
+            worse = (score[1] - current_score[1]) / current_score[1]
+            accept = worse <= 0 or rng.random() < math.exp(-worse / temperature)
+        else:
+            accept = score < current_score
+        if accept:
+            current, free, current_score = candidate, candidate_free, score
+            if score < best_score:
+                best, best_score = candidate, score
+        temperature *= cooling
+    return best, False
+
+
+def homogeneous_subset(cluster: Cluster) -> Cluster | None:
+    """The nodes of the GPU type with the most GPUs (ties: the faster type) as a cluster (None if not mixed).
+
+    Pair links are carried over with their indices remapped, so measured links still apply.
+    """
+    types = cluster.gpu_types
+    if len(types) < 2:
+        return None
+    totals = {t.name: sum(n.num_gpus for n in cluster.nodes if n.gpu.name == t.name) for t in types}
+    winner = max(types, key=lambda t: (totals[t.name], max(dict(t.peak_flops_per_s).values()), t.name))
+    keep = [i for i, node in enumerate(cluster.nodes) if node.gpu.name == winner.name]
+    index = {old: new for new, old in enumerate(keep)}
+    links = {(index[a], index[b]): link for (a, b), link in cluster.pair_links.items()
+             if a in index and b in index}
+    overrides = {(index[n], g): spec for (n, g), spec in cluster.gpu_overrides.items() if n in index}
+    subset = replace(cluster, name=f"{cluster.name}[{winner.name}]", nodes=tuple(cluster.nodes[i] for i in keep),
+                     pair_links=links, gpu_overrides=overrides)
+    return subset
