@@ -1,0 +1,341 @@
+"""Stage partition: units (embedding, blocks, head) → contiguous, ordered (virtual) stages.
+
+The objective is the schedule's pipeline time (cost/schedule.py), which is linear in the stage
+times: a·T + b·Σ τ_s with T ≥ every rank's per-micro-batch work. Each pipeline rank has its own
+unit times (its GPU type and TP link) and its own memory budget (its capacity, in-flight
+micro-batches, sharding), so mixed clusters need no other model.
+
+`ilp_partition` solves it with PuLP (HiGHS in-process when importable, else CBC), bounded by
+`dp_partition` — an exact dynamic programme for one chunk per rank — as DESIGN.md "Search"
+describes: the DP optimum is an upper bound, units are fixed outside the stage window that bound
+allows, and the perfectly balanced stage time is a lower bound on T.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+import pulp
+
+from planner.config import Partition, Schedule
+from planner.cost.schedule import pipeline_time
+
+__all__ = [
+    "PartitionProblem",
+    "PartitionResult",
+    "dp_partition",
+    "fits",
+    "ilp_partition",
+    "objective_s",
+    "solver_name",
+    "stage_times",
+]
+
+_MEMORY_SLACK = 1e-9  # relative: solver tolerances must not turn a fitting partition into a misfit
+
+
+@dataclass(frozen=True)
+class PartitionProblem:
+    """Everything the partitioner needs; equal problems have equal answers (the search caches on it).
+
+    `unit_time_s[r][u]`: time of unit u per micro-batch on pipeline rank r (compute, recompute, TP);
+    `boundary_s[r]`: p2p time after a stage on rank r (none after the last stage);
+    `unit_memory_bytes[r][u]`: bytes unit u adds to rank r; `memory_budget_bytes[r]`: what rank r
+    may hold; stages are virtual: stage k runs on rank k mod pp.
+    """
+
+    unit_time_s: tuple[tuple[float, ...], ...]
+    boundary_s: tuple[float, ...]
+    unit_memory_bytes: tuple[tuple[float, ...], ...]
+    memory_budget_bytes: tuple[float, ...]
+    vpp: int
+    num_microbatches: int
+    schedule: Schedule
+
+    @property
+    def pp(self) -> int:
+        return len(self.unit_time_s)
+
+    @property
+    def num_units(self) -> int:
+        return len(self.unit_time_s[0])
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.vpp
+
+
+@dataclass(frozen=True)
+class PartitionResult:
+    """A partition, its pipeline time, and how it was found."""
+
+    partition: Partition
+    objective_s: float
+    optimal: bool  # False when the solver hit its time limit and returned the best found
+    method: str  # "ilp", "dp" or "single stage"
+
+
+def linear_form(problem: PartitionProblem) -> tuple[float, float]:
+    """(a, b) with pipeline time = a·max_r R_r + b·Σ_r R_r — cost/schedule.py's formulas, linearised."""
+    m, v = problem.num_microbatches, problem.vpp
+    if problem.schedule is Schedule.INTERLEAVED:
+        return m - 1 / v, 1 / v
+    return m - 1, 1.0
+
+
+def stage_times(problem: PartitionProblem, counts: Sequence[int]) -> list[float]:
+    times, start = [], 0
+    for k, count in enumerate(counts):
+        r = k % problem.pp
+        boundary = problem.boundary_s[r] if k < len(counts) - 1 else 0.0
+        times.append(sum(problem.unit_time_s[r][start:start + count]) + boundary)
+        start += count
+    return times
+
+
+def objective_s(problem: PartitionProblem, counts: Sequence[int]) -> float:
+    """Pipeline time of a partition, by cost/schedule.py itself."""
+    return pipeline_time(stage_times(problem, counts), problem.pp, problem.num_microbatches,
+                         problem.schedule).total_s
+
+
+def fits(problem: PartitionProblem, counts: Sequence[int]) -> bool:
+    used, start = [0.0] * problem.pp, 0
+    for k, count in enumerate(counts):
+        used[k % problem.pp] += sum(problem.unit_memory_bytes[k % problem.pp][start:start + count])
+        start += count
+    return all(u <= b for u, b in zip(used, problem.memory_budget_bytes, strict=True))
+
+
+# ---- exact dynamic programme (one chunk per rank) ---------------------------------------------
+
+def _min_sum(problem: PartitionProblem, cap_s: float) -> tuple[float, list[int]] | None:
+    """Least Σ stage times with every stage ≤ cap_s and within memory; None if impossible."""
+    n, stages = problem.num_units, problem.num_stages
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    choices = []
+    upper = np.triu(np.ones((n + 1, n + 1), dtype=bool), 1)  # segment [i, j) with i < j
+    for k in range(stages):
+        prefix_t = np.concatenate(([0.0], np.cumsum(problem.unit_time_s[k])))
+        prefix_m = np.concatenate(([0.0], np.cumsum(problem.unit_memory_bytes[k])))
+        cost = prefix_t[None, :] - prefix_t[:, None] + (problem.boundary_s[k] if k < stages - 1 else 0.0)
+        ok = upper & (cost <= cap_s) & (prefix_m[None, :] - prefix_m[:, None] <= problem.memory_budget_bytes[k])
+        total = np.where(ok, best[:, None] + cost, np.inf)
+        choices.append(np.argmin(total, axis=0))
+        best = total[choices[-1], np.arange(n + 1)]
+    if not np.isfinite(best[n]):
+        return None
+    counts, end = [], n
+    for k in reversed(range(stages)):
+        start = int(choices[k][end])
+        counts.append(end - start)
+        end = start
+    return float(best[n]), counts[::-1]
+
+
+def dp_partition(problem: PartitionProblem) -> PartitionResult | None:
+    """Exact optimum for one chunk per rank (1F1B, GPipe): min over bottleneck T of a·T + min Σ.
+
+    The optimal bottleneck is some segment's stage time, so it is enough to try those values in
+    increasing order: binary search finds the smallest feasible one, and the scan stops once a·T
+    plus the least possible Σ cannot beat the best found. None: no partition fits in memory.
+    """
+    if problem.vpp != 1:
+        raise ValueError("dp_partition handles one chunk per rank; use ilp_partition for interleaving")
+    a, b = linear_form(problem)
+    candidates = _segment_times(problem)
+    lo, hi = 0, len(candidates) - 1
+    if _min_sum(problem, candidates[hi]) is None:
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _min_sum(problem, candidates[mid]) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    least_sum = _min_sum(problem, math.inf)[0]  # type: ignore[index]
+    best: tuple[float, list[int]] | None = None
+    for cap in candidates[lo:]:
+        if best is not None and a * cap + b * least_sum >= best[0]:
+            break
+        found = _min_sum(problem, cap)
+        if found is not None:
+            value = a * max(stage_times(problem, found[1])) + b * found[0]
+            if best is None or value < best[0] - 1e-15:
+                best = (value, found[1])
+    assert best is not None
+    return PartitionResult(Partition(tuple(best[1])), objective_s(problem, best[1]), True, "dp")
+
+
+def _segment_times(problem: PartitionProblem) -> np.ndarray:
+    """Sorted distinct stage times any segment on any stage can have."""
+    values = []
+    n, stages = problem.num_units, problem.num_stages
+    rows, cols = np.triu_indices(n + 1, 1)
+    for k in range(stages):
+        prefix = np.concatenate(([0.0], np.cumsum(problem.unit_time_s[k])))
+        values.append(prefix[cols] - prefix[rows] + (problem.boundary_s[k] if k < stages - 1 else 0.0))
+    return np.unique(np.concatenate(values))
+
+
+# ---- ILP ----------------------------------------------------------------------------------------
+
+@cache
+def _highs_available() -> bool:
+    """Whether highspy imports; also swallows the banner HiGHS prints once per process on stdout,
+    which would otherwise corrupt `planner plan --json` (msg=False only silences later output)."""
+    if not pulp.HiGHS(msg=False).available():
+        return False
+    import highspy
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as sink:
+            os.dup2(sink.fileno(), 1)
+            highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    return True
+
+
+def solver_name() -> str:
+    """The solver `ilp_partition` uses here: HiGHS in-process when highspy imports, else CBC."""
+    return "HiGHS (highspy, in-process)" if _highs_available() else "CBC (PuLP bundled)"
+
+
+def _solver(time_limit_s: float) -> pulp.LpSolver:
+    if _highs_available():
+        return pulp.HiGHS(msg=False, timeLimit=time_limit_s, threads=1)
+    return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s)
+
+
+def _stage_windows(problem: PartitionProblem, cap_s: float) -> list[tuple[int, int]]:
+    """[earliest, latest] stage each unit can sit in, given every stage ≤ cap_s.
+
+    Uses each unit's fastest rank, so the windows are valid for any rank assignment: stages before
+    unit u's need at least ⌈cover(0..u)⌉ − 1 of them, stages after it ⌈cover(u..n−1)⌉ − 1.
+    """
+    n, stages = problem.num_units, problem.num_stages
+    fastest = [min(problem.unit_time_s[r][u] for r in range(problem.pp)) for u in range(n)]
+
+    def covers(order: Sequence[int]) -> list[int]:
+        out, used, load = [], 0, math.inf
+        for u in order:
+            if load + fastest[u] > cap_s * (1 + 1e-12):
+                used, load = used + 1, 0.0
+            load += fastest[u]
+            out.append(used)
+        return out
+
+    forward = covers(range(n))
+    backward = covers(range(n - 1, -1, -1))[::-1]
+    windows = []
+    for u in range(n):
+        earliest = max(forward[u] - 1, stages - n + u, 0)
+        latest = min(stages - backward[u], u, stages - 1)
+        windows.append((earliest, max(earliest, latest)))
+    return windows
+
+
+def ilp_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
+                  upper_bound: PartitionResult | None = None) -> PartitionResult | None:
+    """Optimal partition by ILP; None if no partition fits in memory.
+
+    Variables y[u,s] = 1 when unit u sits in stage ≤ s (monotone in u and s, so stages are
+    contiguous and ordered). `upper_bound` (a feasible partition, e.g. the DP's) bounds T and the
+    stage windows; with a time limit the best partition found so far is returned, flagged.
+    """
+    n, stages, pp = problem.num_units, problem.num_stages, problem.pp
+    if stages == 1:
+        if not fits(problem, [n]):
+            return None
+        return PartitionResult(Partition((n,)), objective_s(problem, [n]), True, "single stage")
+    if any(budget < 0 for budget in problem.memory_budget_bytes):
+        return None
+    a, b = linear_form(problem)
+    least_sum = sum(min(problem.unit_time_s[r][u] for r in range(pp)) for u in range(n))
+    least_sum += (stages - 1) * min(problem.boundary_s)
+    cap = math.inf
+    if upper_bound is not None:
+        cap = (upper_bound.objective_s - b * least_sum) / a * (1 + 1e-9) if a > 0 else math.inf
+    windows = _stage_windows(problem, cap)
+    # Scale so coefficients are near 1: times by the balanced stage time, memory by each budget.
+    unit = least_sum / stages if least_sum > 0 else 1.0
+
+    model = pulp.LpProblem("stage_partition", pulp.LpMinimize)
+    y: dict[tuple[int, int], pulp.LpVariable] = {}
+    for u, (lo, hi) in enumerate(windows):
+        for s in range(lo, hi):
+            y[u, s] = pulp.LpVariable(f"y_{u}_{s}", cat=pulp.LpBinary)
+
+    def in_prefix(u: int, s: int) -> dict[pulp.LpVariable, float] | float:
+        """y[u,s] as {var: 1} or a constant."""
+        lo, hi = windows[u]
+        if s < lo:
+            return 0.0
+        return 1.0 if s >= hi else {y[u, s]: 1.0}
+
+    def add(expr: dict[pulp.LpVariable, float], const: list[float], term, coef: float) -> None:
+        if isinstance(term, dict):
+            for var, value in term.items():
+                expr[var] = expr.get(var, 0.0) + coef * value
+        else:
+            const[0] += coef * term
+
+    # Window edges are monotone in u, so fixed neighbours never contradict: only free pairs need rows.
+    for (u, s), var in y.items():
+        if (u, s + 1) in y:
+            model += var <= y[u, s + 1]
+        if (u + 1, s) in y:
+            model += y[u + 1, s] <= var
+    bottleneck = pulp.LpVariable("T", lowBound=0.0, upBound=None if math.isinf(cap) else cap / unit)
+    budgets = [budget if budget > 0 else 1.0 for budget in problem.memory_budget_bytes]
+    rank_time: list[tuple[dict, list[float]]] = [({}, [0.0]) for _ in range(pp)]
+    rank_memory: list[tuple[dict, list[float]]] = [({}, [0.0]) for _ in range(pp)]
+    total: tuple[dict, list[float]] = ({}, [0.0])
+    for s in range(stages):
+        r = s % pp
+        count: tuple[dict, list[float]] = ({}, [0.0])
+        for u in range(n):
+            # z[u,s] = y[u,s] − y[u,s−1]: unit u sits exactly in stage s
+            for term, sign in ((in_prefix(u, s), 1.0), (in_prefix(u, s - 1), -1.0)):
+                add(*count, term, sign)
+                add(*rank_time[r], term, sign * problem.unit_time_s[r][u] / unit)
+                add(*rank_memory[r], term, sign * problem.unit_memory_bytes[r][u] / budgets[r])
+        if s < stages - 1:
+            rank_time[r][1][0] += problem.boundary_s[r] / unit
+        model += pulp.LpAffineExpression(count[0], constant=count[1][0]) >= 1
+    for r in range(pp):
+        expr = pulp.LpAffineExpression(rank_time[r][0], constant=rank_time[r][1][0])
+        model += expr <= bottleneck
+        for var, value in rank_time[r][0].items():
+            total[0][var] = total[0].get(var, 0.0) + value
+        total[1][0] += rank_time[r][1][0]
+        model += pulp.LpAffineExpression(rank_memory[r][0], constant=rank_memory[r][1][0]) <= 1 - _MEMORY_SLACK
+    model += a * bottleneck + b * pulp.LpAffineExpression(total[0], constant=total[1][0])
+    model.solve(_solver(time_limit_s))
+    if model.status != pulp.LpStatusOptimal or model.sol_status not in (
+            pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+        timed_out = model.status == pulp.LpStatusNotSolved
+        if timed_out and upper_bound is not None:
+            return PartitionResult(upper_bound.partition, upper_bound.objective_s, False, upper_bound.method)
+        return None
+    stage_of = []
+    for u, (lo, hi) in enumerate(windows):
+        below = sum(1 for s in range(lo, hi) if (y[u, s].varValue or 0.0) < 0.5)
+        stage_of.append(lo + below)
+    counts = [stage_of.count(s) for s in range(stages)]
+    found = PartitionResult(Partition(tuple(counts)), objective_s(problem, counts),
+                            model.sol_status == pulp.LpSolutionOptimal, "ilp")
+    if upper_bound is not None and upper_bound.objective_s < found.objective_s:
+        return PartitionResult(upper_bound.partition, upper_bound.objective_s, found.optimal, upper_bound.method)
+    return found
