@@ -9,10 +9,11 @@ Extra fields: ``collectives`` (every measurement behind the matrices, with its �
 ``source`` (what produced the file).
 
 Producers: `planner.profile.links_nccl` (nccl-tests logs) and `planner.profile.links_probe`
-(torch.distributed under torchrun). Every measurement becomes a `CollectiveResult`: message sizes and times. Its time model is
-``t(S) = α + S·f/β`` where ``f`` is the nccl-tests bus factor of the collective over n ranks
-(all_reduce 2(n−1)/n; all_gather, reduce_scatter, alltoall (n−1)/n; sendrecv, broadcast, reduce 1),
-so β is a bus bandwidth and α a per-operation latency (see `fit_latency_bandwidth`).
+(torch.distributed under torchrun). Every measurement becomes a `CollectiveResult`: message sizes
+and times. Its time model is ``t(S) = α + S·f/β`` where ``f`` is the nccl-tests bus factor of the
+collective over n ranks (all_reduce 2(n−1)/n; all_gather, reduce_scatter, alltoall (n−1)/n;
+sendrecv, broadcast, reduce 1), so β is a bus bandwidth and α a per-operation latency (see
+`fit_latency_bandwidth`).
 """
 
 from __future__ import annotations
@@ -283,17 +284,15 @@ def _write_atomic(path: Path, text: str) -> None:
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
         raise PlannerError(f"cannot write {path}: directory {directory} does not exist")
-    handle = tempfile.NamedTemporaryFile(
-        "w", dir=directory, prefix=f".{path.name}.", suffix=".tmp", delete=False, encoding="utf-8"
-    )
+    descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with handle:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(handle.name, path)
+        os.replace(temporary, path)
     except BaseException:
-        Path(handle.name).unlink(missing_ok=True)
+        Path(temporary).unlink(missing_ok=True)
         raise
 
 
@@ -330,7 +329,8 @@ def link_node_indices(cluster: Cluster, links: LinksTable) -> tuple[tuple[int, .
         return tuple(cluster.node_index(name) for name in links.nodes), False
     default_names = all(node.name == f"node{i}" for i, node in enumerate(cluster.nodes))
     if not default_names:
-        shown = ", ".join(node.name for node in cluster.nodes[:4]) + (", ..." if cluster.num_nodes > 4 else "")
+        shown = ", ".join(node.name for node in cluster.nodes[:4])
+        shown += ", ..." if cluster.num_nodes > 4 else ""
         raise PlannerError(
             f"links node {unknown[0]!r} is not a node of cluster {cluster.name} ({shown}); "
             "name the cluster's nodes like the LINKS file"

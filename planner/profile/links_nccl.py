@@ -140,10 +140,11 @@ def _read_row(table: _Table, tokens: list[str], where: str) -> None:
             raise PlannerError(f"{where}: {name} {tokens[position]!r} is not a number") from None
     if values["size"] <= 0:
         return  # a zero-byte operation measures no bandwidth
-    if values[table.time_column] <= 0:
-        raise PlannerError(f"{where}: {table.time_column} must be positive, got {tokens[needed[table.time_column]]}")
+    time_us = values[table.time_column]
+    if time_us <= 0:
+        raise PlannerError(f"{where}: {table.time_column} must be positive, got {time_us:g}")
     table.sizes.append(int(values["size"]))
-    table.times.append(values[table.time_column] * 1e-6)
+    table.times.append(time_us * 1e-6)
     table.ratios.append((values["algbw"], values["busbw"]))
 
 
@@ -176,7 +177,8 @@ def _result_from_table(table: _Table, origin: str, explicit: str | None) -> Coll
     return CollectiveResult(name, nranks, table.hosts, tuple(table.sizes), tuple(table.times), origin)
 
 
-def read_nccl_tests_log(path: str | os.PathLike[str], collective: str | None = None) -> list[CollectiveResult]:
+def read_nccl_tests_log(path: str | os.PathLike[str],
+                        collective: str | None = None) -> list[CollectiveResult]:
     """`parse_nccl_tests_log` of a file; unreadable files are a PlannerError."""
     path = Path(path)
     try:

@@ -168,30 +168,31 @@ def run_link_probe(
     torch = _import_torch()
     dist = torch.distributed
     owns_group = not dist.is_initialized()
-    if owns_group:
-        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-            raise PlannerError("planner profile links must run under torchrun "
-                               "(e.g. torchrun --nproc-per-node 8 ...): RANK/WORLD_SIZE are not set")
-        if backend == "nccl" and not torch.cuda.is_available():
+    if owns_group and ("RANK" not in os.environ or "WORLD_SIZE" not in os.environ):
+        raise PlannerError("planner profile links must run under torchrun "
+                           "(e.g. torchrun --nproc-per-node 8 ...): RANK/WORLD_SIZE are not set")
+    if backend == "nccl":
+        if not torch.cuda.is_available():
             raise PlannerError("backend nccl needs CUDA GPUs; use --backend gloo on CPU")
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)  # before init, so NCCL and barrier() know this rank's GPU
+    else:
+        device = torch.device("cpu")
+    if owns_group:
         dist.init_process_group(backend, init_method="env://")
     try:
-        return _probe(torch, backend, sizes, iters, warmup, simulate_nodes, out, log or sys.stderr)
+        return _probe(_Probe(torch, device, iters, warmup), backend, sizes, simulate_nodes, out,
+                      log or sys.stderr)
     finally:
         if owns_group:
             dist.destroy_process_group()
 
 
-def _probe(torch: Any, backend: str, sizes: list[int], iters: int, warmup: int,
-           simulate_nodes: int | None, out: Any, log: TextIO) -> LinksTable:
-    dist = torch.distributed
+def _probe(probe: _Probe, backend: str, sizes: list[int], simulate_nodes: int | None, out: Any,
+           log: TextIO) -> LinksTable:
+    dist = probe.torch.distributed
     rank, world = dist.get_rank(), dist.get_world_size()
-    if backend == "nccl":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count())))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    probe = _Probe(torch, device, iters, warmup)
 
     def say(message: str) -> None:
         if rank == 0:
@@ -223,7 +224,8 @@ def _probe(torch: Any, backend: str, sizes: list[int], iters: int, warmup: int,
         for a, b in pairs:
             first_a, first_b = members[nodes[a]][0], members[nodes[b]][0]
             if rank in (first_a, first_b):
-                times = _ping_pong(probe, rank, first_b if rank == first_a else first_a, rank == first_a, sizes)
+                peer = first_b if rank == first_a else first_a
+                times = _ping_pong(probe, rank, peer, rank == first_a, sizes)
                 if rank == first_a:
                     measured.append(("sendrecv", (first_a, first_b), times))
         dist.barrier()
@@ -234,7 +236,7 @@ def _probe(torch: Any, backend: str, sizes: list[int], iters: int, warmup: int,
     table = _probe_table(gathered, node_of, nodes, sizes,
                          {"kind": "torch.distributed", "backend": backend, "world_size": world,
                           "hosts": sorted(set(map(str, hostnames))), "simulated_nodes": simulate_nodes,
-                          "iters": iters, "warmup": warmup})
+                          "iters": probe.iters, "warmup": probe.warmup})
     if rank == 0 and out is not None:
         write_links(out, table)
         say(f"wrote {out}")
@@ -250,7 +252,8 @@ def _probe_table(gathered: Sequence[Sequence[tuple[str, tuple[int, ...], list[fl
     for per_rank in gathered:
         for name, ranks, times in per_rank:
             key = (name, tuple(ranks))
-            merged[key] = [max(pair) for pair in zip(merged[key], times, strict=True)] if key in merged else list(times)
+            previous = merged.get(key, times)
+            merged[key] = [max(a, b) for a, b in zip(previous, times, strict=True)]
     results = [
         CollectiveResult(name, len(ranks), tuple(node_of[r] for r in ranks), tuple(sizes), tuple(times),
                          f"torch.distributed {source['backend']} {name} ranks {list(ranks)}")
