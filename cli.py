@@ -10,6 +10,7 @@ import functools
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,9 @@ from planner.gpu import GIB, catalog_gpu_names, lookup_gpu
 from planner.model import ModelSpec, catalog_model_names, load_model
 from planner.placement import default_placement
 from planner.plan import build_plan_document, write_atomic
+from planner.profile.calibration import default_calibration
+from planner.profile.measure import PROFILE_DTYPES, ProfileRequest, measure_layers
+from planner.profile.measured import MeasuredProfile, bind_to_model, load_measured_profile
 from planner.render import describe_estimate, format_breakdown, format_stages, format_table
 
 DEFAULT_MODEL = "llama3-8b"
@@ -73,6 +77,34 @@ def parallel_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
+def profile_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--profile PROFILE.json`: measured unit times instead of analytic ones (`plan` and `estimate`)."""
+    return click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
+                        help="Measured layer profile from `planner profile layers` (its model is the default "
+                             "--model).")(command)
+
+
+def load_profile_and_model(profile_path: Path, model_spec: str, training: Training,
+                           ) -> tuple[ModelSpec, Training, MeasuredProfile]:
+    """The profile bound to the model, with the model, sequence length, dtype and attention kernel
+    taken from the profile wherever the user left that option at its default."""
+    profile = load_measured_profile(profile_path)
+    context = click.get_current_context()
+
+    def given(name: str) -> bool:
+        return context.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+
+    model = load_model(model_spec) if given("model_spec") else profile.model
+    training = replace(training, **{name: getattr(profile, name)
+                                    for name in ("seq_len", "dtype", "attention") if not given(name)})
+    return model, training, bind_to_model(profile, model, default_calibration())
+
+
+def echo_profile_notes(timer: MeasuredProfile | None) -> None:
+    for note in timer.notes if timer else ():
+        click.echo(note, err=True)
+
+
 def handle_errors(command: Callable[..., Any]) -> Callable[..., Any]:
     """Turn user errors into one line and the documented exit code."""
 
@@ -121,20 +153,26 @@ def main() -> None:
 @problem_options
 @parallel_options
 @click.option("--partition", help="Transformer blocks per (virtual) stage, e.g. 5,6,7,6 (default: uniform).")
+@profile_option
 @click.option("--json", "as_json", is_flag=True, help="Print the plan JSON document only.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the plan JSON here.")
 @handle_errors
 def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len: int, dtype: str,
-                     attention: str, partition: str | None, as_json: bool, out: Path | None,
-                     **parallel: Any) -> None:
+                     attention: str, partition: str | None, profile_path: Path | None, as_json: bool,
+                     out: Path | None, **parallel: Any) -> None:
     """Estimate time and memory of one fully given configuration, with its breakdown."""
     model, cluster = load_problem(model_spec, cluster_spec)
     training = build_training(global_batch, seq_len, dtype, attention)
+    timer = None
+    if profile_path:
+        model, training, timer = load_profile_and_model(profile_path, model_spec, training)
     config = config_from_options(parallel, cluster)
     split = parse_partition(partition, model) if partition else None
     placement = default_placement(cluster, config)
-    result = estimate(model, cluster, training, config, split, placement)
-    document = build_plan_document(model, cluster, training, config, placement, result)
+    result = estimate(model, cluster, training, config, split, placement, timer=timer)
+    echo_profile_notes(timer)
+    extra = {"profile": {"path": str(profile_path), "notes": list(timer.notes)}} if timer else None
+    document = build_plan_document(model, cluster, training, config, placement, result, extra)
     text = json.dumps(document, indent=2)
     if out:
         write_atomic(out, text + "\n")
@@ -142,7 +180,7 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
         click.echo(text)
     else:
         click.echo(f"{model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {global_batch}, "
-                   f"sequence {seq_len}, {dtype}")
+                   f"sequence {training.seq_len}, {training.dtype}")
         click.echo(describe_estimate(config, result, config.num_gpus))
         click.echo("\nbreakdown of one iteration")
         click.echo(format_breakdown(result))
@@ -220,6 +258,38 @@ def list_command(what: str, as_json: bool) -> None:
         click.echo(json.dumps(records, indent=2))
     else:
         click.echo(format_table(headers, rows))
+
+
+@main.group("profile")
+def profile_group() -> None:
+    """Measure the hardware: per-layer compute and memory, links."""
+
+
+@profile_group.command("layers")
+@click.option("--model", "model_spec", required=True, help="Catalog name, HF config.json, or planner model file.")
+@click.option("--tp", "tps", type=int, multiple=True, help="TP degree(s) to measure at  [default: 1]")
+@click.option("--micro-batch", "micro_batches", type=int, multiple=True,
+              help="Micro-batch size(s) to measure (repeat the option)  [default: 1]")
+@click.option("--seq-len", type=int, default=2048, show_default=True, help="Tokens per sequence.")
+@click.option("--dtype", type=click.Choice(PROFILE_DTYPES), default="bf16", show_default=True)
+@click.option("--attention", type=click.Choice(["flash", "unfused"]), default="flash", show_default=True)
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--gpu", help="Catalog GPU type of the device (then --profile applies the times to that GPU only).")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed runs first.")
+@click.option("--iters", type=click.IntRange(min=1), default=5, show_default=True, help="Timed runs (median).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="PROFILE.json to write.")
+@handle_errors
+def profile_layers_command(model_spec: str, tps: tuple[int, ...], micro_batches: tuple[int, ...], seq_len: int,
+                           dtype: str, attention: str, device: str, gpu: str | None, warmup: int, iters: int,
+                           out: Path) -> None:
+    """Time forward/backward of each distinct unit in PyTorch (random weights) and write PROFILE.json."""
+    model = load_model(model_spec)
+    gpu_name = lookup_gpu(gpu).name if gpu else None
+    request = ProfileRequest(tps=tps or (1,), micro_batches=micro_batches or (1,), seq_len=seq_len, dtype=dtype,
+                             attention=attention, device=device, warmup=warmup, iters=iters)
+    document = measure_layers(model, request, gpu_name, progress=lambda line: click.echo(line, err=True))
+    write_atomic(out, json.dumps(document, indent=2) + "\n")
+    click.echo(f"wrote {out}: {len(document['units'])} measurements of {model.name} on {document['device']['name']}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,185 @@
+"""A measured PROFILE.json (written by `planner profile layers`) as a `UnitTimer` for the cost model.
+
+Times are looked up by (unit kind, TP degree, micro-batch). Micro-batch sizes that were not
+measured are interpolated linearly between the nearest measured sizes (time is close to linear
+in tokens), extrapolated linearly from the two largest above the range and proportionally from
+the smallest below it; each such step is recorded as a note the CLI prints. TP degrees, sequence
+lengths, dtypes and attention kernels that were not measured are refused (attention time is
+quadratic in the sequence and TP changes GEMM shapes, so scaling would be a guess): the error
+names what the profile holds. Sequence parallelism is accepted on a profile measured without it
+(it only shards the element-wise norm/dropout work, a few per cent of a block).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from planner.errors import PlannerError
+from planner.gpu import GPUSpec
+from planner.model import ModelSpec, UnitKind, model_from_dict
+from planner.profile.analytic import AnalyticProfile, UnitSetting, UnitTimes
+from planner.profile.calibration import Calibration
+from planner.profile.measure import PROFILE_SCHEMA_VERSION
+from planner.resources import load_structured_file
+
+__all__ = ["MeasuredProfile", "bind_to_model", "load_measured_profile", "parse_profile_document"]
+
+_TIME_FIELDS = ("forward_s", "backward_s", "attention_core_forward_s")
+
+
+@dataclass(frozen=True)
+class MeasuredProfile:
+    """Measured unit times of one model on one device type; `fallback` times GPUs the profile is not for.
+
+    `gpu` is the catalog GPU type the profile was measured on, or None (e.g. a CPU profile), in
+    which case the times apply to every GPU. `notes` collects what was interpolated or defaulted.
+    """
+
+    model: ModelSpec
+    gpu: str | None
+    seq_len: int
+    dtype: str
+    attention: str
+    device: str
+    times_by_setting: dict[tuple[UnitKind, int], dict[int, UnitTimes]] = field(repr=False)
+    fallback: AnalyticProfile | None = None
+    source: str = ""
+    _notes: dict[str, None] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return tuple(self._notes)
+
+    def _note(self, text: str) -> None:
+        self._notes.setdefault(f"profile: {text}")
+
+    def with_fallback(self, fallback: AnalyticProfile) -> MeasuredProfile:
+        """The same profile timing GPUs of another type with `fallback` (fresh notes)."""
+        return replace(self, fallback=fallback, _notes={})
+
+    def measured_tps(self) -> list[int]:
+        return sorted({tp for _, tp in self.times_by_setting})
+
+    def times(self, kind: UnitKind, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
+        if self.gpu is not None and gpu.name.lower() != self.gpu.lower():
+            if self.fallback is None:
+                raise PlannerError(f"{self.source} was measured on {self.gpu}; the cluster has {gpu.name}")
+            self._note(f"measured on {self.gpu}; {gpu.name} uses analytic times")
+            return self.fallback.times(kind, setting, gpu)
+        self._check(setting)
+        if self.gpu is None:
+            self._note(f"times measured on {self.device} applied to every GPU ({gpu.name})")
+        by_batch = self.times_by_setting.get((kind, setting.tp))
+        if by_batch is None:
+            tps = ", ".join(map(str, self.measured_tps()))
+            raise PlannerError(f"{self.source} has no measurements at tp={setting.tp}; measured tp: {tps}")
+        return self._at_micro_batch(by_batch, setting.micro_batch)
+
+    def _check(self, setting: UnitSetting) -> None:
+        for option, wanted, have in (("--seq-len", setting.seq_len, self.seq_len),
+                                     ("--dtype", setting.dtype, self.dtype),
+                                     ("--attention", setting.attention, self.attention)):
+            if wanted != have:
+                raise PlannerError(
+                    f"{self.source} was measured at {option} {have}, not {wanted}; use {option} {have} or re-profile"
+                )
+        if setting.sequence_parallel:
+            self._note("measured without sequence parallelism; its element-wise savings are not in the times")
+
+    def _at_micro_batch(self, by_batch: dict[int, UnitTimes], micro_batch: int) -> UnitTimes:
+        if micro_batch in by_batch:
+            return by_batch[micro_batch]
+        sizes = sorted(by_batch)
+        position = bisect.bisect(sizes, micro_batch)
+        if position == 0:
+            low = sizes[0]
+            self._note(f"micro-batch {micro_batch} scaled down from measured {low}")
+            return _combine(by_batch[low], micro_batch / low, by_batch[low], 0.0)
+        if position == len(sizes):
+            if len(sizes) == 1:
+                high = sizes[0]
+                self._note(f"micro-batch {micro_batch} scaled up from measured {high}")
+                return _combine(by_batch[high], micro_batch / high, by_batch[high], 0.0)
+            low, high = sizes[-2], sizes[-1]
+            self._note(f"micro-batch {micro_batch} extrapolated from {low} and {high}")
+        else:
+            low, high = sizes[position - 1], sizes[position]
+            self._note(f"micro-batch {micro_batch} interpolated between {low} and {high}")
+        weight = (micro_batch - low) / (high - low)
+        return _combine(by_batch[low], 1.0 - weight, by_batch[high], weight)
+
+
+def _combine(a: UnitTimes, wa: float, b: UnitTimes, wb: float) -> UnitTimes:
+    """wa·a + wb·b field by field (never below zero)."""
+    values = [max(0.0, wa * getattr(a, name) + wb * getattr(b, name)) for name in _TIME_FIELDS]
+    return UnitTimes(*values)
+
+
+def _require(mapping: dict[str, Any], key: str, kinds: type | tuple[type, ...], where: str) -> Any:
+    value = mapping.get(key)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise PlannerError(f"{where}: '{key}' is missing or not a {getattr(kinds, '__name__', 'number')}, "
+                           f"got {value!r}")
+    return value
+
+
+def parse_profile_document(document: Any, source: str) -> MeasuredProfile:
+    """Validate a PROFILE.json document (schema_version 1) and index its unit times."""
+    if not isinstance(document, dict):
+        raise PlannerError(f"{source}: a profile must be a JSON object")
+    version = document.get("schema_version")
+    if version != PROFILE_SCHEMA_VERSION:
+        raise PlannerError(f"{source}: schema_version {version!r} is not supported; expected {PROFILE_SCHEMA_VERSION}")
+    model = model_from_dict(_require(document, "model", dict, source), source)
+    settings = _require(document, "settings", dict, source)
+    device = _require(document, "device", dict, source)
+    units = _require(document, "units", list, source)
+    gpu = document.get("gpu")
+    if gpu is not None and not isinstance(gpu, str):
+        raise PlannerError(f"{source}: 'gpu' must be a GPU type name or null, got {gpu!r}")
+    table: dict[tuple[UnitKind, int], dict[int, UnitTimes]] = {}
+    for position, entry in enumerate(units):
+        where = f"{source}: units[{position}]"
+        if not isinstance(entry, dict):
+            raise PlannerError(f"{where}: must be an object")
+        try:
+            kind = UnitKind(entry.get("kind"))
+        except ValueError:
+            raise PlannerError(f"{where}: kind must be embedding, block or head, got {entry.get('kind')!r}") from None
+        tp, batch = (_require(entry, key, int, where) for key in ("tp", "micro_batch"))
+        values = [_require(entry, name, (int, float), where) for name in _TIME_FIELDS]
+        if tp < 1 or batch < 1 or any(v < 0 for v in values):
+            raise PlannerError(f"{where}: tp and micro_batch must be positive and times non-negative")
+        table.setdefault((kind, tp), {})[batch] = UnitTimes(*map(float, values))
+    if not table:
+        raise PlannerError(f"{source}: 'units' is empty")
+    for tp in {tp for _, tp in table}:
+        batches = {frozenset(table.get((kind, tp), {})) for kind in UnitKind}
+        if len(batches) != 1:
+            raise PlannerError(f"{source}: tp={tp} does not have embedding, block and head at the same micro-batches")
+    return MeasuredProfile(
+        model=model, gpu=gpu,
+        seq_len=_require(settings, "seq_len", int, f"{source}: settings"),
+        dtype=_require(settings, "dtype", str, f"{source}: settings"),
+        attention=_require(settings, "attention", str, f"{source}: settings"),
+        device=str(device.get("name", device.get("type", "unknown device"))),
+        times_by_setting=table, source=source,
+    )
+
+
+def load_measured_profile(path: Path) -> MeasuredProfile:
+    """Read and validate PROFILE.json."""
+    return parse_profile_document(load_structured_file(path), str(path))
+
+
+def bind_to_model(profile: MeasuredProfile, model: ModelSpec, calibration: Calibration) -> MeasuredProfile:
+    """The profile checked against the model being estimated, timing other GPU types analytically."""
+    if replace(profile.model, name=model.name) != model:
+        raise PlannerError(
+            f"{profile.source} was measured for model {profile.model.name!r}, whose architecture differs from "
+            f"{model.name!r}; pass --model {profile.source} or re-profile"
+        )
+    return profile.with_fallback(AnalyticProfile(model, calibration))
