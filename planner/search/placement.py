@@ -1,22 +1,25 @@
 """Placement search: which GPUs run each rank, chosen to minimise the estimated iteration time.
 
-The unit moved around is a *TP slot*: `tp` consecutive GPUs of one node, so every tensor-parallel
-group stays inside an NVLink island. A placement gives each (dp, pp) cell — cell c = dp + DP·pp,
-which holds ranks c·tp … c·tp + tp − 1 in Megatron-LM's tp-dp-pp order — one slot. That decides
-which nodes form each pipeline and in which order (pipeline p2p sits on the critical path every
+The unit placed is a *TP slot*: `tp` consecutive GPUs of one node, so every tensor-parallel group
+stays inside an NVLink island. A placement gives each (dp, pp) cell — cell c = dp + DP·pp, which
+holds ranks c·tp … c·tp + tp − 1 in Megatron-LM's tp-dp-pp order — one slot. That decides which
+nodes form each pipeline and in which order (pipeline p2p sits on the critical path every
 micro-batch), which replicas share a DP ring (its slowest hop bounds it), which GPU types and
-stragglers each pipeline rank gets, and which GPUs stay idle when the job uses fewer than exist.
+stragglers each pipeline rank gets, and which nodes stay idle when the job needs fewer.
 
+Only placements a stock launcher can realise are considered: each node keeps the contiguous block
+of ranks the rank order gives a node position (torchrun numbers ranks host by host), so a
+placement is a *host order* — which physical node plays each node position — plus, where a node
+has known slow GPUs, which of its slots each of its cells uses (CUDA_VISIBLE_DEVICES).
 Every candidate is scored by the full cost model (`planner.cost.estimate`), so link speeds, mixed
-GPU types and slow devices all count exactly as the estimate counts them.
+GPU types and slow devices count exactly as the estimate counts them.
 
-* **exact**: when the node assignments number at most `exact_limit` (e.g. up to 7 nodes, or 8
-  nodes of which 4 are used), every assignment of physical nodes to the naive layout's node
-  positions is scored; the layout inside each node stays in rank order.
-* **annealing** beyond: seeded simulated annealing over node swaps (and, when a node holds several
-  TP slots, swaps of single slots), started from the better of the naive rank order and a greedy
-  path along the fastest links. Bounded by `max_evaluations` (deterministic for a seed) and by
-  `time_limit_s` as a safety cap.
+* **exact**: when host orders number at most `exact_limit` (e.g. up to 7 nodes, or 8 nodes of which
+  4 are used), every one is scored.
+* **annealing** beyond: seeded simulated annealing over swaps of two nodes, started from the better
+  of the naive rank order and the naive layout laid pipeline by pipeline along a greedy path of
+  fast links. Bounded by `max_evaluations` (deterministic for a seed) and by `time_limit_s`.
+* Either way, when per-GPU slowdowns exist, a final pass swaps slots inside nodes while that helps.
 
 The result always carries the naive rank order's time (`default_placement`), so the gain is known.
 """
@@ -108,11 +111,6 @@ def _placement_of(cells: Sequence[Slot], tp: int) -> Placement:
     return Placement(tuple((node, first + t) for node, first in cells for t in range(tp)))
 
 
-def _all_slots(cluster: Cluster, tp: int) -> list[Slot]:
-    return [(n, first) for n, node in enumerate(cluster.nodes) if node.num_gpus % tp == 0
-            for first in range(0, node.num_gpus, tp)]
-
-
 def stage_nodes(cluster: Cluster, config: ParallelConfig, placement: Placement) -> tuple[tuple[str, ...], ...]:
     """Per pipeline rank, the names of the nodes its GPUs sit on (in dp-replica order, no repeats)."""
     out = []
@@ -166,9 +164,10 @@ def search_placement(
         best = _exact(cluster, cells, positions, scorer)
         method, capped = "exact", False
     else:
-        best, capped = _anneal(cluster, config, cells, scorer, random.Random(seed), max_evaluations,
+        best, capped = _anneal(cluster, config, cells, positions, scorer, random.Random(seed), max_evaluations,
                                started + time_limit_s)
         method = "annealing"
+    best = _polish_within_nodes(cluster, best, config.tp, scorer)
     result = scorer(best)[1]
     return PlacementResult(_placement_of(best, config.tp), result, naive_estimate.iteration_time_s, method,
                            scorer.evaluations, time.perf_counter() - started, capped)
@@ -181,12 +180,15 @@ def _exact(cluster: Cluster, cells: list[Slot], positions: list[int], scorer: _S
     for chosen in itertools.permutations(range(cluster.num_nodes), len(positions)):
         if any(cluster.nodes[n].num_gpus != size for n, size in zip(chosen, sizes, strict=True)):
             continue
-        mapping = dict(zip(positions, chosen, strict=True))
-        candidate = [(mapping[node], first) for node, first in cells]
+        candidate = _remap(cells, dict(zip(positions, chosen, strict=True)))
         score = scorer(candidate)[0]
         if score < best_score:
             best, best_score = candidate, score
     return best
+
+
+def _remap(cells: Sequence[Slot], mapping: dict[int, int]) -> list[Slot]:
+    return [(mapping.get(node, node), first) for node, first in cells]
 
 
 def _greedy_path(cluster: Cluster) -> list[int]:
@@ -207,57 +209,42 @@ def _greedy_path(cluster: Cluster) -> list[int]:
     return best_path
 
 
-def _path_seed(cluster: Cluster, config: ParallelConfig, slots: list[Slot]) -> list[Slot] | None:
-    """Cells laid pipeline by pipeline along the greedy path, so consecutive stages share fast links."""
-    order = {node: i for i, node in enumerate(_greedy_path(cluster))}
-    ranked = sorted(slots, key=lambda slot: (order[slot[0]], slot[1]))
-    if len(ranked) < config.dp * config.pp:
-        return None
-    seed_cells: list[Slot] = [(0, 0)] * (config.dp * config.pp)
-    for i, (d, p) in enumerate((d, p) for d in range(config.dp) for p in range(config.pp)):
-        seed_cells[d + config.dp * p] = ranked[i]
-    return seed_cells
+def _path_seed(cluster: Cluster, config: ParallelConfig, cells: list[Slot], positions: list[int]) -> list[Slot]:
+    """The naive layout with each pipeline's node positions placed consecutively along the greedy path.
+
+    Position v holds pipeline stage v // w, where w = positions per stage; positions v ≡ g (mod w)
+    form pipeline group g, which gets path nodes g·pp … g·pp + pp − 1. Needs every position to hold
+    cells of one stage only (w whole); otherwise the naive layout is returned.
+    """
+    width, rest = divmod(len(positions), config.pp)
+    path = [n for n in _greedy_path(cluster) if cluster.nodes[n].num_gpus == cluster.nodes[positions[0]].num_gpus]
+    uniform = all(cluster.nodes[n].num_gpus == cluster.nodes[positions[0]].num_gpus for n in positions)
+    if rest or not uniform or len(path) < len(positions):
+        return cells
+    mapping = {node: path[(v % width) * config.pp + v // width] for v, node in enumerate(positions)}
+    return _remap(cells, mapping)
 
 
-def _neighbour(cluster: Cluster, cells: list[Slot], free: list[Slot], rng: random.Random,
-               slot_moves: bool) -> tuple[list[Slot], list[Slot]]:
-    """Swap two nodes' roles, or (when nodes hold several slots) one cell's slot with another's."""
-    if cluster.num_nodes >= 2 and (not slot_moves or rng.random() < 0.5):
-        a, b = rng.sample(range(cluster.num_nodes), 2)
-        if cluster.nodes[a].num_gpus != cluster.nodes[b].num_gpus:
-            return cells, free
-        swap = {a: b, b: a}
-        return ([(swap.get(n, n), f) for n, f in cells], [(swap.get(n, n), f) for n, f in free])
-    i = rng.randrange(len(cells))
-    j = rng.randrange(len(cells) + len(free))
-    cells, free = list(cells), list(free)
-    if j < len(cells):
-        cells[i], cells[j] = cells[j], cells[i]
-    else:
-        cells[i], free[j - len(cells)] = free[j - len(cells)], cells[i]
-    return cells, free
+def _swap_nodes(cluster: Cluster, cells: list[Slot], rng: random.Random) -> list[Slot]:
+    a, b = rng.sample(range(cluster.num_nodes), 2)
+    if cluster.nodes[a].num_gpus != cluster.nodes[b].num_gpus:
+        return cells
+    return _remap(cells, {a: b, b: a})
 
 
-def _anneal(cluster: Cluster, config: ParallelConfig, cells: list[Slot], scorer: _Scorer, rng: random.Random,
-            max_evaluations: int, deadline: float) -> tuple[list[Slot], bool]:
-    """Simulated annealing with a geometric temperature schedule over the evaluation budget."""
-    slots = _all_slots(cluster, config.tp)
-    seed_cells = _path_seed(cluster, config, slots)
-    starts = [cells] + ([seed_cells] if seed_cells else [])
-    current = min(starts, key=lambda c: scorer(c)[0])
-    free = [slot for slot in slots if slot not in set(current)]
+def _anneal(cluster: Cluster, config: ParallelConfig, cells: list[Slot], positions: list[int], scorer: _Scorer,
+            rng: random.Random, max_evaluations: int, deadline: float) -> tuple[list[Slot], bool]:
+    """Simulated annealing over node swaps with a geometric temperature schedule over the budget."""
+    current = min((cells, _path_seed(cluster, config, cells, positions)), key=lambda c: scorer(c)[0])
     current_score = scorer(current)[0]
     best, best_score = current, current_score
-    slot_moves = any(node.num_gpus > config.tp for node in cluster.nodes)
-    if cluster.num_nodes < 2 and not slot_moves:
-        return best, False
     cooling = (_T_END / _T_START) ** (1.0 / max(max_evaluations, 1))
     temperature, steps = _T_START, 0
     while scorer.evaluations < max_evaluations and steps < 20 * max_evaluations:
         if time.perf_counter() > deadline:
             return best, True
         steps += 1
-        candidate, candidate_free = _neighbour(cluster, current, free, rng, slot_moves)
+        candidate = _swap_nodes(cluster, current, rng)
         score = scorer(candidate)[0]
         if score[0] == current_score[0]:
             worse = (score[1] - current_score[1]) / current_score[1]
@@ -265,11 +252,41 @@ def _anneal(cluster: Cluster, config: ParallelConfig, cells: list[Slot], scorer:
         else:
             accept = score < current_score
         if accept:
-            current, free, current_score = candidate, candidate_free, score
+            current, current_score = candidate, score
             if score < best_score:
                 best, best_score = candidate, score
         temperature *= cooling
     return best, False
+
+
+def _polish_within_nodes(cluster: Cluster, cells: list[Slot], tp: int, scorer: _Scorer) -> list[Slot]:
+    """Swap cells between slots of the same node (used or idle) while that lowers the score.
+
+    Only slots on nodes with per-GPU overrides can differ, so only those are tried.
+    """
+    slowed = {node for node, _ in cluster.gpu_overrides}
+    best, best_score = list(cells), scorer(cells)[0]
+    improved = True
+    while improved:
+        improved = False
+        for i, (node, first) in enumerate(best):
+            if node not in slowed:
+                continue
+            for other in range(0, cluster.nodes[node].num_gpus, tp):
+                if other == first:
+                    continue
+                candidate = list(best)
+                holder = next((j for j, slot in enumerate(best) if slot == (node, other)), None)
+                if holder is not None:
+                    candidate[holder] = (node, first)
+                candidate[i] = (node, other)
+                score = scorer(candidate)[0]
+                if score < best_score:
+                    best, best_score, improved = candidate, score, True
+                    break
+            if improved:
+                break
+    return best
 
 
 def homogeneous_subset(cluster: Cluster) -> Cluster | None:
