@@ -20,10 +20,11 @@ from planner import InfeasibleError, PlannerError, __version__
 from planner.cluster import Cluster, catalog_cluster_names, load_cluster
 from planner.config import DTYPES, ParallelConfig, Partition, Training
 from planner.cost.estimate import Estimate, estimate
+from planner.export import TARGETS, exporter, render_stdout, write_export
 from planner.gpu import GIB, catalog_gpu_names, lookup_gpu
 from planner.model import ModelSpec, catalog_model_names, load_model
 from planner.placement import default_placement
-from planner.plan import build_plan_document, write_atomic
+from planner.plan import build_plan_document, load_plan, write_atomic
 from planner.profile.calibration import default_calibration
 from planner.profile.measure import PROFILE_DTYPES, ProfileRequest, measure_layers
 from planner.profile.measured import MeasuredProfile, bind_to_model, load_measured_profile
@@ -221,6 +222,25 @@ def parse_partition(text: str, model: ModelSpec) -> Partition:
     except ValueError:
         raise PlannerError(f"--partition {text!r} must be comma-separated block counts, e.g. 5,6,7,6") from None
     return Partition.from_blocks(counts, model.num_layers)
+
+
+@main.command("export")
+@click.argument("plan_path", metavar="PLAN.json", type=click.Path(path_type=Path))
+@click.option("--to", "target", required=True, metavar="|".join(TARGETS),
+              help="Framework to export to: " + ", ".join(TARGETS) + ".")
+@click.option("--out", type=click.Path(path_type=Path),
+              help="Directory to write the files into (created if missing); default: print them.")
+@handle_errors
+def export_command(plan_path: Path, target: str, out: Path | None) -> None:
+    """Turn a plan file into launch files: Megatron-LM flags + torchrun script, ds_config.json, torchtitan TOML."""
+    result = exporter(target)(load_plan(plan_path))
+    if out:
+        for path in write_export(result, out):
+            click.echo(f"wrote {path}")
+    else:
+        click.echo(render_stdout(result), nl=False)
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)
 
 
 @main.command("list")
