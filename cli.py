@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import yaml
 
 from planner import InfeasibleError, PlannerError, __version__
 from planner.cluster import Cluster, catalog_cluster_names, load_cluster
@@ -26,6 +27,7 @@ from planner.model import ModelSpec, catalog_model_names, load_model
 from planner.placement import default_placement
 from planner.plan import build_plan_document, load_plan, write_atomic
 from planner.profile.calibration import default_calibration
+from planner.profile.fit import PARAMETERS, calibration_document, fit_efficiencies, gpu_profile_document
 from planner.profile.measure import PROFILE_DTYPES, ProfileRequest, measure_layers
 from planner.profile.measured import MeasuredProfile, bind_to_model, load_measured_profile
 from planner.render import describe_estimate, format_breakdown, format_stages, format_table
@@ -310,6 +312,39 @@ def profile_layers_command(model_spec: str, tps: tuple[int, ...], micro_batches:
     document = measure_layers(model, request, gpu_name, progress=lambda line: click.echo(line, err=True))
     write_atomic(out, json.dumps(document, indent=2) + "\n")
     click.echo(f"wrote {out}: {len(document['units'])} measurements of {model.name} on {document['device']['name']}")
+
+
+@main.command("calibrate")
+@click.argument("profile_path", metavar="PROFILE.json", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--gpu", help="Catalog GPU type whose peaks the efficiencies are fitted against "
+                            "[default: the profile's gpu]")
+@click.option("--name", help="Name of the calibrated GPU type  [default: GPU-calibrated]")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("gpu_profile.yaml"),
+              show_default=True, help="GPU profile to write (a gpus.yaml-style entry; cluster files take it "
+                                      "as gpu_profile).")
+@click.option("--calibration-out", type=click.Path(dir_okay=False, path_type=Path),
+              help="calibration.yaml-style file for the other fitted constants  [default: OUT.calibration.yaml]")
+@handle_errors
+def calibrate_command(profile_path: Path, gpu: str | None, name: str | None, out: Path,
+                      calibration_out: Path | None) -> None:
+    """Fit the analytic model's efficiencies for one GPU to a measured profile; write a GPU profile."""
+    profile = load_measured_profile(profile_path)
+    if not (gpu or profile.gpu):
+        raise PlannerError(f"{profile_path} does not name its GPU type (measured on {profile.device}); "
+                           "give --gpu NAME, e.g. --gpu H100-80GB")
+    base = lookup_gpu(gpu or profile.gpu)
+    calibration = default_calibration()
+    fit = fit_efficiencies(profile, base, calibration)
+    name = name or f"{base.name}-calibrated"
+    calibration_out = calibration_out or out.with_suffix(".calibration.yaml")
+    write_atomic(out, yaml.safe_dump(gpu_profile_document(base, name, fit, str(profile_path)), sort_keys=False))
+    write_atomic(calibration_out, yaml.safe_dump(calibration_document(calibration, fit, str(profile_path)),
+                                                 sort_keys=False))
+    rows = [(parameter, f"{getattr(fit, parameter):.4f}", "fitted" if parameter in fit.fitted else "default")
+            for parameter in PARAMETERS]
+    click.echo(format_table(("constant", "value", ""), rows))
+    click.echo(f"{fit.observations} measurements, rms relative error {100 * fit.rms_relative_error:.1f} %")
+    click.echo(f"wrote {out} (GPU {name}) and {calibration_out}")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from typing import Any
 import networkx as nx
 
 from planner.errors import PlannerError
-from planner.gpu import GPUSpec, lookup_gpu
+from planner.gpu import GPUSpec, gpu_from_dict, lookup_gpu
 from planner.resources import load_structured_file, profiles_dir
 
 __all__ = [
@@ -276,7 +276,8 @@ def _number(data: dict[str, Any], key: str, origin: str, default: float | None =
 def cluster_from_dict(data: dict[str, Any], origin: str) -> Cluster:
     """A cluster document: `node_groups` (or one group's keys at top level) plus optional `links`.
 
-    Group keys: gpu, nodes, gpus_per_node, intra_node_gbps, inter_node_gbps (per GPU, GB/s),
+    Group keys: gpu (a catalog type) or gpu_profile (a file written by `planner calibrate`),
+    nodes, gpus_per_node, intra_node_gbps, inter_node_gbps (per GPU, GB/s),
     names (optional list of node names). Top level: name, intra_node_latency_us,
     inter_node_latency_us, links: [{nodes: [a, b], gbps, latency_us}] with node names or indices.
     """
@@ -288,9 +289,7 @@ def cluster_from_dict(data: dict[str, Any], origin: str) -> Cluster:
     nodes: list[Node] = []
     for position, group in enumerate(groups):
         where = f"{origin}: node group {position}"
-        if not isinstance(group, dict) or "gpu" not in group:
-            raise PlannerError(f"{where}: needs a 'gpu' type")
-        gpu = lookup_gpu(str(group["gpu"]))
+        gpu = _group_gpu(group, origin, where)
         count = group.get("nodes", 1)
         per_node = group.get("gpus_per_node", gpu.gpus_per_node)
         for key, value in (("nodes", count), ("gpus_per_node", per_node)):
@@ -321,6 +320,24 @@ def cluster_from_dict(data: dict[str, Any], origin: str) -> Cluster:
         latency = _number(entry, "latency_us", where, cluster.inter_latency_s * 1e6)
         overrides[(a, b)] = Link(bandwidth * _GB, latency / 1e6, "intra" if a == b else "inter")
     return cluster.with_pair_links(overrides) if overrides else cluster
+
+
+def _group_gpu(group: Any, origin: str, where: str) -> GPUSpec:
+    """A group's GPU: a catalog `gpu` name, or a `gpu_profile` file (one gpus.yaml-style entry) whose
+    relative path is taken from the cluster file's directory."""
+    if isinstance(group, dict) and "gpu_profile" in group:
+        path = Path(str(group["gpu_profile"]))
+        if not path.is_absolute() and Path(origin).is_file():
+            path = Path(origin).parent / path
+        entries = load_structured_file(path)
+        entries = entries.get("gpus") if isinstance(entries, dict) else None
+        if not isinstance(entries, dict) or len(entries) != 1:
+            raise PlannerError(f"{where}: gpu_profile {path} must hold one entry under 'gpus'")
+        (name, data), = entries.items()
+        return gpu_from_dict(str(name), data, str(path))
+    if not isinstance(group, dict) or "gpu" not in group:
+        raise PlannerError(f"{where}: needs a 'gpu' type or a 'gpu_profile' file")
+    return lookup_gpu(str(group["gpu"]))
 
 
 def _resolve_node(cluster: Cluster, item: Any, where: str) -> int:
