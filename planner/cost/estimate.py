@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cluster import Cluster
-from planner.config import ParallelConfig, Partition, Training
+from planner.config import ParallelConfig, Partition, Schedule, Training
 from planner.cost.memory import in_flight_microbatches, model_state_bytes
-from planner.cost.schedule import pipeline_time
+from planner.cost.schedule import PipelineTime, pipeline_time, simulated_pipeline_time
 from planner.cost.time import (
     UnitCost,
     UnitTimer,
@@ -146,6 +146,18 @@ def validate_layout(model: ModelSpec, config: ParallelConfig, partition: Partiti
         )
 
 
+def _pipeline(sums: list[dict[str, float]], p2p: list[float], stage_times: list[float], config: ParallelConfig,
+              m: int) -> PipelineTime:
+    """The schedule's iteration time from the event simulator (exact for the framework's order, see
+    tests/test_schedule.py for how far the closed form can be off); the closed form where the
+    simulator does not apply (pp = 1, or an interleaved schedule Megatron-LM cannot run)."""
+    if config.pp == 1 or (config.schedule is Schedule.INTERLEAVED and m % config.pp):
+        return pipeline_time(stage_times, config.pp, m, config.schedule)
+    forward = [s["forward"] + s["tp_forward"] + p / 2 for s, p in zip(sums, p2p, strict=True)]
+    backward = [s["backward"] + s["recompute"] + s["tp_backward"] + p / 2 for s, p in zip(sums, p2p, strict=True)]
+    return simulated_pipeline_time(forward, backward, config.pp, m, config.schedule)
+
+
 def estimate(
     model: ModelSpec,
     cluster: Cluster,
@@ -182,7 +194,7 @@ def estimate(
         stage_times.append(totals["forward"] + totals["backward"] + totals["recompute"]
                            + totals["tp_forward"] + totals["tp_backward"] + boundary)
 
-    pipeline = pipeline_time(stage_times, config.pp, m, config.schedule)
+    pipeline = _pipeline(sums, p2p, stage_times, config, m)
     memories, dp_exposed, optimizer = [], [], []
     for r in range(config.pp):
         mine = [k for k in range(len(bounds)) if k % config.pp == r]

@@ -15,8 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.config import Schedule
+from planner.errors import PlannerError
 
-__all__ = ["PipelineTime", "pipeline_time", "rank_times"]
+__all__ = ["PassEvent", "PipelineTime", "Timeline", "pipeline_time", "rank_order", "rank_times", "simulate",
+           "simulated_pipeline_time"]
 
 
 @dataclass(frozen=True)
@@ -48,3 +50,152 @@ def pipeline_time(stage_times: Sequence[float], pp: int, num_microbatches: int, 
     steady = num_microbatches * ranks[slowest]
     fill_drain = (sum(ranks) - ranks[slowest]) / (vpp if schedule is Schedule.INTERLEAVED else 1)
     return PipelineTime(steady + fill_drain, slowest, steady)
+
+
+# ---- event simulator ------------------------------------------------------------------------
+# The closed form above is what the ILP optimises. The simulator below replays the framework's
+# actual per-rank order of forward and backward passes (Megatron-LM's warm-up / steady 1F1B /
+# cool-down) with per-stage times and p2p transfers, so it sees what the closed form cannot:
+# forward/backward imbalance between stages, p2p latency on the critical path, and the exact
+# interleaved order.
+
+FORWARD, BACKWARD = "F", "B"
+
+
+@dataclass(frozen=True)
+class PassEvent:
+    """One forward or backward pass of one micro-batch on one virtual stage."""
+
+    kind: str  # FORWARD or BACKWARD
+    stage: int  # virtual stage k (chunk · pp + rank)
+    pp_rank: int
+    chunk: int
+    microbatch: int
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Simulated pipeline iteration: its length and every pass with start and end times."""
+
+    iteration_s: float
+    events: tuple[PassEvent, ...]
+
+    def rank_events(self, pp_rank: int) -> list[PassEvent]:
+        """The passes of one pipeline rank in execution order."""
+        return sorted((e for e in self.events if e.pp_rank == pp_rank), key=lambda e: e.start_s)
+
+    def busy_s(self, pp_rank: int) -> float:
+        return sum(e.end_s - e.start_s for e in self.events if e.pp_rank == pp_rank)
+
+
+def _interleaved_table(num_microbatches: int, vpp: int, group: int) -> list[tuple[int, int]]:
+    """(micro-batch, chunk) of each virtual micro-batch in forward order: Megatron-LM runs
+    groups of `group` (= pp) micro-batches through chunk 0, then chunk 1, … before the next group;
+    the last group takes whatever micro-batches remain."""
+    table = []
+    for first in range(0, num_microbatches, group):
+        members = range(first, min(first + group, num_microbatches))
+        table += [(mb, chunk) for chunk in range(vpp) for mb in members]
+    return table
+
+
+def rank_order(pp_rank: int, pp: int, vpp: int, num_microbatches: int,
+               schedule: Schedule) -> list[tuple[str, int, int]]:
+    """The (kind, chunk, micro-batch) passes a rank runs, in the framework's order."""
+    m = num_microbatches
+    if schedule is Schedule.GPIPE:
+        return [(FORWARD, 0, i) for i in range(m)] + [(BACKWARD, 0, i) for i in range(m)]
+    if schedule is Schedule.ONE_F_ONE_B:
+        table = [(i, 0) for i in range(m)]
+        warmup = min(pp - pp_rank - 1, m)
+    else:
+        table = _interleaved_table(m, vpp, pp)
+        # Megatron-LM: (p − r − 1)·2 + (v − 1)·p warm-up forwards; all of them when m == p
+        warmup = len(table) if m == pp else min((pp - pp_rank - 1) * 2 + (vpp - 1) * pp, len(table))
+    forwards = [(FORWARD, chunk, mb) for mb, chunk in table]
+    backwards = [(BACKWARD, vpp - 1 - chunk, mb) for mb, chunk in table]
+    order = forwards[:warmup]
+    for i in range(len(table) - warmup):
+        order += [forwards[warmup + i], backwards[i]]
+    return order + backwards[len(table) - warmup:]
+
+
+def simulate(
+    forward_s: Sequence[float], backward_s: Sequence[float], p2p_s: Sequence[float], pp: int,
+    num_microbatches: int, schedule: Schedule,
+) -> Timeline:
+    """Event simulation of one iteration's pipeline part.
+
+    `forward_s[k]` / `backward_s[k]`: time of one micro-batch's pass on virtual stage k (rank
+    k mod pp, chunk k div pp); `p2p_s[k]`: one-way transfer time across the boundary k → k+1
+    (the backward gradient takes the same time the other way). A pass starts when its rank is
+    free and its input has arrived; ranks follow `rank_order` strictly (no reordering), and
+    transfers overlap compute (asynchronous send/recv).
+    """
+    stages = len(forward_s)
+    if len(backward_s) != stages or len(p2p_s) < stages - 1 or stages % pp:
+        raise PlannerError(
+            f"simulate: need one forward, backward and boundary time per virtual stage (a multiple of pp={pp}); "
+            f"got {stages}, {len(backward_s)}, {len(p2p_s)}"
+        )
+    vpp = stages // pp
+    if schedule is Schedule.INTERLEAVED and num_microbatches % pp:
+        raise PlannerError(
+            f"simulate: the interleaved schedule needs micro-batches ({num_microbatches}) divisible by pp ({pp}); "
+            "Megatron-LM's order deadlocks otherwise"
+        )
+    orders = [rank_order(r, pp, vpp, num_microbatches, schedule) for r in range(pp)]
+    done: dict[tuple[str, int, int], float] = {}
+    rank_free = [0.0] * pp
+    cursor = [0] * pp
+    events: list[PassEvent] = []
+    remaining = sum(len(order) for order in orders)
+    while remaining:
+        progressed = False
+        for r in range(pp):
+            while cursor[r] < len(orders[r]):
+                kind, chunk, mb = orders[r][cursor[r]]
+                k = chunk * pp + r
+                ready = _input_ready(done, kind, k, mb, stages, p2p_s)
+                if ready is None:
+                    break
+                start = max(rank_free[r], ready)
+                end = start + (forward_s[k] if kind == FORWARD else backward_s[k])
+                done[(kind, k, mb)] = end
+                rank_free[r] = end
+                events.append(PassEvent(kind, k, r, chunk, mb, start, end))
+                cursor[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # cannot happen for the orders above; guards against a bad order
+            raise PlannerError(f"simulate: {schedule.value} order deadlocked with pp={pp}, m={num_microbatches}")
+    return Timeline(max(rank_free), tuple(events))
+
+
+def _input_ready(done: dict[tuple[str, int, int], float], kind: str, k: int, mb: int, stages: int,
+                 p2p_s: Sequence[float]) -> float | None:
+    """When the input of a pass is available, or None while its producer has not run."""
+    if kind == FORWARD:
+        if k == 0:
+            return 0.0
+        upstream = done.get((FORWARD, k - 1, mb))
+        return None if upstream is None else upstream + p2p_s[k - 1]
+    own_forward = done.get((FORWARD, k, mb))
+    if own_forward is None:
+        return None
+    if k == stages - 1:
+        return own_forward
+    downstream = done.get((BACKWARD, k + 1, mb))
+    return None if downstream is None else max(own_forward, downstream + p2p_s[k])
+
+
+def simulated_pipeline_time(forward_s: Sequence[float], backward_s: Sequence[float], pp: int,
+                            num_microbatches: int, schedule: Schedule) -> PipelineTime:
+    """`pipeline_time` from the event simulator: pass times include the stage's blocking p2p sends,
+    so no separate transfer delay is added; the bottleneck is the busiest rank."""
+    timeline = simulate(forward_s, backward_s, [0.0] * len(forward_s), pp, num_microbatches, schedule)
+    busy = [timeline.busy_s(r) for r in range(pp)]
+    slowest = max(range(pp), key=lambda r: (busy[r], -r))
+    return PipelineTime(timeline.iteration_s, slowest, busy[slowest])
