@@ -203,14 +203,14 @@ def pipeline_notes(plan: Plan, options: list[PartitionOption]) -> tuple[str, ...
     wanted = plan.blocks_per_stage
     if config.schedule is Schedule.INTERLEAVED:
         notes.append(f"DeepSpeed's PipelineEngine has no interleaved schedule: the plan's {config.pp}×{config.vpp} "
-                     f"virtual stages become {config.pp} stages under 1F1B")
-    exact = [o.method for o in options if o.blocks_per_stage == wanted]
-    if exact:
-        notes.append(f"partition_method {exact[0]!r} builds the plan's split exactly ({_split(wanted)})")
-        return tuple(notes)
+                     f"virtual stages become {config.pp} stages under 1F1B, split by a partition_method")
+    else:
+        exact = [o.method for o in options if o.blocks_per_stage == wanted]
+        if exact:
+            return (f"partition_method {exact[0]!r} builds the plan's split exactly ({_split(wanted)})",)
+        notes.append(f"no partition_method builds the plan's split ({_split(wanted)} blocks per stage) and "
+                     "DeepSpeed's PipelineModule cannot take explicit stage boundaries (DeepSpeed#2974)")
     baseline = estimate_split(plan)
-    notes.append(f"the plan's split ({_split(wanted)} blocks per stage) is uneven; DeepSpeed's PipelineModule "
-                 "cannot take explicit stage boundaries (DeepSpeed#2974), only a partition_method")
     costed = [o for o in options if o.iteration_time_s is not None]
     for option in options:
         if option.iteration_time_s is None:

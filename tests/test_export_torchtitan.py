@@ -1,0 +1,110 @@
+"""torchtitan v0.2.2 export checked against torchtitan's rules (../shared/REFERENCE.md §3), re-implemented
+here (world = replicate·shard·cp·tp·pp, stages a multiple of pp, n_microbatches = local / microbatch,
+GAS = global / (local·dp), module FQNs cover the model once in order), with the split parsed back by
+tomllib; and, where torchtitan 0.2.2 is installed, by torchtitan's own ConfigManager and ParallelDims."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+import tomllib
+from test_export_plans import make_plan
+
+from planner.export.torchtitan import export_torchtitan
+
+SINGLE_STAGE = {"1F1B", "GPipe"}
+
+
+def check_torchtitan_rules(plan, text: str) -> dict:
+    config = tomllib.loads(text)
+    par, training = config["parallelism"], config["training"]
+    dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+    world = dp * par["context_parallel_degree"] * par["tensor_parallel_degree"] * par["pipeline_parallel_degree"]
+    assert world == plan.parallel.num_gpus, "ParallelDims: world = replicate·shard·cp·tp·pp"
+    local, global_batch = training["local_batch_size"], training["global_batch_size"]
+    assert global_batch % (local * dp) == 0, "global batch must be a multiple of local × dp"
+    accumulation = global_batch // (local * dp)
+    pp = par["pipeline_parallel_degree"]
+    microbatches = 1
+    if pp > 1:
+        parts = par["module_fqns_per_model_part"]
+        assert len(parts) % pp == 0
+        if par["pipeline_parallel_schedule"] in SINGLE_STAGE:
+            assert len(parts) == pp, "single-stage schedules take exactly one stage per rank"
+        else:
+            assert len(parts) >= 2 * pp, "multi-stage schedules need at least 2 stages per rank"
+        assert local % par["pipeline_parallel_microbatch_size"] == 0
+        microbatches = local // par["pipeline_parallel_microbatch_size"]
+        flat = [name for part in parts for name in part]
+        layers = plan.model.num_layers
+        assert flat == ["tok_embeddings", *(f"layers.{i}" for i in range(layers)), "norm", "output"]
+        # round trip: the blocks per model part are the plan's blocks per virtual stage
+        assert [sum(name.startswith("layers.") for name in part) for part in parts] == list(plan.blocks_per_stage)
+        micro_batch = par["pipeline_parallel_microbatch_size"]
+    else:
+        micro_batch = local
+    assert micro_batch == plan.parallel.micro_batch
+    assert accumulation * microbatches == plan.parallel.num_microbatches(plan.training.global_batch)
+    assert training["seq_len"] == plan.training.seq_len
+    sharded = plan.parallel.optimizer_sharding >= 1
+    assert par["data_parallel_shard_degree"] == (plan.parallel.dp if sharded else 1)
+    return config
+
+
+PLANS = {
+    "uneven 1f1b": dict(blocks=(7, 8, 9, 8)),
+    "interleaved, dist-opt, full recompute": dict(blocks=(3, 4, 4, 4, 4, 4, 5, 4), vpp=2, recompute="full",
+                                                  distributed_optimizer=True),
+    "gpipe, selective": dict(blocks=(8, 8, 8, 8), schedule="gpipe", recompute="selective", micro_batch=2),
+    "no pipeline, ZeRO-3": dict(blocks=(32,), tp=8, pp=1, zero_stage=3, micro_batch=2),
+}
+
+
+@pytest.mark.parametrize("name", PLANS)
+def test_export_follows_torchtitan_rules_and_round_trips(name):
+    plan = make_plan(**PLANS[name])
+    config = check_torchtitan_rules(plan, export_torchtitan(plan).files["torchtitan.toml"])
+    expected_mode = {"none": "none", "selective": "selective", "full": "full"}[plan.parallel.recompute.value]
+    assert config["activation_checkpoint"]["mode"] == expected_mode
+
+
+def test_schedule_names():
+    names = {name: tomllib.loads(export_torchtitan(make_plan(**PLANS[name])).files["torchtitan.toml"])
+             ["parallelism"].get("pipeline_parallel_schedule") for name in PLANS}
+    assert names == {"uneven 1f1b": "1F1B", "interleaved, dist-opt, full recompute": "Interleaved1F1B",
+                     "gpipe, selective": "GPipe", "no pipeline, ZeRO-3": None}
+
+
+_TORCHTITAN_CHECK = """
+import importlib.util, sys, types
+# torchtitan/__init__ pulls in tokenizers and datasets; the config classes need only torch and tyro.
+package = types.ModuleType("torchtitan")
+package.__path__ = list(importlib.util.find_spec("torchtitan").submodule_search_locations)
+sys.modules["torchtitan"] = package
+from torchtitan.config import ConfigManager
+from torchtitan.distributed.parallel_dims import ParallelDims
+config = ConfigManager().parse_args(["--job.config_file", sys.argv[1]])
+p = config.parallelism
+ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
+             cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
+             ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree, world_size=int(sys.argv[2]))
+print(p.module_fqns_per_model_part, config.training.local_batch_size, config.activation_checkpoint.mode)
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None or importlib.util.find_spec("tyro") is None,
+                    reason="torchtitan 0.2.2 not installed (pip install --no-deps torchtitan==0.2.2 tyro)")
+def test_torchtitan_own_config_parser_accepts_the_export(tmp_path):
+    plan = make_plan(**PLANS["interleaved, dist-opt, full recompute"])
+    path = tmp_path / "torchtitan.toml"
+    path.write_text(export_torchtitan(plan).files["torchtitan.toml"])
+    run = subprocess.run([sys.executable, "-c", _TORCHTITAN_CHECK, str(path), str(plan.parallel.num_gpus)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "'norm', 'output']]" in run.stdout and " 64 full" in run.stdout
+    wrong = subprocess.run([sys.executable, "-c", _TORCHTITAN_CHECK, str(path), str(2 * plan.parallel.num_gpus)],
+                           capture_output=True, text=True, timeout=120)
+    assert wrong.returncode != 0 and "Invalid parallel dims" in wrong.stderr
