@@ -1,0 +1,42 @@
+"""`planner profile import-nccl-tests` and `--links` through the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from cli import main
+
+FIXTURES = Path(__file__).parent / "fixtures" / "nccl"
+
+
+def test_import_nccl_tests_writes_links_and_estimate_uses_them(tmp_path) -> None:
+    out = tmp_path / "LINKS.json"
+    runner = CliRunner()
+    result = runner.invoke(main, ["profile", "import-nccl-tests", str(FIXTURES / "sendrecv_perf_2hosts.log"),
+                                  str(FIXTURES / "all_reduce_perf_8gpu_v2.19.log"), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    table = json.loads(out.read_text())
+    assert table["schema_version"] == 1 and len(table["nodes"]) >= 2
+    args = ["estimate", "--model", "llama2-7b", "--cluster", f"{len(table['nodes'])}x8xA100-80GB",
+            "--global-batch", "64", "--seq-len", "2048", "--tp", "8", "--json"]
+    plain = json.loads(runner.invoke(main, args).stdout)
+    measured = runner.invoke(main, [*args, "--links", str(out)])
+    assert measured.exit_code in (0, 1), measured.output
+    assert json.loads(measured.stdout)["estimate"]["breakdown_s"]["dp_comm"] != plain["estimate"]["breakdown_s"][
+        "dp_comm"]
+
+
+def test_truncated_log_exits_2() -> None:
+    result = CliRunner().invoke(main, ["profile", "import-nccl-tests", str(FIXTURES / "all_reduce_perf_truncated.log"),
+                                       "--out", "x.json"])
+    assert result.exit_code == 2 and "truncated" in result.stderr and "Traceback" not in result.output
+
+
+def test_missing_log_exits_2(tmp_path) -> None:
+    result = CliRunner().invoke(main, ["profile", "import-nccl-tests", str(tmp_path / "none.log"), "--out",
+                                       str(tmp_path / "x.json")])
+    assert result.exit_code == 2
+    assert not (tmp_path / "x.json").exists()
