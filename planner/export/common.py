@@ -20,6 +20,7 @@ from planner.placement import Placement, default_placement
 from planner.plan import Plan
 
 __all__ = [
+    "TRAIN_PLACEHOLDER_ARGS",
     "ExportResult",
     "HostOrder",
     "estimate_split",
@@ -29,6 +30,11 @@ __all__ = [
     "rebuild_cluster",
     "stage_units",
 ]
+
+
+# Launch scripts' default optimiser/schedule flags (Megatron names), overridable with TRAIN_ARGS.
+TRAIN_PLACEHOLDER_ARGS = ("--train-iters 100 --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine --lr-warmup-iters 10 "
+                          "--weight-decay 0.1 --clip-grad 1.0 --adam-beta1 0.9 --adam-beta2 0.95 --log-interval 1")
 
 
 @dataclass(frozen=True)

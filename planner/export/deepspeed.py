@@ -17,7 +17,14 @@ from itertools import accumulate, pairwise
 
 from planner.config import Recompute, Schedule
 from planner.errors import PlannerError
-from planner.export.common import ExportResult, estimate_split, host_order, hostfile_text, plan_summary
+from planner.export.common import (
+    TRAIN_PLACEHOLDER_ARGS,
+    ExportResult,
+    estimate_split,
+    host_order,
+    hostfile_text,
+    plan_summary,
+)
 from planner.model import ModelSpec, UnitKind
 from planner.plan import Plan
 
@@ -244,11 +251,9 @@ def launch_script(plan: Plan, flags: list[tuple[str, ...]], header: list[str], n
     lines += ["  " + " ".join(shlex.quote(t) if t != "ds_config.json" else '"$HERE/ds_config.json"' for t in flag)
               for flag in flags]
     lines.append(")")
-    train = ("--train-iters 100 --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine --lr-warmup-iters 10 "
-             "--weight-decay 0.1 --clip-grad 1.0 --adam-beta1 0.9 --adam-beta2 0.95 --log-interval 1")
     lines += [f'# the model has a {plan.model.vocab_size}-entry vocabulary; DATA_ARGS names your data and tokenizer',
               'read -r -a DATA <<< "${DATA_ARGS:?set DATA_ARGS: --data-path ... --tokenizer-type ...}"',
-              f'read -r -a TRAIN <<< "${{TRAIN_ARGS:-{train}}}"',
+              f'read -r -a TRAIN <<< "${{TRAIN_ARGS:-{TRAIN_PLACEHOLDER_ARGS}}}"',
               f'exec deepspeed --hostfile "$HERE/hostfile" --num_nodes {num_hosts} --num_gpus {slots} \\',
               '  "$MEGATRON_DS/pretrain_gpt.py" "${MEGATRON_DS_ARGS[@]}" "${DATA[@]}" "${TRAIN[@]}"']
     return "\n".join(lines) + "\n"

@@ -14,7 +14,15 @@ import shlex
 
 from planner.config import Recompute, Schedule
 from planner.errors import PlannerError
-from planner.export.common import ExportResult, HostOrder, host_order, hostfile_text, plan_summary, stage_units
+from planner.export.common import (
+    TRAIN_PLACEHOLDER_ARGS,
+    ExportResult,
+    HostOrder,
+    host_order,
+    hostfile_text,
+    plan_summary,
+    stage_units,
+)
 from planner.model import ModelSpec
 from planner.plan import Plan
 
@@ -204,10 +212,8 @@ def launch_script(plan: Plan, groups: tuple[ArgGroup, ...], order: HostOrder, he
         lines += ["  " + " ".join(shlex.quote(token) for token in flag) for flag in flags]
     lines.append(")")
     data = f"--mock-data --tokenizer-type NullTokenizer --vocab-size {plan.model.vocab_size}"
-    train = ("--train-iters 100 --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine --lr-warmup-iters 10 "
-             "--weight-decay 0.1 --clip-grad 1.0 --adam-beta1 0.9 --adam-beta2 0.95 --log-interval 1")
     lines += [f'read -r -a DATA <<< "${{DATA_ARGS:-{data}}}"',
-              f'read -r -a TRAIN <<< "${{TRAIN_ARGS:-{train}}}"',
+              f'read -r -a TRAIN <<< "${{TRAIN_ARGS:-{TRAIN_PLACEHOLDER_ARGS}}}"',
               f"exec torchrun --nnodes {len(order.hosts)} --nproc-per-node {order.nproc_per_node} "
               '--node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\',
               '  "$MEGATRON_LM/pretrain_gpt.py" "${MEGATRON_ARGS[@]}" "${DATA[@]}" "${TRAIN[@]}"']
