@@ -37,14 +37,21 @@ from planner.cluster import Cluster
 from planner.config import ParallelConfig, Partition, Training
 from planner.cost.estimate import Estimate, estimate
 from planner.cost.time import UnitTimer
+from planner.errors import InfeasibleError
 from planner.model import ModelSpec
 from planner.placement import Placement, default_placement
 from planner.profile.calibration import Calibration
+from planner.search.search import search
+from planner.search.space import FixedOptions
 
 __all__ = [
     "PlacementResult",
+    "Replan",
     "homogeneous_subset",
+    "mixed_rank_notes",
     "placement_objective",
+    "repartition",
+    "replan",
     "search_placement",
     "stage_nodes",
 ]
@@ -57,6 +64,7 @@ Evaluate = Callable[[Placement], Estimate]
 _DEFAULT_EXACT_LIMIT = 5040
 _T_START = 0.05  # annealing temperature as a fraction of the current time: accept ~5 % worse early
 _T_END = 1e-4
+_TIE_WEIGHT = 1e-3  # link pressure counts like a 0.1 % time change when the time itself is equal
 
 
 @dataclass(frozen=True)
@@ -225,6 +233,17 @@ def _path_seed(cluster: Cluster, config: ParallelConfig, cells: list[Slot], posi
     return _remap(cells, mapping)
 
 
+def _link_pressure(cluster: Cluster, config: ParallelConfig, cells: Sequence[Slot]) -> float:
+    """Σ 1/bandwidth over every pipeline hop and DP-ring hop between nodes: a tie-breaker that gives
+    the annealing a slope where the iteration time is flat (only a ring's slowest hop counts there)."""
+    def node(d: int, p: int) -> int:
+        return cells[d + config.dp * p][0]
+
+    hops = [(node(d, p), node(d, p + 1)) for d in range(config.dp) for p in range(config.pp - 1)]
+    hops += [(node(d, p), node((d + 1) % config.dp, p)) for p in range(config.pp) for d in range(config.dp)]
+    return sum(1.0 / cluster.link(a, b).bandwidth_bytes_per_s for a, b in hops if a != b)
+
+
 def _swap_nodes(cluster: Cluster, cells: list[Slot], rng: random.Random) -> list[Slot]:
     a, b = rng.sample(range(cluster.num_nodes), 2)
     if cluster.nodes[a].num_gpus != cluster.nodes[b].num_gpus:
@@ -248,6 +267,9 @@ def _anneal(cluster: Cluster, config: ParallelConfig, cells: list[Slot], positio
         score = scorer(candidate)[0]
         if score[0] == current_score[0]:
             worse = (score[1] - current_score[1]) / current_score[1]
+            if worse == 0:
+                pressure = _link_pressure(cluster, config, current)
+                worse = _TIE_WEIGHT * (_link_pressure(cluster, config, candidate) - pressure) / max(pressure, 1e-30)
             accept = worse <= 0 or rng.random() < math.exp(-worse / temperature)
         else:
             accept = score < current_score
@@ -287,6 +309,109 @@ def _polish_within_nodes(cluster: Cluster, cells: list[Slot], tp: int, scorer: _
             if improved:
                 break
     return best
+
+
+@dataclass(frozen=True)
+class Replan:
+    """One configuration on one cluster before (rank order, given split) and after re-planning."""
+
+    before: Estimate
+    after: Estimate
+    placement: Placement
+    partition: Partition
+    search: PlacementResult  # the last placement search
+
+    @property
+    def gain(self) -> float:
+        """Fraction of the iteration time the re-plan saves."""
+        return 1.0 - self.after.iteration_time_s / self.before.iteration_time_s
+
+
+def repartition(model: ModelSpec, cluster: Cluster, training: Training, config: ParallelConfig,
+                placement: Placement, timer: UnitTimer | None = None,
+                calibration: Calibration | None = None) -> tuple[Partition, Estimate] | None:
+    """The search's ILP stage split for `config` on `placement` (each rank's own speed and memory).
+
+    None when no split fits.
+    """
+    fixed = FixedOptions(
+        tp=config.tp, pp=config.pp, dp=config.dp, micro_batch=config.micro_batch, vpp=config.vpp,
+        recompute=config.recompute, schedule=config.schedule, zero_stage=config.zero_stage,
+        distributed_optimizer=config.distributed_optimizer, sequence_parallel=config.sequence_parallel,
+    )
+    try:
+        found = search(model, cluster, training, fixed, top_k=1, placement_fn=lambda _c, _k: placement,
+                       timer=timer, calibration=calibration)
+    except InfeasibleError:
+        return None
+    best = found.plans[0]
+    return best.partition, best.estimate
+
+
+def replan(
+    model: ModelSpec, cluster: Cluster, training: Training, config: ParallelConfig,
+    partition: Partition | None = None, *, fixed_partition: bool = False, seed: int = 0,
+    max_evaluations: int = 1500, time_limit_s: float = 30.0, timer: UnitTimer | None = None,
+    calibration: Calibration | None = None,
+) -> Replan:
+    """Re-plan placement and (unless `fixed_partition`) the stage split of `config` on `cluster`.
+
+    Alternates a placement search under the current split with the ILP split for the placement found
+    (two rounds at most; the split changes little after the first) and keeps the best estimate.
+    """
+    split = partition or Partition.uniform(model.num_layers, config.num_virtual_stages)
+    naive = default_placement(cluster, config)
+    before = estimate(model, cluster, training, config, split, naive, timer, calibration)
+    best: tuple[Estimate, Placement, Partition] = (before, naive, split)
+    found: PlacementResult | None = None
+    for _round in range(2):
+        objective = placement_objective(model, cluster, training, config, split, timer, calibration)
+        found = search_placement(cluster, config, objective, seed=seed, max_evaluations=max_evaluations,
+                                 time_limit_s=time_limit_s)
+        options = [(found.estimate, found.placement, split)]
+        if not fixed_partition:
+            better = repartition(model, cluster, training, config, found.placement, timer, calibration)
+            if better is not None:
+                options.append((better[1], found.placement, better[0]))
+        round_best = min(options, key=lambda option: _score(option[0]))
+        if _score(round_best[0]) < _score(best[0]):
+            best = round_best
+        if fixed_partition or round_best[2] == split:
+            break
+        split = round_best[2]
+    assert found is not None
+    return Replan(before, best[0], best[1], best[2], found)
+
+
+def replan_record(cluster: Cluster, config: ParallelConfig, result: Replan) -> dict[str, object]:
+    """The plan-JSON view of a re-plan: times with and without it, and where each stage now runs."""
+    return {
+        "iteration_time_s_without_replan": result.before.iteration_time_s,
+        "iteration_time_s_with_replan": result.after.iteration_time_s,
+        "gain": result.gain,
+        "blocks_per_stage": list(result.partition.blocks_per_stage()),
+        "stage_nodes": [list(names) for names in stage_nodes(cluster, config, result.placement)],
+        "placement_method": result.search.method,
+        "placement_evaluations": result.search.evaluations,
+        "fits": result.after.fits,
+    }
+
+
+def mixed_rank_notes(cluster: Cluster, config: ParallelConfig, placement: Placement) -> list[str]:
+    """Pipeline ranks whose GPUs are not all of one type (speed or memory), and what that costs.
+
+    Megatron-LM gives every data-parallel replica the same micro-batches and every TP rank the same
+    shard, so the slowest GPU of a pipeline rank sets its pace and the smallest its memory.
+    """
+    notes = []
+    for pp in range(config.pp):
+        names = sorted({cluster.gpu_spec(placement.gpu_of(config, d, pp, t)).name
+                        for d in range(config.dp) for t in range(config.tp)})
+        if len(names) > 1:
+            notes.append(f"pipeline rank {pp} mixes {', '.join(names)}: the batch is split equally over "
+                         "data-parallel replicas (Megatron-LM cannot split it unevenly), so the slowest GPU "
+                         "bounds the rank")
+    return notes
 
 
 def homogeneous_subset(cluster: Cluster) -> Cluster | None:

@@ -1,0 +1,48 @@
+"""Configuration space rules (Megatron-LM's, ../shared/REFERENCE.md) and fixed options."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.cluster import load_cluster
+from planner.config import Schedule, Training
+from planner.errors import PlannerError
+from planner.model import load_model
+from planner.search.space import FixedOptions, enumerate_configs, require_nonempty
+
+
+def _space(fixed: FixedOptions = FixedOptions(), batch: int = 32):
+    return list(enumerate_configs(load_model("llama3-8b"), load_cluster("2x8xH100-80GB"), Training(batch, 4096), fixed))
+
+
+def test_every_configuration_is_valid() -> None:
+    configs = _space()
+    assert configs
+    for c in configs:
+        assert c.num_gpus == 16 and c.tp <= 8 and 8 % c.tp == 0 and 32 % (c.micro_batch * c.dp) == 0
+        assert c.sequence_parallel == (c.tp > 1)
+        if c.schedule is Schedule.INTERLEAVED:
+            assert c.pp >= 2 and c.vpp >= 2 and c.num_microbatches(32) % c.pp == 0 and c.pp * c.vpp <= 32
+        assert c.zero_stage < 2 or c.pp == 1
+
+
+def test_fixed_options_constrain_the_space() -> None:
+    fixed = FixedOptions(tp=2, pp=2, micro_batch=2, schedule=Schedule.ONE_F_ONE_B)
+    configs = _space(fixed)
+    assert configs and all((c.tp, c.pp, c.dp, c.micro_batch) == (2, 2, 4, 2) for c in configs)
+
+
+@pytest.mark.parametrize("fixed, text", [
+    (FixedOptions(tp=3), "--tp 3"), (FixedOptions(dp=5), "--dp 5"), (FixedOptions(pp=64), "--pp 64"),
+    (FixedOptions(micro_batch=5), "--micro-batch 5"), (FixedOptions(tp=16), "--tp 16"),
+])
+def test_bad_fixed_values_name_the_value(fixed: FixedOptions, text: str) -> None:
+    with pytest.raises(PlannerError, match=text):
+        _space(fixed)
+
+
+def test_nothing_left_names_the_fixed_options() -> None:
+    fixed = FixedOptions(dp=16, micro_batch=4)
+    assert _space(fixed) == []
+    with pytest.raises(PlannerError, match="fixed options: dp=16, micro_batch=4"):
+        require_nonempty([], load_model("llama3-8b"), load_cluster("2x8xH100-80GB"), Training(32, 4096), fixed)
