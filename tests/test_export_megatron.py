@@ -5,8 +5,11 @@ a round trip of the split back to the plan's blocks per virtual stage."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import shlex
 import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -186,3 +189,52 @@ def test_model_flags():
 def test_interleaved_plan_with_microbatches_not_divisible_by_pp_gets_a_note():
     plan = make_plan(blocks=(4,) * 8, vpp=2, global_batch=36, dp=2, micro_batch=1)
     assert any("num_microbatches (18) divisible by pp (4)" in note for note in export_megatron(plan).notes)
+
+
+_MEGATRON_CHECK = """
+import importlib.util, json, sys, types
+# megatron/core/__init__ imports most of Megatron; the layout class needs only torch and parallel_state.
+for name in ("megatron", "megatron.core"):
+    package = types.ModuleType(name)
+    package.__path__ = list(importlib.util.find_spec(name).submodule_search_locations)
+    sys.modules[name] = package
+from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+result = []
+for text, pp, num_layers in json.loads(sys.argv[1]):
+    layout = PipelineParallelLayerLayout(text, pp)
+    try:
+        layout.validate_layer_layout(num_layers, None)
+    except AssertionError as error:
+        result.append(str(error))
+        continue
+    result.append([[sum(layer.name == "decoder" for layer in stage) for stage in rank] for rank in layout.layout])
+print(json.dumps(result))
+"""
+
+
+def _has_megatron_core() -> bool:
+    try:
+        return importlib.util.find_spec("megatron.core") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not _has_megatron_core(),
+                    reason="megatron-core not installed (pip install --no-deps megatron-core)")
+def test_megatrons_own_layout_parser_accepts_the_exports():
+    """Megatron's PipelineParallelLayerLayout validates each exported layout and assigns its stages to
+    (pp rank, virtual rank) exactly as the plan does: stage k on rank k mod pp, chunk k div pp."""
+    plans = [make_plan(**PLANS[name]) for name in ("uneven 1f1b (layout)", "interleaved uneven",
+                                                   "embedding-only first stage")]
+    cases = [(dict(split_arguments(plan))["--pipeline-model-parallel-layout"], plan.parallel.pp,
+              plan.model.num_layers) for plan in plans]
+    wrong_layer_count = (cases[0][0], 4, 31)
+    run = subprocess.run([sys.executable, "-c", _MEGATRON_CHECK, json.dumps([*cases, wrong_layer_count])],
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr[-2000:]
+    *results, rejected = json.loads(run.stdout)
+    for plan, per_rank in zip(plans, results, strict=True):
+        pp = plan.parallel.pp
+        expected = [[plan.blocks_per_stage[v * pp + r] for v in range(plan.parallel.vpp)] for r in range(pp)]
+        assert per_rank == expected
+    assert "must match num_layers 31" in rejected
