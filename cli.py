@@ -25,7 +25,7 @@ from planner.export import TARGETS, exporter, render_stdout, write_export
 from planner.gpu import GIB, catalog_gpu_names, lookup_gpu
 from planner.model import ModelSpec, catalog_model_names, load_model
 from planner.placement import default_placement
-from planner.plan import build_plan_document, load_plan, write_atomic
+from planner.plan import build_plan_document, load_plan, parse_plan_document, write_atomic
 from planner.profile.calibration import default_calibration
 from planner.profile.fit import PARAMETERS, calibration_document, fit_efficiencies, gpu_profile_document
 from planner.profile.measure import PROFILE_DTYPES, ProfileRequest, measure_layers
@@ -241,6 +241,16 @@ def export_command(plan_path: Path, target: str, out: Path | None) -> None:
             click.echo(f"wrote {path}")
     else:
         click.echo(render_stdout(result), nl=False)
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)
+
+
+def export_document(document: dict[str, Any], target: str, out: Path | None) -> None:
+    """`plan --export`: write the new plan's launch files into `out` (default ./TARGET-launch);
+    messages go to stderr so that `--json` output stays one document."""
+    result = exporter(target)(parse_plan_document(document, "new plan"))
+    for path in write_export(result, out or Path(f"{target}-launch")):
+        click.echo(f"wrote {path}", err=True)
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
 

@@ -163,3 +163,20 @@ def test_a_failing_export_leaves_no_partial_output(tmp_path):
     result = invoke("export", str(plan_path), "--to", "megatron", "--out", str(out))
     assert result.exit_code == 2 and "ALiBi" in result.output
     assert not out.exists()
+
+
+def _plan_has_export() -> bool:
+    command = cli.main.commands.get("plan")
+    return command is not None and any(param.name == "export_target" for param in command.params)
+
+
+@pytest.mark.skipif(not _plan_has_export(), reason="`planner plan --export` is not in this cli.py")
+def test_plan_export_writes_the_best_plans_files_and_keeps_json_stdout_clean(tmp_path):
+    out = tmp_path / "titan"
+    result = CliRunner().invoke(cli.main, ["plan", "--model", "tiny-llama", "--cluster", "1x4xH100-80GB",
+                                           "--global-batch", "16", "--seq-len", "512", "--export", "torchtitan",
+                                           "--export-out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    expected = export_plan(parse_plan_document(document), "torchtitan").files
+    assert {p.name: p.read_text() for p in out.iterdir()} == expected
