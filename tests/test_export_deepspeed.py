@@ -11,7 +11,7 @@ import shlex
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_export_plans import make_plan
+from test_export_plans import make_plan, plan_document
 
 from planner.export.common import estimate_split
 from planner.export.deepspeed import (
@@ -22,6 +22,7 @@ from planner.export.deepspeed import (
     partition_uniform,
 )
 from planner.model import load_model
+from planner.plan import parse_plan_document
 
 
 def flags(text: str) -> dict[str, str | None]:
@@ -136,3 +137,11 @@ def test_uniform_plan_is_built_exactly_by_type_transformer():
 def test_interleaved_plan_is_flattened_to_1f1b_with_a_note():
     notes = export_deepspeed(make_plan(blocks=(4,) * 8, vpp=2)).notes
     assert notes[0].startswith("DeepSpeed's PipelineEngine has no interleaved schedule")
+
+
+def test_a_cluster_the_cost_model_cannot_rebuild_still_exports_with_the_splits_listed():
+    document = plan_document()
+    document["cluster"].update(name="my-lab", gpu="NoSuchGPU")
+    result = export_deepspeed(parse_plan_document(document))
+    assert "splits not costed" in result.notes[-1] and "type:transformer: 8,8,8,8" in result.notes[-1]
+    assert json.loads(result.files["ds_config.json"])["train_batch_size"] == 128

@@ -217,7 +217,12 @@ def pipeline_notes(plan: Plan, options: list[PartitionOption]) -> tuple[str, ...
             return (f"partition_method {exact[0]!r} builds the plan's split exactly ({_split(wanted)})",)
         notes.append(f"no partition_method builds the plan's split ({_split(wanted)} blocks per stage) and "
                      "DeepSpeed's PipelineModule cannot take explicit stage boundaries (DeepSpeed#2974)")
-    baseline = estimate_split(plan)
+    try:
+        baseline = estimate_split(plan)
+    except PlannerError as exc:
+        notes.append(f"splits not costed ({exc}): "
+                     + "; ".join(f"{o.method}: {_split(o.blocks_per_stage)}" for o in options))
+        return tuple(notes)
     costed = [o for o in options if o.iteration_time_s is not None]
     for option in options:
         if option.iteration_time_s is None:
