@@ -96,6 +96,7 @@ class ParallelConfig:
     schedule: Schedule = Schedule.ONE_F_ONE_B
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = False
+    p2p_scatter_gather: bool = True  # Megatron-LM sends 1/tp of a boundary tensor; DeepSpeed's pipeline all
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batch", "vpp", "cp"):

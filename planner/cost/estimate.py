@@ -7,16 +7,17 @@ the optimizer step, and per-GPU memory (cost/memory.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from planner.cluster import Cluster
 from planner.config import ParallelConfig, Partition, Schedule, Training
-from planner.cost.memory import in_flight_microbatches, model_state_bytes
+from planner.cost.memory import in_flight_microbatches, model_state_bytes, recompute_working_bytes
 from planner.cost.schedule import PipelineTime, pipeline_time, simulated_pipeline_time
 from planner.cost.time import (
     UnitCost,
     UnitTimer,
     data_parallel_time,
+    embedding_sync_time,
     optimizer_step_time,
     p2p_boundary_time,
     unit_costs,
@@ -88,6 +89,8 @@ class Estimate:
     breakdown_s: dict[str, float]
     stages: tuple[StageEstimate, ...]
     num_microbatches: int
+    # sub-terms of the breakdown (seconds), e.g. the tied-embedding all-reduce inside dp_comm
+    breakdown_detail_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -201,6 +204,7 @@ def estimate(
         params = sum(sums[k]["params"] for k in mine)
         states = model_state_bytes(params, config.dp, config.optimizer_sharding, training.grad_bytes)
         activations = in_flight_microbatches(config, r, m) * sum(sums[k]["activations"] for k in mine)
+        activations += recompute_working_bytes(model, training, config)
         tensors = states.total + activations
         other = calibration.memory_overhead_bytes + calibration.memory_fragmentation * tensors
         memories.append(MemoryBreakdown(states.weights, states.gradients, states.optimizer, activations, other,
@@ -212,6 +216,7 @@ def estimate(
         dp_exposed.append(dp_time.exposed_s)
         optimizer.append(optimizer_step_time(params, config, links.gpu[r], calibration))
 
+    embedding_sync = embedding_sync_time(model, training, config, links.pp[-1], calibration)
     bottleneck = [k for k in range(len(bounds)) if k % config.pp == pipeline.bottleneck_rank]
     steady = {name: m * sum(sums[k][name] for k in bottleneck) for name in sums[0]}
     breakdown = {
@@ -220,11 +225,19 @@ def estimate(
         "bubble": pipeline.bubble_s,
         "tp_comm": steady["tp_forward"] + steady["tp_backward"],
         "pp_comm": m * sum(p2p[k] for k in bottleneck),
-        "dp_comm": max(dp_exposed),
+        "dp_comm": max(dp_exposed) + embedding_sync,
         "optimizer": max(optimizer),
         "other": calibration.iteration_overhead_s,
     }
     iteration = sum(breakdown.values())
+    detail = {
+        "dp_gradient_exposed": max(dp_exposed),
+        "embedding_grad_allreduce": embedding_sync,
+        "p2p_per_microbatch": max(p2p),
+        "pipeline_closed_form": pipeline_time(stage_times, config.pp, m, config.schedule).total_s,
+        "pipeline_simulated": pipeline.total_s,
+        "fixed_per_iteration": calibration.iteration_overhead_s,
+    }
     flops = model_flops_per_iteration(model, training)
     gpus_used = config.num_gpus
     peak = sum(links.gpu[r].peak_flops(training.dtype) for r in range(config.pp)) / config.pp
@@ -247,4 +260,5 @@ def estimate(
         breakdown_s=breakdown,
         stages=tuple(stages),
         num_microbatches=m,
+        breakdown_detail_s=detail,
     )

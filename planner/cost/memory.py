@@ -18,6 +18,7 @@ __all__ = [
     "block_activation_bytes",
     "in_flight_microbatches",
     "model_state_bytes",
+    "recompute_working_bytes",
 ]
 
 PARAM_BYTES = 2  # 16-bit weights (fp8 training keeps bf16 weights; FP8 copies are transient)
@@ -105,6 +106,15 @@ def activation_bytes(
         return (sbh if model.dropout else 0) / divisor  # embedding-output dropout mask
     # head: final-norm input, output-layer input (2 bytes each), fp32 logits for the loss
     return (2 * sbh) / divisor + 2 * sbh / t + 4 * s * b * model.vocab_size / t
+
+
+def recompute_working_bytes(model: ModelSpec, training: Training, config: ParallelConfig) -> float:
+    """Extra activation bytes while one block is recomputed and back-propagated under full recompute:
+    that block's activations for one micro-batch exist in full until its backward ends."""
+    if config.recompute is not Recompute.FULL:
+        return 0.0
+    return block_activation_bytes(model, training.seq_len, config.micro_batch, config.tp, config.sequence_parallel,
+                                  Recompute.NONE, training.attention)
 
 
 def in_flight_microbatches(config: ParallelConfig, pp_rank: int, num_microbatches: int) -> float:

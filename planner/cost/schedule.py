@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from planner.config import Schedule
 from planner.errors import PlannerError
@@ -62,9 +63,9 @@ def pipeline_time(stage_times: Sequence[float], pp: int, num_microbatches: int, 
 FORWARD, BACKWARD = "F", "B"
 
 
-@dataclass(frozen=True)
-class PassEvent:
-    """One forward or backward pass of one micro-batch on one virtual stage."""
+class PassEvent(NamedTuple):
+    """One forward or backward pass of one micro-batch on one virtual stage (a NamedTuple: the
+    simulator creates tens of thousands per call)."""
 
     kind: str  # FORWARD or BACKWARD
     stage: int  # virtual stage k (chunk · pp + rank)
@@ -124,7 +125,7 @@ def rank_order(pp_rank: int, pp: int, vpp: int, num_microbatches: int,
 
 def simulate(
     forward_s: Sequence[float], backward_s: Sequence[float], p2p_s: Sequence[float], pp: int,
-    num_microbatches: int, schedule: Schedule,
+    num_microbatches: int, schedule: Schedule, record: bool = True,
 ) -> Timeline:
     """Event simulation of one iteration's pipeline part.
 
@@ -132,7 +133,8 @@ def simulate(
     k mod pp, chunk k div pp); `p2p_s[k]`: one-way transfer time across the boundary k → k+1
     (the backward gradient takes the same time the other way). A pass starts when its rank is
     free and its input has arrived; ranks follow `rank_order` strictly (no reordering), and
-    transfers overlap compute (asynchronous send/recv).
+    transfers overlap compute (asynchronous send/recv). `record=False` skips the per-pass events
+    (the timeline then carries the iteration time only), which is what `estimate` needs.
     """
     stages = len(forward_s)
     if len(backward_s) != stages or len(p2p_s) < stages - 1 or stages % pp:
@@ -151,51 +153,59 @@ def simulate(
     rank_free = [0.0] * pp
     cursor = [0] * pp
     events: list[PassEvent] = []
-    remaining = sum(len(order) for order in orders)
-    while remaining:
-        progressed = False
-        for r in range(pp):
-            while cursor[r] < len(orders[r]):
-                kind, chunk, mb = orders[r][cursor[r]]
-                k = chunk * pp + r
-                ready = _input_ready(done, kind, k, mb, stages, p2p_s)
-                if ready is None:
-                    break
-                start = max(rank_free[r], ready)
-                end = start + (forward_s[k] if kind == FORWARD else backward_s[k])
-                done[(kind, k, mb)] = end
-                rank_free[r] = end
+    waiting: dict[tuple[str, int, int], int] = {}  # a pass not run yet → the rank blocked on it
+    runnable = list(range(pp))
+    while runnable:
+        r = runnable.pop()
+        order = orders[r]
+        while cursor[r] < len(order):
+            kind, chunk, mb = order[cursor[r]]
+            k = chunk * pp + r
+            ready, missing = _input_ready(done, kind, k, mb, stages, p2p_s)
+            if missing is not None:
+                waiting[missing] = r
+                break
+            start = max(rank_free[r], ready)
+            end = start + (forward_s[k] if kind == FORWARD else backward_s[k])
+            key = (kind, k, mb)
+            done[key] = end
+            rank_free[r] = end
+            if record:
                 events.append(PassEvent(kind, k, r, chunk, mb, start, end))
-                cursor[r] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:  # cannot happen for the orders above; guards against a bad order
-            raise PlannerError(f"simulate: {schedule.value} order deadlocked with pp={pp}, m={num_microbatches}")
+            cursor[r] += 1
+            woken = waiting.pop(key, None)
+            if woken is not None:
+                runnable.append(woken)
+    if any(cursor[r] < len(orders[r]) for r in range(pp)):  # cannot happen for rank_order's orders
+        raise PlannerError(f"simulate: {schedule.value} order deadlocked with pp={pp}, m={num_microbatches}")
     return Timeline(max(rank_free), tuple(events))
 
 
 def _input_ready(done: dict[tuple[str, int, int], float], kind: str, k: int, mb: int, stages: int,
-                 p2p_s: Sequence[float]) -> float | None:
-    """When the input of a pass is available, or None while its producer has not run."""
+                 p2p_s: Sequence[float]) -> tuple[float, tuple[str, int, int] | None]:
+    """When the input of a pass is available, or the pass it still waits for."""
     if kind == FORWARD:
         if k == 0:
-            return 0.0
+            return 0.0, None
         upstream = done.get((FORWARD, k - 1, mb))
-        return None if upstream is None else upstream + p2p_s[k - 1]
+        return (0.0, (FORWARD, k - 1, mb)) if upstream is None else (upstream + p2p_s[k - 1], None)
     own_forward = done.get((FORWARD, k, mb))
     if own_forward is None:
-        return None
+        return 0.0, (FORWARD, k, mb)
     if k == stages - 1:
-        return own_forward
+        return own_forward, None
     downstream = done.get((BACKWARD, k + 1, mb))
-    return None if downstream is None else max(own_forward, downstream + p2p_s[k])
+    if downstream is None:
+        return 0.0, (BACKWARD, k + 1, mb)
+    return max(own_forward, downstream + p2p_s[k]), None
 
 
 def simulated_pipeline_time(forward_s: Sequence[float], backward_s: Sequence[float], pp: int,
                             num_microbatches: int, schedule: Schedule) -> PipelineTime:
     """`pipeline_time` from the event simulator: pass times include the stage's blocking p2p sends,
     so no separate transfer delay is added; the bottleneck is the busiest rank."""
-    timeline = simulate(forward_s, backward_s, [0.0] * len(forward_s), pp, num_microbatches, schedule)
-    busy = [timeline.busy_s(r) for r in range(pp)]
+    timeline = simulate(forward_s, backward_s, [0.0] * len(forward_s), pp, num_microbatches, schedule,
+                        record=False)
+    busy = [num_microbatches * t for t in rank_times([f + b for f, b in zip(forward_s, backward_s, strict=True)], pp)]
     slowest = max(range(pp), key=lambda r: (busy[r], -r))
     return PipelineTime(timeline.iteration_s, slowest, busy[slowest])

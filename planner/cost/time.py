@@ -26,6 +26,7 @@ __all__ = [
     "UnitCost",
     "UnitTimer",
     "data_parallel_time",
+    "embedding_sync_time",
     "optimizer_step_time",
     "p2p_boundary_time",
     "unit_costs",
@@ -111,10 +112,23 @@ def p2p_boundary_time(model: ModelSpec, training: Training, config: ParallelConf
     """Forward activation plus backward gradient across one stage boundary, per micro-batch.
 
     With TP > 1 Megatron-LM sends 1/tp of the tensor (sequence-parallel shards, or the
-    scatter/gather optimisation of Narayanan et al. §4.1) and re-gathers it over NVLink.
+    scatter/gather optimisation of Narayanan et al. §4.1) and re-gathers it over NVLink;
+    DeepSpeed's pipeline engine (`p2p_scatter_gather=False`) sends the whole tensor from every TP rank.
     """
-    size = 2 * training.seq_len * config.micro_batch * model.hidden_size / config.tp
+    size = 2 * training.seq_len * config.micro_batch * model.hidden_size
+    if config.p2p_scatter_gather or config.sequence_parallel:
+        size /= config.tp
     return 2 * p2p_time(size, link, calibration)
+
+
+def embedding_sync_time(model: ModelSpec, training: Training, config: ParallelConfig, link: Link,
+                        calibration: Calibration) -> float:
+    """All-reduce of the tied word-embedding gradient between the first and the last pipeline stage,
+    once per iteration after the pipeline flush (Megatron-LM and DeepSpeed alike; not overlapped)."""
+    if not model.tie_embeddings or config.pp == 1:
+        return 0.0
+    size = model.vocab_size * model.hidden_size / config.tp * training.grad_bytes
+    return all_reduce_time(size, 2, link, calibration)
 
 
 @dataclass(frozen=True)

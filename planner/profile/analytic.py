@@ -1,8 +1,9 @@
 """Analytic per-unit compute profile: FLOPs and bytes of every kernel → time on a GPU.
 
-GEMMs run on a roofline whose compute roof is the GPU's measured matmul efficiency times a
-wave-quantisation factor (output tiles over whole waves of SMs), so small or oddly shaped GEMMs
-are slower per FLOP; element-wise work (norms, activations, residuals, dropout, softmax) is
+GEMMs run on a roofline whose compute roof is the GPU's measured matmul efficiency, times the
+calibrated fraction of it training GEMMs reach (and, for FP8, FP8's lower fraction of its own peak),
+times a wave-quantisation factor (output tiles over whole waves of SMs), so small or oddly shaped
+GEMMs are slower per FLOP; element-wise work (norms, activations, residuals, dropout, softmax) is
 memory bound at HBM bandwidth. Times are per micro-batch on one TP rank.
 
 FLOP conventions (checked in tests against Narayanan et al. 2021 eq. 3 and Korthikanti et al.
@@ -92,7 +93,10 @@ class AnalyticProfile:
         tiles = math.ceil(m / tile) * math.ceil(n / tile) * count
         waves = math.ceil(tiles / gpu.sm_count)
         wave_efficiency = tiles / (waves * gpu.sm_count)
-        compute = 2 * m * n * k * count / (gpu.peak_flops(dtype) * gpu.matmul_efficiency * wave_efficiency)
+        efficiency = gpu.matmul_efficiency * cal.gemm_efficiency * wave_efficiency
+        if dtype == "fp8":
+            efficiency *= cal.fp8_gemm_efficiency_ratio
+        compute = 2 * m * n * k * count / (gpu.peak_flops(dtype) * efficiency)
         element_bytes = 1 if dtype == "fp8" else 2
         traffic = element_bytes * (m * k + k * n) * count + 2 * m * n * count
         memory = traffic / (gpu.hbm_bandwidth_bytes_per_s * cal.memory_bound_efficiency)

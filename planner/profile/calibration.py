@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import MISSING, dataclass, fields, replace
 from functools import cache
 from pathlib import Path
 
@@ -27,6 +27,9 @@ class Calibration:
     iteration_overhead_s: float
     memory_overhead_bytes: float
     memory_fragmentation: float
+    # Added with benchmarks/calibrate.py; files written before them keep these neutral defaults.
+    gemm_efficiency: float = 1.0  # fraction of the GPU's max achievable matmul rate reached inside training
+    fp8_gemm_efficiency_ratio: float = 1.0  # FP8 GEMM efficiency (of the FP8 peak) relative to BF16's
 
     def collective_efficiency(self, kind: str) -> float:
         return self.collective_efficiency_intra if kind == "intra" else self.collective_efficiency_inter
@@ -46,6 +49,8 @@ def load_calibration(path: Path) -> Calibration:
         raise PlannerError(f"{path}: expected a 'constants' mapping")
     values = {}
     for item in fields(Calibration):
+        if item.name not in constants and item.default is not MISSING:
+            continue
         entry = constants.get(item.name)
         value = entry.get("value") if isinstance(entry, dict) else entry
         if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -1,0 +1,167 @@
+"""Fit the cost model's physical constants to published runs and write profiles/calibration.yaml.
+
+    python -m benchmarks.calibrate            # fit, print the result, rewrite profiles/calibration.yaml
+    python -m benchmarks.calibrate --dry-run  # fit and print only
+
+Data (../shared/validation copies, see benchmarks/validation_runs.py): the *fit half* of the BLOOM
+topology sweep (alternate rows; the other half is held out and reported by benchmarks/accuracy.py),
+Korthikanti et al. 2022 Table 4 layer times, and the H100 FP8 NeMo / Megatron-Bridge runs.
+
+Objective: the mean over those three groups of each group's mean absolute relative error, so a
+group with many rows does not drown the others. Method: cyclic coordinate descent, a golden-section
+search of each constant inside its physical bounds (scipy is not a dependency). Every constant is a
+global efficiency or overhead; nothing is fitted per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import yaml
+
+from benchmarks.validation_runs import (
+    BLOOM_FILE,
+    Run,
+    bloom_runs,
+    h100_runs,
+    korthikanti_layer_rows,
+    predict,
+    predict_layer,
+    split_fit_hold,
+)
+from planner.plan import write_atomic
+from planner.profile.calibration import Calibration, default_calibration
+from planner.resources import load_structured_file, profiles_dir
+
+__all__ = ["FITTED", "fit", "objective"]
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """A constant the fit may move, inside bounds that keep it physical, and what it means."""
+
+    name: str
+    low: float
+    high: float
+    meaning: str
+
+
+FITTED = (
+    Fitted("gemm_efficiency", 0.5, 1.0, "fraction of the GPU's max achievable matmul rate (MAMF) training GEMMs reach"),
+    Fitted("memory_bound_efficiency", 0.3, 0.95, "fraction of HBM bandwidth element-wise kernels reach"),
+    Fitted("collective_efficiency_intra", 0.3, 1.0, "NCCL bus bandwidth / NVLink bandwidth for TP collectives"),
+    Fitted("collective_efficiency_inter", 0.3, 1.0, "NCCL bus bandwidth / NIC line rate for DP collectives"),
+    Fitted("p2p_efficiency_inter", 0.3, 1.0, "pipeline send/recv bandwidth / NIC line rate"),
+    Fitted("fp8_gemm_efficiency_ratio", 0.4, 1.0, "FP8 GEMM efficiency (of the FP8 peak) relative to BF16's"),
+    Fitted("flash_attention_efficiency", 0.2, 0.9, "FlashAttention forward FLOP rate / BF16 peak"),
+    Fitted("iteration_overhead_s", 0.0, 2.0, "fixed per-iteration cost: data loader, loss scaling, logging, launch"),
+)
+_GOLDEN = (math.sqrt(5) - 1) / 2
+_SECTION_STEPS = 10
+_SWEEPS = 2
+
+
+def _run_errors(runs: tuple[Run, ...], calibration: Calibration) -> list[float]:
+    return [predict(run, calibration).iteration_time_s / run.iteration_s - 1 for run in runs]
+
+
+def _layer_errors(calibration: Calibration) -> list[float]:
+    errors = []
+    for row in korthikanti_layer_rows():
+        forward, backward = predict_layer(row, calibration)
+        errors += [forward / row.forward_s - 1, backward / row.backward_s - 1]
+    return errors
+
+
+def group_errors(calibration: Calibration, bloom: tuple[Run, ...], h100: tuple[Run, ...]) -> dict[str, list[float]]:
+    """Relative errors (predicted / published − 1) of every data point, per group."""
+    return {"bloom": _run_errors(bloom, calibration), "korthikanti": _layer_errors(calibration),
+            "h100": _run_errors(h100, calibration)}
+
+
+def objective(calibration: Calibration, bloom: tuple[Run, ...], h100: tuple[Run, ...]) -> float:
+    groups = group_errors(calibration, bloom, h100)
+    return sum(sum(abs(e) for e in errs) / len(errs) for errs in groups.values()) / len(groups)
+
+
+def _golden_section(loss: Callable[[float], float], low: float, high: float, start: float) -> float:
+    """Minimiser of a one-dimensional loss on [low, high]; keeps `start` unless something beats it."""
+    a, b = low, high
+    c, d = b - _GOLDEN * (b - a), a + _GOLDEN * (b - a)
+    fc, fd = loss(c), loss(d)
+    for _ in range(_SECTION_STEPS):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - _GOLDEN * (b - a)
+            fc = loss(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + _GOLDEN * (b - a)
+            fd = loss(d)
+    best, best_loss = (c, fc) if fc < fd else (d, fd)
+    return best if best_loss < loss(start) else start
+
+
+def fit(start: Calibration, bloom: tuple[Run, ...], h100: tuple[Run, ...], verbose: bool = True) -> Calibration:
+    """Cyclic coordinate descent over FITTED."""
+    current = start
+    for sweep in range(_SWEEPS):
+        for constant in FITTED:
+            value = _golden_section(
+                lambda x, name=constant.name, base=current: objective(base.updated(**{name: x}), bloom, h100),
+                constant.low, constant.high, getattr(current, constant.name))
+            current = current.updated(**{constant.name: value})
+            if verbose:
+                print(f"sweep {sweep + 1} {constant.name:30s} {value:9.4f}  "
+                      f"objective {100 * objective(current, bloom, h100):6.2f} %", flush=True)
+    return current
+
+
+def _document(calibration: Calibration, previous: dict[str, str], source: str) -> dict:
+    fitted = {c.name: c for c in FITTED}
+    constants = {}
+    for key, value in calibration.__dict__.items():
+        if key in fitted:
+            constants[key] = {"value": round(value, 4), "source": f"{fitted[key].meaning}; {source}"}
+        else:
+            constants[key] = {"value": value, "source": previous.get(key, "default")}
+    return {"schema_version": 1, "constants": constants}
+
+
+def _previous_sources() -> dict[str, str]:
+    document = load_structured_file(profiles_dir() / "calibration.yaml")
+    return {k: v.get("source", "") for k, v in document["constants"].items() if isinstance(v, dict)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true", help="print the fit; do not rewrite the calibration")
+    args = parser.parse_args()
+    fit_half, _ = split_fit_hold(bloom_runs())
+    h100, _ = h100_runs()
+    start = default_calibration()
+    print(f"fitting on {len(fit_half)} BLOOM rows (fit half), {len(korthikanti_layer_rows())} Korthikanti "
+          f"Table 4 rows, {len(h100)} H100 runs; start objective {100 * objective(start, fit_half, h100):.2f} %")
+    result = fit(start, fit_half, h100)
+    today = datetime.date.today().isoformat()
+    source = (f"fitted {today} by benchmarks/calibrate.py on {BLOOM_FILE} (fit half, {len(fit_half)} rows), "
+              f"korthikanti2022_table4_layer_time_22b.csv, nemo_2407_h100_fp8_pretraining.csv and "
+              f"megatron_bridge_2511_h100_dense.csv ({len(h100)} runs)")
+    document = _document(result, _previous_sources(), source)
+    text = ("# Efficiencies and latencies of the analytic cost model. Every constant is physical (a fraction\n"
+            "# of a peak, a latency in seconds) and names the data it came from. The fitted ones are rewritten\n"
+            "# by `python -m benchmarks.calibrate` from ../shared/validation copies only.\n"
+            + yaml.safe_dump(document, sort_keys=False, allow_unicode=True, width=200))
+    if args.dry_run:
+        print(text)
+    else:
+        write_atomic(profiles_dir() / "calibration.yaml", text)
+        print(f"wrote {profiles_dir() / 'calibration.yaml'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,263 @@
+"""Published training runs as planner inputs: the shared loader behind benchmarks/calibrate.py,
+benchmarks/accuracy.py and tests/test_accuracy_regression.py.
+
+The CSVs in benchmarks/data/ are verbatim copies of ../shared/validation files (each row keeps its
+`source` / `source_line` column); Korthikanti Table 4 is read from tests/data/. Every setting a
+row does not state is a documented fact about the framework or the run family, written here once:
+
+* BLOOM topology sweep (bigscience tr11 chronicles, Megatron-DeepSpeed on Jean Zay A100-80GB):
+  seq 2048, vocab 250880, ALiBi, tied embeddings, no dropout (bigscience/bloom config.json), full
+  activation checkpointing (`--checkpoint-activations`; the logged TFLOPs use the 4·2 hardware
+  factor), unfused attention, ZeRO-1 unless the `zs` column says 0, and DeepSpeed's pipeline
+  engine: 1F1B order, whole activations sent between stages by every TP rank (no scatter/gather),
+  gradients reduced after the pipeline flush (no overlap with backward).
+  fp16 rows (the pre-BF16Optimizer majority) keep 16-bit gradients; bf16 rows accumulate in fp32.
+  "Fully known" rows state hidden size, layers, heads, tp, pp, micro-batch, global batch and sec/it
+  (dp from the GPU count where blank), and their `dims_note` records no conflict between the
+  table and the text.
+* NeMo 24.07 / Megatron-Bridge 25.11 H100 FP8 runs: FlashAttention (cuDNN fused attention), the
+  distributed optimizer with overlapped gradient reduce and parameter gather, sequence parallelism
+  whenever tp > 1, no activation recompute, interleaved 1F1B when vp > 1. Iteration time =
+  gbs · seq / (tokens/s/GPU · GPUs). Rows with cp > 1 (not modelled) or model architectures
+  planner cannot express (Nemotron's squared-ReLU MLP) are reported as skipped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pandas as pd
+
+from planner.cluster import Cluster, load_cluster
+from planner.config import ParallelConfig, Recompute, Schedule, Training
+from planner.cost.estimate import Estimate, estimate
+from planner.cost.time import unit_costs
+from planner.gpu import GIB
+from planner.model import ModelSpec, UnitKind, load_model
+from planner.placement import GroupLinks, default_placement
+from planner.profile.analytic import AnalyticProfile
+from planner.profile.calibration import Calibration
+
+__all__ = [
+    "BLOOM_FILE",
+    "LayerRow",
+    "Run",
+    "bloom_runs",
+    "h100_runs",
+    "korthikanti_layer_rows",
+    "predict",
+    "predict_layer",
+    "split_fit_hold",
+]
+
+DATA = Path(__file__).resolve().parent / "data"
+TESTS_DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
+BLOOM_FILE = "bloom176b_topology_sweep_chronicles.csv"
+NEMO_FILE = "nemo_2407_h100_fp8_pretraining.csv"
+BRIDGE_FILE = "megatron_bridge_2511_h100_dense.csv"
+TABLE4_FILE = "korthikanti2022_table4_layer_time_22b.csv"
+
+BLOOM_SEQ_LEN = 2048
+BLOOM_VOCAB = 250880
+
+
+@dataclass(frozen=True)
+class Run:
+    """One published run: planner inputs plus the published iteration time and memory."""
+
+    file: str
+    label: str
+    model: ModelSpec
+    cluster: Cluster
+    training: Training
+    config: ParallelConfig
+    iteration_s: float
+    memory_bytes: float | None
+    source: str
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    """One row of Korthikanti et al. 2022 Table 4: one 22B layer, TP=8, s=2048, b=4 on A100."""
+
+    experiment: str
+    recompute: Recompute
+    sequence_parallel: bool
+    forward_s: float
+    backward_s: float
+    source: str
+
+
+def _number(value: object) -> float | None:
+    """A finite number from a CSV cell, or None for blanks and markers such as 'x' or 'OOM'."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _memory_bytes(cell: object) -> float | None:
+    """'37GB' → bytes. The chronicles copy nvidia-smi's MiB-based figure, so GB here means GiB."""
+    text = str(cell).strip()
+    if not text.endswith("GB") or _number(text[:-2]) is None:
+        return None
+    return float(text[:-2]) * GIB
+
+
+def bloom_model(hidden: int, layers: int, heads: int) -> ModelSpec:
+    return ModelSpec(
+        name=f"bloom-h{hidden}-l{layers}-a{heads}", num_layers=layers, hidden_size=hidden,
+        num_attention_heads=heads, ffn_hidden_size=4 * hidden, vocab_size=BLOOM_VOCAB,
+        max_position_embeddings=BLOOM_SEQ_LEN, activation="gelu", normalization="layernorm",
+        position_embedding="alibi", tie_embeddings=True, linear_bias=True, dropout=False,
+        source="bigscience/bloom config.json with the sweep row's dimensions",
+    )
+
+
+def _bloom_row(row: pd.Series, cluster: Cluster) -> Run | None:
+    values = {k: _number(row[k]) for k in ("nhidden", "nlayers", "nheads", "tp", "pp", "mbs", "gbs", "sec/it",
+                                           "gpus", "dp", "zs")}
+    required = ("nhidden", "nlayers", "nheads", "tp", "pp", "mbs", "gbs", "sec/it", "gpus")
+    if any(values[k] is None for k in required) or "context line says" in str(row["dims_note"]):
+        return None
+    tp, pp, gpus = int(values["tp"]), int(values["pp"]), int(values["gpus"])
+    dp = int(values["dp"]) if values["dp"] is not None else gpus // (tp * pp)
+    if dp * tp * pp != gpus or int(values["gbs"]) % (dp * int(values["mbs"])):
+        return None
+    bf16 = str(row["precision_regime"]).startswith("bf16")
+    training = Training(global_batch=int(values["gbs"]), seq_len=BLOOM_SEQ_LEN, dtype="bf16" if bf16 else "fp16",
+                        attention="unfused", grad_bytes=4 if bf16 else 2)
+    zero = 1 if values["zs"] is None else int(values["zs"])
+    config = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=int(values["mbs"]), recompute=Recompute.FULL,
+                            zero_stage=zero, schedule=Schedule.ONE_F_ONE_B, overlap_grad_reduce=False,
+                            p2p_scatter_gather=False)
+    model = bloom_model(int(values["nhidden"]), int(values["nlayers"]), int(values["nheads"]))
+    label = (f"L{row['source_line']} h{model.hidden_size} l{model.num_layers} a{model.num_attention_heads} "
+             f"{config.describe()} gbs{training.global_batch}")
+    return Run(BLOOM_FILE, label, model, cluster, training, config, float(values["sec/it"]),
+               _memory_bytes(row["mem"]), f"{BLOOM_FILE} source_line {row['source_line']}")
+
+
+@cache
+def bloom_runs() -> tuple[Run, ...]:
+    """BLOOM sweep rows with fully known configuration, one per distinct (config, result)."""
+    cluster = load_cluster("jean-zay-a100-48")
+    frame = pd.read_csv(DATA / BLOOM_FILE)
+    runs, seen = [], set()
+    for _, row in frame.iterrows():
+        run = _bloom_row(row, cluster)
+        if run is None:
+            continue
+        key = (run.model, run.training, run.config, run.iteration_s)
+        if key not in seen:
+            seen.add(key)
+            runs.append(run)
+    return tuple(runs)
+
+
+def split_fit_hold(runs: tuple[Run, ...]) -> tuple[tuple[Run, ...], tuple[Run, ...]]:
+    """Deterministic half split: alternate rows in file order (fit, hold, fit, hold …)."""
+    return runs[0::2], runs[1::2]
+
+
+# ---- H100 runs -------------------------------------------------------------------------------
+_NEMO_GPT3 = {
+    # NeMo examples/nlp/language_modeling/conf gpt3 5b / 20b (Megatron GPT-3 shapes, 51200 padded vocab)
+    "GPT3-5B": dict(num_layers=24, hidden_size=4096, num_attention_heads=32, ffn_hidden_size=16384),
+    "GPT3-20B": dict(num_layers=44, hidden_size=6144, num_attention_heads=48, ffn_hidden_size=24576),
+}
+_CATALOG = {"GPT3-175B": "gpt3-175b", "LLAMA2-7B": "llama2-7b", "LLAMA2-13B": "llama2-13b",
+            "LLAMA2-70B": "llama2-70b", "LLAMA3-8B": "llama3-8b", "LLAMA3-70B": "llama3-70b",
+            "LLAMA3_8B": "llama3-8b", "LLAMA3_70B": "llama3-70b", "LLAMA3.1_405B": "llama3-405b"}
+
+
+def _h100_model(name: str) -> ModelSpec | None:
+    if name in _NEMO_GPT3:
+        return ModelSpec(name=name.lower(), vocab_size=51200, activation="gelu", normalization="layernorm",
+                         position_embedding="learned", tie_embeddings=True, linear_bias=True,
+                         source="NeMo gpt3 config", **_NEMO_GPT3[name])
+    return load_model(_CATALOG[name]) if name in _CATALOG else None
+
+
+def _h100_rows() -> Iterator[tuple[str, pd.Series]]:
+    for file in (NEMO_FILE, BRIDGE_FILE):
+        for _, row in pd.read_csv(DATA / file).iterrows():
+            yield file, row
+
+
+def h100_runs() -> tuple[tuple[Run, ...], tuple[str, ...]]:
+    """H100 FP8 runs planner can express, and one line per skipped row saying why."""
+    runs, skipped = [], []
+    for file, row in _h100_rows():
+        name, gpus = str(row["model"]), int(row["num_gpus"])
+        tp, pp, cp = int(row["tp"]), int(row["pp"]), int(row["cp"])
+        vp = int(_number(row["vp"]) or 1)
+        model = _h100_model(name)
+        if model is None or cp > 1:
+            why = f"cp={cp} not modelled" if cp > 1 else "architecture not expressible"
+            skipped.append(f"{file}: {name} ({why})")
+            continue
+        dp = gpus // (tp * pp)
+        fsdp = str(row.get("fsdp", "0")).startswith("1")
+        config = ParallelConfig(
+            dp=dp, tp=tp, pp=pp, micro_batch=int(row["mbs"]), vpp=vp, sequence_parallel=tp > 1,
+            zero_stage=3 if fsdp else 0, distributed_optimizer=not fsdp, overlap_param_gather=True,
+            schedule=Schedule.INTERLEAVED if vp > 1 else Schedule.ONE_F_ONE_B,
+        )
+        training = Training(global_batch=int(row["gbs"]), seq_len=int(row["seq_len"]), dtype="fp8",
+                            attention="flash")
+        iteration = training.tokens_per_iteration / (float(row["tokens_per_sec_per_gpu"]) * gpus)
+        nodes = math.ceil(gpus / 8)
+        label = f"{name} {gpus}xH100 {config.describe()}"
+        runs.append(Run(file, label, model, load_cluster(f"{nodes}x8xH100-80GB"), training, config, iteration,
+                        None, f"{file}: {name} ({row['source'][:60]}…)"))
+    return tuple(runs), tuple(skipped)
+
+
+# ---- Korthikanti Table 4 -----------------------------------------------------------------------
+GPT_22B = ModelSpec(
+    name="gpt-22b", num_layers=48, hidden_size=6144, num_attention_heads=64, ffn_hidden_size=4 * 6144,
+    vocab_size=51200, activation="gelu", normalization="layernorm", position_embedding="learned",
+    tie_embeddings=True, linear_bias=True, dropout=True, source="Korthikanti et al. 2022 Table 3 (22B)",
+)
+_TABLE4_SETTINGS = {
+    "Baseline no recompute": (Recompute.NONE, False),
+    "Sequence Parallelism": (Recompute.NONE, True),
+    "Baseline with recompute": (Recompute.FULL, False),
+    "Selective Recompute": (Recompute.SELECTIVE, False),
+    "Selective + Sequence": (Recompute.SELECTIVE, True),
+}
+
+
+def korthikanti_layer_rows() -> tuple[LayerRow, ...]:
+    frame = pd.read_csv(TESTS_DATA / TABLE4_FILE)
+    rows = []
+    for _, row in frame.iterrows():
+        recompute, sp = _TABLE4_SETTINGS[row["experiment"]]
+        rows.append(LayerRow(row["experiment"], recompute, sp, row["forward_ms"] / 1e3, row["backward_ms"] / 1e3,
+                             f"{TABLE4_FILE}: {row['source']}"))
+    return tuple(rows)
+
+
+# ---- predictions: the code path a user's `planner estimate` takes ---------------------------------
+def predict(run: Run, calibration: Calibration) -> Estimate:
+    return estimate(run.model, run.cluster, run.training, run.config, calibration=calibration)
+
+
+def predict_layer(row: LayerRow, calibration: Calibration) -> tuple[float, float]:
+    """(forward, backward) seconds of one 22B block incl. TP communication and recompute, as
+    `estimate` charges them per micro-batch (Megatron-LM on a DGX A100, Korthikanti's setup)."""
+    cluster = load_cluster("dgx-a100")
+    training = Training(global_batch=4, seq_len=2048, dtype="bf16", attention="unfused")
+    config = ParallelConfig(dp=1, tp=8, pp=1, micro_batch=4, sequence_parallel=row.sequence_parallel,
+                            recompute=row.recompute)
+    links = GroupLinks.from_placement(cluster, config, default_placement(cluster, config))
+    costs = unit_costs(GPT_22B, training, config, links.gpu[0], links.tp[0], AnalyticProfile(GPT_22B, calibration),
+                       calibration)
+    block = costs[UnitKind.BLOCK]
+    return block.forward_s + block.tp_forward_s, block.backward_s + block.recompute_s + block.tp_backward_s
