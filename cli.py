@@ -28,9 +28,12 @@ from planner.placement import default_placement
 from planner.plan import build_plan_document, load_plan, parse_plan_document, write_atomic
 from planner.profile.calibration import default_calibration
 from planner.profile.fit import PARAMETERS, calibration_document, fit_efficiencies, gpu_profile_document
+from planner.profile.links import apply_links, link_node_indices, load_links
 from planner.profile.measure import PROFILE_DTYPES, ProfileRequest, measure_layers
 from planner.profile.measured import MeasuredProfile, bind_to_model, load_measured_profile
 from planner.render import describe_estimate, format_breakdown, format_stages, format_table
+from planner.search.placement import replan, replan_record
+from planner.slowdown import apply_slowdowns, parse_slowdown
 
 DEFAULT_MODEL = "llama3-8b"
 DEFAULT_CLUSTER = "1x8xH100-80GB"
@@ -152,19 +155,55 @@ def main() -> None:
     """planner: find the parallel layout for training a large model on a GPU cluster."""
 
 
+def cluster_condition_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--links` (measured per-node-pair links) and `--slowdown` (known slow devices), for plan and estimate."""
+    command = click.option(
+        "--slowdown", "slowdowns", multiple=True, metavar="NODE[:GPU]=FACTOR",
+        help="A known slow node or GPU, FACTOR times slower than nominal (2 = half speed); repeatable.",
+    )(command)
+    return click.option("--links", "links_path", type=click.Path(dir_okay=False, path_type=Path),
+                        help="LINKS.json with measured per-node-pair bandwidth and latency.")(command)
+
+
+def condition_cluster(cluster: Cluster, links_path: Path | None, slowdowns: tuple[str, ...]) -> Cluster:
+    """The cluster with measured links and slowdowns applied (notes about matching go to stderr)."""
+    if links_path:
+        table = load_links(links_path)
+        if link_node_indices(cluster, table)[1]:
+            click.echo(f"note: {links_path} node names are not the cluster's; matched by position", err=True)
+        cluster = apply_links(cluster, table)
+    return apply_slowdowns(cluster, [parse_slowdown(text) for text in slowdowns])
+
+
+def echo_replan(record: dict[str, Any]) -> None:
+    before, after = record["iteration_time_s_without_replan"], record["iteration_time_s_with_replan"]
+    click.echo("\nre-planned around the slow devices (placement and stage split)")
+    click.echo(f"  without re-plan  {before:.4f} s (rank-order placement, given split)")
+    click.echo(f"  with re-plan     {after:.4f} s ({100 * record['gain']:.1f} % faster; blocks per stage "
+               f"{','.join(map(str, record['blocks_per_stage']))}; {record['placement_method']} placement)")
+    for rank, names in enumerate(record["stage_nodes"]):
+        click.echo(f"  pipeline rank {rank}: {', '.join(names)}")
+
+
 @main.command("estimate")
 @problem_options
 @parallel_options
 @click.option("--partition", help="Transformer blocks per (virtual) stage, e.g. 5,6,7,6 (default: uniform).")
 @profile_option
+@cluster_condition_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan JSON document only.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the plan JSON here.")
 @handle_errors
 def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len: int, dtype: str,
-                     attention: str, partition: str | None, profile_path: Path | None, as_json: bool,
-                     out: Path | None, **parallel: Any) -> None:
-    """Estimate time and memory of one fully given configuration, with its breakdown."""
+                     attention: str, partition: str | None, profile_path: Path | None, links_path: Path | None,
+                     slowdowns: tuple[str, ...], as_json: bool, out: Path | None, **parallel: Any) -> None:
+    """Estimate time and memory of one fully given configuration, with its breakdown.
+
+    With --slowdown it also re-plans placement (and, unless --partition is given, the stage split)
+    around the slow devices and shows the time with and without that re-plan.
+    """
     model, cluster = load_problem(model_spec, cluster_spec)
+    cluster = condition_cluster(cluster, links_path, slowdowns)
     training = build_training(global_batch, seq_len, dtype, attention)
     timer = None
     if profile_path:
@@ -174,7 +213,10 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
     placement = default_placement(cluster, config)
     result = estimate(model, cluster, training, config, split, placement, timer=timer)
     echo_profile_notes(timer)
-    extra = {"profile": {"path": str(profile_path), "notes": list(timer.notes)}} if timer else None
+    extra = {"profile": {"path": str(profile_path), "notes": list(timer.notes)}} if timer else {}
+    if slowdowns:
+        replanned = replan(model, cluster, training, config, split, fixed_partition=split is not None, timer=timer)
+        extra["replan"] = {"slowdowns": list(slowdowns), **replan_record(cluster, config, replanned)}
     document = build_plan_document(model, cluster, training, config, placement, result, extra)
     text = json.dumps(document, indent=2)
     if out:
@@ -189,6 +231,8 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
         click.echo(format_breakdown(result))
         click.echo("\nstages (times per micro-batch; memory per GPU of that pipeline rank)")
         click.echo(format_stages(result))
+        if "replan" in extra:
+            echo_replan(extra["replan"])
     if not result.fits:
         click.echo(f"does not fit: {shortfall_message(result)}", err=True)
         sys.exit(1)
