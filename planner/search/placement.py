@@ -37,18 +37,20 @@ from planner.cluster import Cluster
 from planner.config import ParallelConfig, Partition, Training
 from planner.cost.estimate import Estimate, estimate
 from planner.cost.time import UnitTimer
-from planner.errors import InfeasibleError
+from planner.errors import InfeasibleError, PlannerError
 from planner.model import ModelSpec
 from planner.placement import Placement, default_placement
 from planner.profile.calibration import Calibration
-from planner.search.search import search
+from planner.search.search import RankedPlan, search
 from planner.search.space import FixedOptions
 
 __all__ = [
     "PlacementResult",
     "Replan",
+    "homogeneous_best",
     "homogeneous_subset",
     "mixed_rank_notes",
+    "place_plans",
     "placement_objective",
     "repartition",
     "replan",
@@ -395,6 +397,41 @@ def replan_record(cluster: Cluster, config: ParallelConfig, result: Replan) -> d
         "placement_evaluations": result.search.evaluations,
         "fits": result.after.fits,
     }
+
+
+def place_plans(model: ModelSpec, cluster: Cluster, training: Training, plans: Sequence[RankedPlan], *,
+                seed: int = 0, max_evaluations: int = 1500, timer: UnitTimer | None = None,
+                calibration: Calibration | None = None) -> list[tuple[RankedPlan, Replan]]:
+    """Re-plan the placement and split of each searched plan on this cluster's links and devices,
+    best first. Each plan comes back with its re-plan (whose `before` is the rank-order estimate)."""
+    out = []
+    for plan in plans:
+        result = replan(model, cluster, training, plan.config, plan.partition, seed=seed,
+                        max_evaluations=max_evaluations, timer=timer, calibration=calibration)
+        if _score(result.after) < _score(plan.estimate):
+            plan = replace(plan, placement=result.placement, partition=result.partition, estimate=result.after)
+        out.append((plan, result))
+    out.sort(key=lambda pair: (_score(pair[0].estimate), pair[0].estimate.peak_memory_bytes,
+                               pair[0].config.num_gpus))
+    return out
+
+
+def homogeneous_best(model: ModelSpec, cluster: Cluster, training: Training, fixed: FixedOptions | None = None,
+                     time_limit_s: float = 10.0, timer: UnitTimer | None = None,
+                     calibration: Calibration | None = None) -> tuple[Cluster, RankedPlan | None] | None:
+    """The best plan on the largest single-type subset of a mixed cluster (None: not mixed).
+
+    The plan is None when nothing fits on the subset. Used to show what mixing GPU types buys.
+    """
+    subset = homogeneous_subset(cluster)
+    if subset is None:
+        return None
+    try:
+        found = search(model, subset, training, fixed, top_k=1, time_limit_s=time_limit_s, timer=timer,
+                       calibration=calibration)
+    except (InfeasibleError, PlannerError):
+        return subset, None
+    return subset, found.plans[0]
 
 
 def mixed_rank_notes(cluster: Cluster, config: ParallelConfig, placement: Placement) -> list[str]:
