@@ -8,7 +8,8 @@ topology sweep (alternate rows; the other half is held out and reported by bench
 Korthikanti et al. 2022 Table 4 layer times, and the H100 FP8 NeMo / Megatron-Bridge runs.
 
 Objective: the mean over those three groups of each group's mean absolute relative error, so a
-group with many rows does not drown the others. Method: cyclic coordinate descent, a golden-section
+group with many rows does not drown the others. The two memory constants are then fitted to the
+peak memory of the BLOOM fit-half rows that report one. Method: cyclic coordinate descent, a golden-section
 search of each constant inside its physical bounds (scipy is not a dependency). Every constant is a
 global efficiency or overhead; nothing is fitted per run.
 """
@@ -33,11 +34,12 @@ from benchmarks.validation_runs import (
     predict_layer,
     split_fit_hold,
 )
+from planner.gpu import GIB
 from planner.plan import write_atomic
 from planner.profile.calibration import Calibration, default_calibration
 from planner.resources import load_structured_file, profiles_dir
 
-__all__ = ["FITTED", "fit", "objective"]
+__all__ = ["FITTED", "MEMORY_FITTED", "coordinate_descent", "fit", "memory_objective", "objective"]
 
 
 @dataclass(frozen=True)
@@ -45,20 +47,27 @@ class Fitted:
     """A constant the fit may move, inside bounds that keep it physical, and what it means."""
 
     name: str
+    prior: float  # the pre-calibration assumption every fit starts from (so reruns are reproducible)
     low: float
     high: float
     meaning: str
 
 
 FITTED = (
-    Fitted("gemm_efficiency", 0.5, 1.0, "fraction of the GPU's max achievable matmul rate (MAMF) training GEMMs reach"),
-    Fitted("memory_bound_efficiency", 0.3, 0.95, "fraction of HBM bandwidth element-wise kernels reach"),
-    Fitted("collective_efficiency_intra", 0.3, 1.0, "NCCL bus bandwidth / NVLink bandwidth for TP collectives"),
-    Fitted("collective_efficiency_inter", 0.3, 1.0, "NCCL bus bandwidth / NIC line rate for DP collectives"),
-    Fitted("p2p_efficiency_inter", 0.3, 1.0, "pipeline send/recv bandwidth / NIC line rate"),
-    Fitted("fp8_gemm_efficiency_ratio", 0.4, 1.0, "FP8 GEMM efficiency (of the FP8 peak) relative to BF16's"),
-    Fitted("flash_attention_efficiency", 0.2, 0.9, "FlashAttention forward FLOP rate / BF16 peak"),
-    Fitted("iteration_overhead_s", 0.0, 2.0, "fixed per-iteration cost: data loader, loss scaling, logging, launch"),
+    Fitted("gemm_efficiency", 1.0, 0.5, 1.0, "share of the max achievable matmul rate (MAMF) training GEMMs reach"),
+    Fitted("memory_bound_efficiency", 0.7, 0.3, 0.95, "fraction of HBM bandwidth element-wise kernels reach"),
+    Fitted("collective_efficiency_intra", 0.78, 0.3, 1.0, "NCCL bus bandwidth / NVLink bandwidth for TP collectives"),
+    Fitted("collective_efficiency_inter", 0.9, 0.3, 1.0, "NCCL bus bandwidth / NIC line rate for DP collectives"),
+    Fitted("p2p_efficiency_inter", 0.9, 0.3, 1.0, "pipeline send/recv bandwidth / NIC line rate"),
+    Fitted("fp8_gemm_efficiency_ratio", 1.0, 0.4, 1.0, "FP8 GEMM efficiency (of the FP8 peak) relative to BF16's"),
+    Fitted("flash_attention_efficiency", 0.6, 0.2, 0.9, "FlashAttention forward FLOP rate / BF16 peak"),
+    Fitted("iteration_overhead_s", 0.0, 0.0, 2.0, "fixed cost per iteration: data loader, loss scaling, logging"),
+    Fitted("tp_backward_overlap", 0.0, 0.0, 1.0, "share of backward TP collectives hidden behind wgrad GEMMs"),
+)
+# Fitted separately, on the BLOOM fit-half rows that report a memory figure (time does not depend on them).
+MEMORY_FITTED = (
+    Fitted("memory_overhead_bytes", 2 * GIB, 0.5 * GIB, 6 * GIB, "bytes per GPU outside tensors: CUDA context, NCCL"),
+    Fitted("memory_fragmentation", 0.05, 0.0, 0.5, "allocator reserve and unmodelled buffers, share of tensors"),
 )
 _GOLDEN = (math.sqrt(5) - 1) / 2
 _SECTION_STEPS = 10
@@ -88,6 +97,12 @@ def objective(calibration: Calibration, bloom: tuple[Run, ...], h100: tuple[Run,
     return sum(sum(abs(e) for e in errs) / len(errs) for errs in groups.values()) / len(groups)
 
 
+def memory_objective(calibration: Calibration, runs: tuple[Run, ...]) -> float:
+    """Mean absolute relative error of the peak memory per GPU over runs that report one."""
+    errors = [predict(run, calibration).peak_memory_bytes / run.memory_bytes - 1 for run in runs if run.memory_bytes]
+    return sum(abs(e) for e in errors) / len(errors)
+
+
 def _golden_section(loss: Callable[[float], float], low: float, high: float, start: float) -> float:
     """Minimiser of a one-dimensional loss on [low, high]; keeps `start` unless something beats it."""
     a, b = low, high
@@ -106,23 +121,29 @@ def _golden_section(loss: Callable[[float], float], low: float, high: float, sta
     return best if best_loss < loss(start) else start
 
 
-def fit(start: Calibration, bloom: tuple[Run, ...], h100: tuple[Run, ...], verbose: bool = True) -> Calibration:
-    """Cyclic coordinate descent over FITTED."""
+def coordinate_descent(start: Calibration, constants: tuple[Fitted, ...], loss: Callable[[Calibration], float],
+                       verbose: bool = True) -> Calibration:
+    """Cyclic coordinate descent: a golden-section search of each constant in turn, _SWEEPS times."""
     current = start
     for sweep in range(_SWEEPS):
-        for constant in FITTED:
-            value = _golden_section(
-                lambda x, name=constant.name, base=current: objective(base.updated(**{name: x}), bloom, h100),
-                constant.low, constant.high, getattr(current, constant.name))
+        for constant in constants:
+            value = _golden_section(lambda x, name=constant.name, base=current: loss(base.updated(**{name: x})),
+                                    constant.low, constant.high, getattr(current, constant.name))
             current = current.updated(**{constant.name: value})
             if verbose:
-                print(f"sweep {sweep + 1} {constant.name:30s} {value:9.4f}  "
-                      f"objective {100 * objective(current, bloom, h100):6.2f} %", flush=True)
+                print(f"sweep {sweep + 1} {constant.name:30s} {value:12.4g}  objective {100 * loss(current):6.2f} %",
+                      flush=True)
     return current
 
 
+def fit(start: Calibration, bloom: tuple[Run, ...], h100: tuple[Run, ...], verbose: bool = True) -> Calibration:
+    """Time constants on all three groups, then memory constants on the BLOOM memory rows."""
+    timed = coordinate_descent(start, FITTED, lambda c: objective(c, bloom, h100), verbose)
+    return coordinate_descent(timed, MEMORY_FITTED, lambda c: memory_objective(c, bloom), verbose)
+
+
 def _document(calibration: Calibration, previous: dict[str, str], source: str) -> dict:
-    fitted = {c.name: c for c in FITTED}
+    fitted = {c.name: c for c in FITTED + MEMORY_FITTED}
     constants = {}
     for key, value in calibration.__dict__.items():
         if key in fitted:
@@ -143,7 +164,7 @@ def main() -> None:
     args = parser.parse_args()
     fit_half, _ = split_fit_hold(bloom_runs())
     h100, _ = h100_runs()
-    start = default_calibration()
+    start = default_calibration().updated(**{c.name: c.prior for c in FITTED + MEMORY_FITTED})
     print(f"fitting on {len(fit_half)} BLOOM rows (fit half), {len(korthikanti_layer_rows())} Korthikanti "
           f"Table 4 rows, {len(h100)} H100 runs; start objective {100 * objective(start, fit_half, h100):.2f} %")
     result = fit(start, fit_half, h100)

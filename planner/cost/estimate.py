@@ -187,15 +187,16 @@ def estimate(
                   for r in range(config.pp)]
     bounds = partition.bounds()
     last_stage = len(bounds) - 1
-    sums, stage_times, p2p = [], [], []
+    # blocking send/recv occupies both ends of a boundary: a stage pays for its incoming and outgoing one
+    boundary = [p2p_boundary_time(model, training, config, links.pp[k % config.pp], calibration)
+                if k < last_stage else 0.0 for k in range(len(bounds))]
+    p2p = [boundary[k] + (boundary[k - 1] if k else 0.0) for k in range(len(bounds))]
+    sums, stage_times = [], []
     for k, (start, end) in enumerate(bounds):
-        r = k % config.pp
-        totals = _sum_costs(model, rank_costs[r], start, end)
-        boundary = p2p_boundary_time(model, training, config, links.pp[r], calibration) if k < last_stage else 0.0
+        totals = _sum_costs(model, rank_costs[k % config.pp], start, end)
         sums.append(totals)
-        p2p.append(boundary)
         stage_times.append(totals["forward"] + totals["backward"] + totals["recompute"]
-                           + totals["tp_forward"] + totals["tp_backward"] + boundary)
+                           + totals["tp_forward"] + totals["tp_backward"] + p2p[k])
 
     pipeline = _pipeline(sums, p2p, stage_times, config, m)
     memories, dp_exposed, optimizer = [], [], []

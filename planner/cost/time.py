@@ -55,7 +55,7 @@ class UnitCost:
     backward_s: float  # without recompute
     recompute_s: float  # extra forward work repeated during backward
     tp_forward_s: float
-    tp_backward_s: float  # includes the recomputed forward's collectives under full recompute
+    tp_backward_s: float  # exposed part (see tp_backward_overlap) plus the recomputed forward's collectives
     activation_bytes: float
     params: float  # parameters held per TP rank
 
@@ -89,10 +89,10 @@ def unit_costs(
     for kind in UnitKind:
         times = timer.times(kind, setting, gpu)
         forward_ars, backward_ars = _TP_ALL_REDUCES[kind]
-        recompute = 0.0
+        recompute, recompute_ars = 0.0, 0
         if kind is UnitKind.BLOCK and config.recompute is Recompute.FULL:
             recompute = times.forward_s
-            backward_ars += forward_ars
+            recompute_ars = forward_ars
         elif kind is UnitKind.BLOCK and config.recompute is Recompute.SELECTIVE:
             recompute = times.attention_core_forward_s
         costs[kind] = UnitCost(
@@ -100,7 +100,7 @@ def unit_costs(
             backward_s=times.backward_s,
             recompute_s=recompute,
             tp_forward_s=forward_ars * all_reduce,
-            tp_backward_s=backward_ars * all_reduce,
+            tp_backward_s=(backward_ars * (1 - calibration.tp_backward_overlap) + recompute_ars) * all_reduce,
             activation_bytes=activation_bytes(model, kind, training, config),
             params=params[kind] / config.tp,
         )

@@ -30,6 +30,7 @@ class Calibration:
     # Added with benchmarks/calibrate.py; files written before them keep these neutral defaults.
     gemm_efficiency: float = 1.0  # fraction of the GPU's max achievable matmul rate reached inside training
     fp8_gemm_efficiency_ratio: float = 1.0  # FP8 GEMM efficiency (of the FP8 peak) relative to BF16's
+    tp_backward_overlap: float = 0.0  # share of backward TP collectives hidden behind weight-gradient GEMMs
 
     def collective_efficiency(self, kind: str) -> float:
         return self.collective_efficiency_intra if kind == "intra" else self.collective_efficiency_inter
