@@ -87,7 +87,7 @@ def build_plan_document(
             "iteration_time_s": result.iteration_time_s, "tokens_per_s": result.tokens_per_s,
             "model_tflops_per_gpu": result.model_tflops_per_gpu, "mfu": result.mfu,
             "breakdown_s": dict(result.breakdown_s), "peak_memory_bytes": round(result.peak_memory_bytes),
-            "fits": result.fits,
+            "fits": result.fits, "breakdown_detail_s": dict(result.breakdown_detail_s),
         },
     }
     if extra:
