@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.config import Schedule
+from planner.cluster import load_cluster
+from planner.config import ParallelConfig, Partition, Schedule, Training
+from planner.cost.estimate import estimate
 from planner.cost.schedule import (
     BACKWARD,
     FORWARD,
@@ -19,6 +21,7 @@ from planner.cost.schedule import (
     simulated_pipeline_time,
 )
 from planner.errors import PlannerError
+from planner.model import load_model
 
 
 @pytest.mark.parametrize("schedule", [Schedule.GPIPE, Schedule.ONE_F_ONE_B])
@@ -117,3 +120,16 @@ def test_simulated_pipeline_time_reports_bubble_of_busiest_rank():
     assert result.bottleneck_rank == 2
     assert result.steady_s == pytest.approx(6 * 6.0)
     assert result.bubble_s == pytest.approx(result.total_s - 36.0) and result.bubble_s > 0
+
+
+def test_estimate_uses_the_simulator_for_unbalanced_stages():
+    """A skewed partition: estimate's pipeline time is the simulated one, and the breakdown adds up to it."""
+    model = load_model("llama2-7b")
+    config = ParallelConfig(dp=1, tp=1, pp=4, micro_batch=1)
+    result = estimate(model, load_cluster("1x8xH100-80GB"), Training(global_batch=16, seq_len=2048), config,
+                      partition=Partition.from_blocks([2, 14, 8, 8], model.num_layers))
+    detail = result.breakdown_detail_s
+    assert detail["pipeline_simulated"] != pytest.approx(detail["pipeline_closed_form"], rel=1e-3)
+    pipeline_terms = ("compute", "recompute", "bubble", "tp_comm", "pp_comm")
+    assert sum(result.breakdown_s[k] for k in pipeline_terms) == pytest.approx(detail["pipeline_simulated"])
+    assert result.iteration_time_s == pytest.approx(sum(result.breakdown_s.values()))
