@@ -10,7 +10,9 @@ row does not state is a documented fact about the framework or the run family, w
   activation checkpointing (`--checkpoint-activations`; the logged TFLOPs use the 4·2 hardware
   factor), unfused attention, ZeRO-1 unless the `zs` column says 0, and DeepSpeed's pipeline
   engine: 1F1B order, whole activations sent between stages by every TP rank (no scatter/gather),
-  gradients reduced after the pipeline flush (no overlap with backward).
+  gradients reduced after the pipeline flush (no overlap with backward), and TP all-reduces in
+  backward that wait for completion (the bigscience fork's ColumnParallelLinear predates Megatron-LM's
+  asynchronous all-reduce behind the weight-gradient GEMM).
   fp16 rows (the pre-BF16Optimizer majority) keep 16-bit gradients; bf16 rows accumulate in fp32.
   "Fully known" rows state hidden size, layers, heads, tp, pp, micro-batch, global batch and sec/it
   (dp from the GPU count where blank), and their `dims_note` records no conflict between the
@@ -135,7 +137,7 @@ def _bloom_row(row: pd.Series, cluster: Cluster) -> Run | None:
     zero = 1 if values["zs"] is None else int(values["zs"])
     config = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=int(values["mbs"]), recompute=Recompute.FULL,
                             zero_stage=zero, schedule=Schedule.ONE_F_ONE_B, overlap_grad_reduce=False,
-                            p2p_scatter_gather=False)
+                            p2p_scatter_gather=False, overlap_tp_backward=False)
     model = bloom_model(int(values["nhidden"]), int(values["nlayers"]), int(values["nheads"]))
     label = (f"L{row['source_line']} h{model.hidden_size} l{model.num_layers} a{model.num_attention_heads} "
              f"{config.describe()} gbs{training.global_batch}")

@@ -97,6 +97,7 @@ class ParallelConfig:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = False
     p2p_scatter_gather: bool = True  # Megatron-LM sends 1/tp of a boundary tensor; DeepSpeed's pipeline all
+    overlap_tp_backward: bool = True  # backward TP all-reduce overlapped with wgrad GEMMs (Megatron-LM ≥ 2021-11)
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batch", "vpp", "cp"):

@@ -89,10 +89,11 @@ def test_timeline_has_every_pass_once_and_respects_dependencies():
 
 # ---- analytic closed form versus the simulator ------------------------------------------------
 # Stated tolerance: with per-stage pass times within ±10 % of each other and the same backward /
-# forward ratio on every stage, the analytic `pipeline_time` is exact for GPipe, an upper bound
-# within 6 % for 1F1B (it charges every stage's whole f + b to the fill/drain), and within 7 %
-# either way for interleaved 1F1B. Outside that (very unbalanced stages) `estimate` uses the simulator.
-TOLERANCE = {Schedule.GPIPE: (0.0, 0.0), Schedule.ONE_F_ONE_B: (-0.06, 0.0), Schedule.INTERLEAVED: (-0.07, 0.07)}
+# forward ratio on every stage, the analytic `pipeline_time` is exact for GPipe, an upper bound at
+# most 10 % high for 1F1B (it charges every stage's whole f + b to the fill/drain; worst seen in a
+# 20 000-case corner search: 9.0 %), and within ±12 % for interleaved 1F1B (worst seen: −10.9 % /
+# +9.1 %). That is why `estimate` uses the simulator; the ILP keeps the linear closed form.
+TOLERANCE = {Schedule.GPIPE: (0.0, 0.0), Schedule.ONE_F_ONE_B: (-0.10, 0.0), Schedule.INTERLEAVED: (-0.12, 0.12)}
 
 
 @settings(max_examples=150, deadline=None)

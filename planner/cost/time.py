@@ -85,6 +85,7 @@ def unit_costs(
         UnitKind.BLOCK: model.block_parameters(),
         UnitKind.HEAD: model.head_parameters(),
     }
+    hidden = calibration.tp_backward_overlap if config.overlap_tp_backward else 0.0
     costs = {}
     for kind in UnitKind:
         times = timer.times(kind, setting, gpu)
@@ -100,7 +101,7 @@ def unit_costs(
             backward_s=times.backward_s,
             recompute_s=recompute,
             tp_forward_s=forward_ars * all_reduce,
-            tp_backward_s=(backward_ars * (1 - calibration.tp_backward_overlap) + recompute_ars) * all_reduce,
+            tp_backward_s=(backward_ars * (1 - hidden) + recompute_ars) * all_reduce,
             activation_bytes=activation_bytes(model, kind, training, config),
             params=params[kind] / config.tp,
         )
