@@ -47,6 +47,7 @@ from planner.search.space import FixedOptions
 __all__ = [
     "PlacementResult",
     "Replan",
+    "heterogeneity_record",
     "homogeneous_best",
     "homogeneous_subset",
     "mixed_rank_notes",
@@ -432,6 +433,48 @@ def homogeneous_best(model: ModelSpec, cluster: Cluster, training: Training, fix
     except (InfeasibleError, PlannerError):
         return subset, None
     return subset, found.plans[0]
+
+
+def heterogeneity_record(
+    model: ModelSpec, cluster: Cluster, training: Training, placed: Sequence[tuple[RankedPlan, Replan]], *,
+    unslowed: Cluster | None = None, fixed: FixedOptions | None = None, time_limit_s: float = 10.0,
+    timer: UnitTimer | None = None, calibration: Calibration | None = None,
+) -> dict[str, object]:
+    """The plan-JSON `heterogeneity` section for the best of `placed` (from `place_plans`).
+
+    Rank order versus placed time; with `unslowed` (the cluster before --slowdown) also the time of
+    the plan made ignoring the slowdown, run on the slow cluster; on a mixed cluster the notes on
+    mixed pipeline ranks and the best plan on the largest single-type subset.
+    """
+    best, replanned = placed[0]
+    record: dict[str, object] = {
+        "rank_order_time_s": replanned.before.iteration_time_s,
+        "placed_time_s": best.estimate.iteration_time_s,
+        "placement_gain": 1.0 - best.estimate.iteration_time_s / replanned.before.iteration_time_s,
+        "placement_method": replanned.search.method,
+        "placement_evaluations": replanned.search.evaluations,
+        "stage_nodes": [list(names) for names in stage_nodes(cluster, best.config, best.placement)],
+        "notes": mixed_rank_notes(cluster, best.config, best.placement),
+    }
+    if unslowed is not None:
+        try:
+            naive = search(model, unslowed, training, fixed, top_k=1, time_limit_s=time_limit_s, timer=timer,
+                           calibration=calibration).plans[0]
+        except InfeasibleError:
+            naive = None
+        if naive is not None:
+            record["without_replan_time_s"] = estimate(
+                model, cluster, training, naive.config, naive.partition, default_placement(cluster, naive.config),
+                timer, calibration).iteration_time_s
+    subset = homogeneous_best(model, cluster, training, fixed, time_limit_s, timer, calibration)
+    if subset is not None:
+        sub_cluster, sub_plan = subset
+        record["homogeneous_subset"] = {
+            "cluster": sub_cluster.name, "num_gpus": sub_cluster.num_gpus,
+            "iteration_time_s": sub_plan.estimate.iteration_time_s if sub_plan else None,
+            "parallelism": sub_plan.config.describe() if sub_plan else None,
+        }
+    return record
 
 
 def mixed_rank_notes(cluster: Cluster, config: ParallelConfig, placement: Placement) -> list[str]:
