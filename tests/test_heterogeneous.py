@@ -220,4 +220,3 @@ def test_plan_placement_and_homogeneous_comparison_on_a_mixed_cluster():
     subset, best = homogeneous_best(model, cluster, training, fixed)
     assert {node.gpu.name for node in subset.nodes} == {"A100-80GB"}
     assert best is not None and best.config.num_gpus <= 16
-
