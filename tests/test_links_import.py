@@ -27,18 +27,10 @@ from planner.profile.links import (
     write_links,
 )
 from planner.profile.links_nccl import import_nccl_tests, parse_nccl_tests_log, read_nccl_tests_log
+from tests.fixtures.nccl.generate import KNOWN  # the values the fixture logs were written from
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl"
 
-# Same numbers as KNOWN in fixtures/nccl/generate.py: file → (test, hosts, α s, β bus bytes/s).
-KNOWN = {
-    "all_reduce_perf_8gpu_v2.19.log": ("all_reduce", ["hostA"] * 8, 25e-6, 360e9),
-    "all_reduce_perf_old_8gpu.log": ("all_reduce", ["gpu-v100"] * 8, 30e-6, 150e9),
-    "sendrecv_perf_2hosts.log": ("sendrecv", ["hostA", "hostB"], 12e-6, 24e9),
-    "all_gather_perf_8gpu_iter.log": ("all_gather", ["hostB"] * 8, 20e-6, 340e9),
-    "reduce_scatter_perf_8gpu_cputime.log": ("reduce_scatter", ["hostB"] * 8, 22e-6, 350e9),
-    "alltoall_perf_16gpu_2hosts.log": ("alltoall", ["hostA"] * 8 + ["hostB"] * 8, 50e-6, 40e9),
-}
 
 
 def one_line(error: pytest.ExceptionInfo[PlannerError]) -> str:
