@@ -277,7 +277,7 @@ def ilp_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
     y: dict[tuple[int, int], pulp.LpVariable] = {}
     for u, (lo, hi) in enumerate(windows):
         for s in range(lo, hi):
-            y[u, s] = pulp.LpVariable(f"y_{u}_{s}", cat=pulp.LpBinary)
+            y[u, s] = model.add_variable(f"y_{u}_{s}", cat=pulp.LpBinary)
 
     def in_prefix(u: int, s: int) -> dict[pulp.LpVariable, float] | float:
         """y[u,s] as {var: 1} or a constant."""
@@ -300,11 +300,13 @@ def ilp_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
         if (u + 1, s) in y:
             model += y[u + 1, s] <= var
     largest = max(min(problem.unit_time_s[r][u] for r in range(pp)) for u in range(n))
-    bottleneck = pulp.LpVariable("T", lowBound=max(least_sum / pp, largest) / unit, upBound=None if math.isinf(cap) else cap / unit)
+    bottleneck = model.add_variable("T", lowBound=max(least_sum / pp, largest) / unit,
+                                    upBound=None if math.isinf(cap) else cap / unit)
     budgets = [budget if budget > 0 else 1.0 for budget in problem.memory_budget_bytes]
     rank_time: list[tuple[dict, list[float]]] = [({}, [0.0]) for _ in range(pp)]
     rank_memory: list[tuple[dict, list[float]]] = [({}, [0.0]) for _ in range(pp)]
     total: tuple[dict, list[float]] = ({}, [0.0])
+    rank_units: list[tuple[dict, list[float]]] = [({}, [0.0]) for _ in range(pp)]
     for s in range(stages):
         r = s % pp
         count: tuple[dict, list[float]] = ({}, [0.0])
@@ -312,6 +314,7 @@ def ilp_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
             # z[u,s] = y[u,s] − y[u,s−1]: unit u sits exactly in stage s
             for term, sign in ((in_prefix(u, s), 1.0), (in_prefix(u, s - 1), -1.0)):
                 add(*count, term, sign)
+                add(*rank_units[r], term, sign)
                 add(*rank_time[r], term, sign * problem.unit_time_s[r][u] / unit)
                 add(*rank_memory[r], term, sign * problem.unit_memory_bytes[r][u] / budgets[r])
         if s < stages - 1:
@@ -324,6 +327,10 @@ def ilp_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
             total[0][var] = total[0].get(var, 0.0) + value
         total[1][0] += rank_time[r][1][0]
         model += pulp.LpAffineExpression(rank_memory[r][0], constant=rank_memory[r][1][0]) <= 1 - _MEMORY_SLACK
+        # An explicit integer count of the rank's units: branching on it proves rounding bounds
+        # (e.g. 32 equal blocks on 8 ranks) that the binaries' LP relaxation cannot see.
+        units_on_rank = model.add_variable(f"units_{r}", lowBound=0, upBound=n, cat=pulp.LpInteger)
+        model += pulp.LpAffineExpression(rank_units[r][0], constant=rank_units[r][1][0]) == units_on_rank
     model += a * bottleneck + b * pulp.LpAffineExpression(total[0], constant=total[1][0])
     model.solve(_solver(time_limit_s))
     if model.status != pulp.LpStatusOptimal or model.sol_status not in (

@@ -12,6 +12,7 @@ O(GPUs), are computed once per (dp, tp, pp).
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -107,6 +108,7 @@ class _Context:
         self.costs: dict[tuple, dict[UnitKind, UnitCost]] = {}
         self.boundaries: dict[tuple, float] = {}
         self.partitions: dict[PartitionProblem, PartitionResult | None] = {}
+        self.rank_bounds: dict[tuple, tuple[float, ...]] = {}
 
     def placed(self, config: ParallelConfig) -> tuple[Placement, GroupLinks]:
         key = (config.dp, config.tp, config.pp)
@@ -153,9 +155,11 @@ def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
     stages = config.num_virtual_stages
     layers = model.num_layers
     fastest = {kind: min(c[kind].total_s for c in costs) for kind in UnitKind}
-    work = fastest[UnitKind.EMBEDDING] + layers * fastest[UnitKind.BLOCK] + fastest[UnitKind.HEAD]
-    work += (stages - 1) * min(boundary)
-    pipeline = pipeline_time([work / stages] * stages, config.pp, m, config.schedule).total_s
+    key = (config.pp, config.vpp, layers, min(boundary), *fastest.values())
+    if key not in ctx.rank_bounds:
+        ctx.rank_bounds[key] = _least_rank_loads(config.pp, config.vpp, layers, fastest, min(boundary))
+    stage_loads = list(ctx.rank_bounds[key]) + [0.0] * (stages - config.pp)
+    pipeline = pipeline_time(stage_loads, config.pp, m, config.schedule).total_s
     first = costs[0]
     params = first[UnitKind.EMBEDDING].params + layers * first[UnitKind.BLOCK].params + first[UnitKind.HEAD].params
     optimizer = min(optimizer_step_time(params / config.pp, config, gpu, cal) for gpu in links.gpu)
@@ -167,6 +171,32 @@ def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
     available = sum(c - cal.memory_overhead_bytes for c in links.capacity_bytes)
     return _Candidate(order, config, pipeline + optimizer + cal.iteration_overhead_s, need, available, costs,
                       boundary, m)
+
+
+def _least_rank_loads(pp: int, vpp: int, layers: int, fastest: dict[UnitKind, float],
+                      boundary_s: float) -> tuple[float, ...]:
+    """Per-rank work per micro-batch with the smallest possible maximum, all units at their fastest.
+
+    Rank 0 holds the embedding, rank pp−1 the head; every rank holds vpp stages (each with a unit,
+    so at least vpp blocks less the ends) and a p2p boundary after each but the very last stage.
+    Blocks are then added one by one to the least loaded rank — exact for equal blocks, and a lower
+    bound on the real maximum (which also sees integer block counts, unlike total/pp).
+    """
+    block = fastest[UnitKind.BLOCK]
+    loads, counts = [], []
+    for r in range(pp):
+        ends = (r == 0) + (r == pp - 1)
+        fixed = fastest[UnitKind.EMBEDDING] * (r == 0) + fastest[UnitKind.HEAD] * (r == pp - 1)
+        count = max(vpp - ends, 0)
+        counts.append(count)
+        loads.append(fixed + (vpp - (r == pp - 1)) * boundary_s + count * block)
+    heap = [(load, r) for r, load in enumerate(loads)]
+    heapq.heapify(heap)
+    for _ in range(layers - sum(counts)):
+        load, r = heapq.heappop(heap)
+        loads[r] = load + block
+        heapq.heappush(heap, (loads[r], r))
+    return tuple(loads)
 
 
 def _problem(ctx: _Context, candidate: _Candidate) -> PartitionProblem:
