@@ -11,8 +11,9 @@ from planner.model import load_model
 from planner.search.space import FixedOptions, enumerate_configs, require_nonempty
 
 
-def _space(fixed: FixedOptions = FixedOptions(), batch: int = 32):
-    return list(enumerate_configs(load_model("llama3-8b"), load_cluster("2x8xH100-80GB"), Training(batch, 4096), fixed))
+def _space(fixed: FixedOptions | None = None, batch: int = 32):
+    model, cluster = load_model("llama3-8b"), load_cluster("2x8xH100-80GB")
+    return list(enumerate_configs(model, cluster, Training(batch, 4096), fixed or FixedOptions()))
 
 
 def test_every_configuration_is_valid() -> None:

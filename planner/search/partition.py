@@ -39,7 +39,6 @@ __all__ = [
 
 # "Optimal" means within 0.01 % of the optimum: interleaved splits have many equivalent optima.
 GAP_REL = 1e-4
-_MEMORY_SLACK = 1e-9  # relative: solver tolerances must not turn a fitting partition into a misfit
 
 
 @dataclass(frozen=True)
@@ -326,7 +325,7 @@ def ilp_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
         for var, value in rank_time[r][0].items():
             total[0][var] = total[0].get(var, 0.0) + value
         total[1][0] += rank_time[r][1][0]
-        model += pulp.LpAffineExpression(rank_memory[r][0], constant=rank_memory[r][1][0]) <= 1 - _MEMORY_SLACK
+        model += pulp.LpAffineExpression(rank_memory[r][0], constant=rank_memory[r][1][0]) <= 1
         # An explicit integer count of the rank's units: branching on it proves rounding bounds
         # (e.g. 32 equal blocks on 8 ranks) that the binaries' LP relaxation cannot see.
         units_on_rank = model.add_variable(f"units_{r}", lowBound=0, upBound=n, cat=pulp.LpInteger)
@@ -344,6 +343,8 @@ def ilp_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
         below = sum(1 for s in range(lo, hi) if (y[u, s].varValue or 0.0) < 0.5)
         stage_of.append(lo + below)
     counts = [stage_of.count(s) for s in range(stages)]
+    if not fits(problem, counts):  # within the solver's tolerance but over budget: keep the bound
+        return upper_bound
     found = PartitionResult(Partition(tuple(counts)), objective_s(problem, counts),
                             model.sol_status == pulp.LpSolutionOptimal, "ilp")
     if upper_bound is not None and upper_bound.objective_s < found.objective_s:
