@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -28,17 +29,27 @@ from planner.placement import default_placement
 from planner.plan import build_plan_document, load_plan, parse_plan_document, write_atomic
 from planner.profile.calibration import default_calibration
 from planner.profile.fit import PARAMETERS, calibration_document, fit_efficiencies, gpu_profile_document
-from planner.profile.links import apply_links, link_node_indices, load_links
+from planner.profile.links import apply_links, link_node_indices, load_links, write_links
+from planner.profile.links_nccl import import_nccl_tests
+from planner.profile.links_probe import parse_sizes, run_link_probe
 from planner.profile.measure import PROFILE_DTYPES, ProfileRequest, measure_layers
 from planner.profile.measured import MeasuredProfile, bind_to_model, load_measured_profile
-from planner.render import describe_estimate, format_breakdown, format_stages, format_table
-from planner.search.placement import replan, replan_record
+from planner.render import (
+    describe_estimate,
+    format_breakdown,
+    format_stages,
+    format_table,
+    gib,
+    stage_split_summary,
+)
+from planner.search.placement import heterogeneity_record, place_plans, replan, replan_record
 from planner.slowdown import apply_slowdowns, parse_slowdown
 
 DEFAULT_MODEL = "llama3-8b"
 DEFAULT_CLUSTER = "1x8xH100-80GB"
 DEFAULT_GLOBAL_BATCH = 128
 DEFAULT_SEQ_LEN = 8192
+PLACEMENT_EVALUATIONS = 300  # annealing budget of `plan` on clusters beyond exact placement (~ seconds)
 
 
 # ---- shared options ---------------------------------------------------------------------------
@@ -185,6 +196,25 @@ def echo_replan(record: dict[str, Any]) -> None:
         click.echo(f"  pipeline rank {rank}: {', '.join(names)}")
 
 
+def echo_heterogeneity(record: dict[str, Any]) -> None:
+    """The `plan` section on placement, stragglers and mixed GPU types (see heterogeneity_record)."""
+    click.echo(f"\nplacement on this cluster's links and devices ({record['placement_method']}, "
+               f"{record['placement_evaluations']} estimates): {record['placed_time_s']:.4f} s, rank order "
+               f"{record['rank_order_time_s']:.4f} s ({100 * record['placement_gain']:.1f} % gained)")
+    for rank, names in enumerate(record["stage_nodes"]):
+        click.echo(f"  pipeline rank {rank}: {', '.join(names)}")
+    if "without_replan_time_s" in record:
+        click.echo(f"slow devices: {record['without_replan_time_s']:.4f} s without re-plan (the plan made ignoring "
+                   f"--slowdown, rank order), {record['placed_time_s']:.4f} s with re-plan")
+    for note in record["notes"]:
+        click.echo(f"note: {note}")
+    subset = record.get("homogeneous_subset")
+    if subset:
+        time_text = f"{subset['iteration_time_s']:.4f} s ({subset['parallelism']})" if subset["iteration_time_s"] \
+            else "no plan fits"
+        click.echo(f"largest single-type subset {subset['cluster']} ({subset['num_gpus']} GPUs): {time_text}")
+
+
 @main.command("estimate")
 @problem_options
 @parallel_options
@@ -299,6 +329,83 @@ def export_document(document: dict[str, Any], target: str, out: Path | None) -> 
         click.echo(f"note: {note}", err=True)
 
 
+@main.command("plan")
+@problem_options
+@parallel_options
+@click.option("--top", "top_k", type=int, default=5, show_default=True, help="How many plans to list.")
+@click.option("--time-limit", "time_limit_s", type=float, default=1.0, show_default=True,
+              help="Seconds per stage-partition ILP; on expiry the best split found so far is used.")
+@click.option("--json", "as_json", is_flag=True, help="Print the best plan JSON (with alternatives) only.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the best plan JSON here.")
+@click.option("--export", "export_target", type=click.Choice(TARGETS), help="Also export the best plan's launch files.")
+@click.option("--export-out", type=click.Path(file_okay=False, path_type=Path),
+              help="Directory for the --export files  [default: ./TARGET-launch]")
+@cluster_condition_options
+@handle_errors
+def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len: int, dtype: str, attention: str,
+                 top_k: int, time_limit_s: float, as_json: bool, out: Path | None, export_target: str | None,
+                 export_out: Path | None, links_path: Path | None, slowdowns: tuple[str, ...],
+                 **parallel: Any) -> None:
+    """Search the best parallel layouts (fixed options constrain the search) and rank them."""
+    from planner.search.search import search
+    from planner.search.space import FixedOptions
+
+    model, cluster = load_problem(model_spec, cluster_spec)
+    unslowed = condition_cluster(cluster, links_path, ())
+    cluster = condition_cluster(cluster, links_path, slowdowns)
+    training = build_training(global_batch, seq_len, dtype, attention)
+    fixed = FixedOptions.from_options(parallel)
+    found = search(model, cluster, training, fixed, top_k, time_limit_s)
+    heterogeneity = None
+    if cluster.pair_links or cluster.gpu_overrides or not cluster.is_homogeneous:
+        placed = place_plans(model, cluster, training, found.plans[:1], max_evaluations=PLACEMENT_EVALUATIONS)
+        found = replace(found, plans=(placed[0][0], *found.plans[1:]))
+        heterogeneity = heterogeneity_record(model, cluster, training, placed, fixed=fixed, time_limit_s=time_limit_s,
+                                             unslowed=unslowed if slowdowns else None)
+    documents = [build_plan_document(model, cluster, training, p.config, p.placement, p.estimate)
+                 for p in found.plans]
+    document = {**documents[0], "alternatives": documents[1:], "search": found.stats.as_dict()}
+    if heterogeneity:
+        document["heterogeneity"] = heterogeneity
+    text = json.dumps(document, indent=2)
+    if out:
+        write_atomic(out, text + "\n")
+    if export_target:
+        export_document(document, export_target, export_out)
+    if as_json:
+        click.echo(text)
+        return
+    click.echo(f"{model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {global_batch}, "
+               f"sequence {seq_len}, {dtype}")
+    rows = []
+    for rank, p in enumerate(found.plans, 1):
+        c, e = p.config, p.estimate
+        sharding = "dist-opt" if c.distributed_optimizer else f"zero{c.zero_stage}"
+        rows.append((rank, f"{c.dp}/{c.tp}/{c.pp}/{c.vpp}", c.micro_batch, e.num_microbatches, c.recompute.value,
+                     sharding, c.schedule.value, stage_split_summary(e), f"{e.iteration_time_s:.3f} s",
+                     f"{e.tokens_per_s:,.0f}", f"{100 * e.mfu:.1f} %",
+                     f"{gib(e.peak_memory_bytes)} / {gib(e.stages[0].memory.capacity)}"))
+    click.echo(format_table(("#", "dp/tp/pp/vpp", "mb", "#mb", "recompute", "ZeRO", "schedule", "stages",
+                             "time/iter", "tokens/s", "MFU", "peak / capacity"), rows))
+    stats = found.stats
+    click.echo(f"\nsearched {stats.configurations} configurations in {stats.wall_s:.2f} s: "
+               f"{stats.pruned_memory} pruned by the memory bound, {stats.pruned_time} by the time bound, "
+               f"{stats.infeasible} without a fitting split; {stats.ilps_solved} ILPs ({stats.solver}), "
+               f"{stats.cache_hits} cache hits, {stats.time_limited} hit the time limit")
+    best = found.plans[0]
+    gain = best.uniform.iteration_time_s / best.estimate.iteration_time_s - 1
+    click.echo(f"\nbest plan: {best.config.describe()}; its stage split is {100 * gain:.1f} % faster than the "
+               f"uniform split ({best.uniform.iteration_time_s:.3f} s"
+               f"{'' if best.uniform.fits else ', which does not fit'})")
+    click.echo(describe_estimate(best.config, best.estimate, best.config.num_gpus))
+    click.echo("\nbreakdown of one iteration")
+    click.echo(format_breakdown(best.estimate))
+    click.echo("\nstages (times per micro-batch; memory per GPU of that pipeline rank)")
+    click.echo(format_stages(best.estimate))
+    if heterogeneity:
+        echo_heterogeneity(heterogeneity)
+
+
 @main.command("list")
 @click.argument("what", type=click.Choice(["models", "gpus", "clusters"]))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
@@ -366,6 +473,42 @@ def profile_layers_command(model_spec: str, tps: tuple[int, ...], micro_batches:
     document = measure_layers(model, request, gpu_name, progress=lambda line: click.echo(line, err=True))
     write_atomic(out, json.dumps(document, indent=2) + "\n")
     click.echo(f"wrote {out}: {len(document['units'])} measurements of {model.name} on {document['device']['name']}")
+
+
+@profile_group.command("links")
+@click.option("--backend", type=click.Choice(["gloo", "nccl"]), default="nccl", show_default=True,
+              help="torch.distributed backend: nccl on GPUs, gloo on CPUs.")
+@click.option("--sizes", default="4K,64K,1M,16M,64M", show_default=True,
+              help="Message sizes to fit latency + size/bandwidth over (K/M/G = 1024^n).")
+@click.option("--iters", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--simulate-nodes", type=click.IntRange(min=1),
+              help="Testing aid: split one machine's ranks into K pseudo-nodes node0..nodeK-1.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="LINKS.json to write.")
+@handle_errors
+def profile_links_command(backend: str, sizes: str, iters: int, warmup: int, simulate_nodes: int | None,
+                          out: Path) -> None:
+    """Measure per-node-pair p2p and in-node all-reduce bandwidth; run under torchrun, one process per GPU."""
+    table = run_link_probe(backend, parse_sizes(sizes), iters=iters, warmup=warmup,
+                           simulate_nodes=simulate_nodes, out=out)
+    if os.environ.get("RANK", "0") == "0":  # torchrun: only rank 0 reports
+        click.echo(f"wrote {out}: {len(table.nodes)} node(s)")
+
+
+@profile_group.command("import-nccl-tests")
+@click.argument("logs", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--collective", help="Collective of the logs when neither the log nor the file name says "
+                                   "(all_reduce, all_gather, reduce_scatter, alltoall, sendrecv, ...).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="LINKS.json to write.")
+@handle_errors
+def import_nccl_tests_command(logs: tuple[Path, ...], collective: str | None, out: Path) -> None:
+    """Read nccl-tests logs, fit bus bandwidth and latency, and write LINKS.json."""
+    table = import_nccl_tests(list(logs), collective)
+    write_links(out, table)
+    rows = [(name, *(f"{bw / 1e9:.1f}" if bw else "-" for bw in row))
+            for name, row in zip(table.nodes, table.bandwidth_bytes_per_s, strict=True)]
+    click.echo(f"wrote {out}: bandwidth in GB/s (diagonal: inside a node)")
+    click.echo(format_table(("node", *table.nodes), rows))
 
 
 @main.command("calibrate")

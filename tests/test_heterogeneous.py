@@ -220,3 +220,17 @@ def test_plan_placement_and_homogeneous_comparison_on_a_mixed_cluster():
     subset, best = homogeneous_best(model, cluster, training, fixed)
     assert {node.gpu.name for node in subset.nodes} == {"A100-80GB"}
     assert best is not None and best.config.num_gpus <= 16
+
+
+def test_cli_plan_places_pipelines_around_a_slow_measured_pair(tmp_path):
+    pinned = ["--micro-batch", "1", "--recompute", "none", "--zero", "0", "--schedule", "1f1b", "--sequence-parallel"]
+    args = ["plan", *SMALL, *pinned, "--top", "1", "--json", "--links", _links_file(tmp_path, (1, 2))]
+    result = CliRunner().invoke(cli.main, args)
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    record = document["heterogeneity"]
+    assert record["placed_time_s"] < 0.9 * record["rank_order_time_s"]
+    names = [nodes[0] for nodes in record["stage_nodes"]]
+    assert frozenset(("node1", "node2")) not in {frozenset(pair) for pair in itertools.pairwise(names)}
+    by_rank = {r["pp"]: r["node"] for r in document["placement"]["ranks"]}
+    assert [[by_rank[p]] for p in range(4)] == record["stage_nodes"]
