@@ -340,12 +340,13 @@ def export_document(document: dict[str, Any], target: str, out: Path | None) -> 
 @click.option("--export", "export_target", type=click.Choice(TARGETS), help="Also export the best plan's launch files.")
 @click.option("--export-out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the --export files  [default: ./TARGET-launch]")
+@profile_option
 @cluster_condition_options
 @handle_errors
 def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len: int, dtype: str, attention: str,
                  top_k: int, time_limit_s: float, as_json: bool, out: Path | None, export_target: str | None,
-                 export_out: Path | None, links_path: Path | None, slowdowns: tuple[str, ...],
-                 **parallel: Any) -> None:
+                 export_out: Path | None, profile_path: Path | None, links_path: Path | None,
+                 slowdowns: tuple[str, ...], **parallel: Any) -> None:
     """Search the best parallel layouts (fixed options constrain the search) and rank them."""
     from planner.search.search import search
     from planner.search.space import FixedOptions
@@ -354,8 +355,12 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     unslowed = condition_cluster(cluster, links_path, ())
     cluster = condition_cluster(cluster, links_path, slowdowns)
     training = build_training(global_batch, seq_len, dtype, attention)
+    timer = None
+    if profile_path:
+        model, training, timer = load_profile_and_model(profile_path, model_spec, training)
     fixed = FixedOptions.from_options(parallel)
-    found = search(model, cluster, training, fixed, top_k, time_limit_s)
+    found = search(model, cluster, training, fixed, top_k, time_limit_s, timer=timer)
+    echo_profile_notes(timer)
     heterogeneity = None
     if cluster.pair_links or cluster.gpu_overrides or not cluster.is_homogeneous:
         placed = place_plans(model, cluster, training, found.plans[:1], max_evaluations=PLACEMENT_EVALUATIONS)
@@ -365,6 +370,8 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     documents = [build_plan_document(model, cluster, training, p.config, p.placement, p.estimate)
                  for p in found.plans]
     document = {**documents[0], "alternatives": documents[1:], "search": found.stats.as_dict()}
+    if timer:
+        document["profile"] = {"path": str(profile_path), "notes": list(timer.notes)}
     if heterogeneity:
         document["heterogeneity"] = heterogeneity
     text = json.dumps(document, indent=2)
@@ -376,7 +383,7 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
         click.echo(text)
         return
     click.echo(f"{model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {global_batch}, "
-               f"sequence {seq_len}, {dtype}")
+               f"sequence {training.seq_len}, {training.dtype}")
     rows = []
     for rank, p in enumerate(found.plans, 1):
         c, e = p.config, p.estimate

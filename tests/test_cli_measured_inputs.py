@@ -1,4 +1,4 @@
-"""`planner profile import-nccl-tests` and `--links` through the CLI."""
+"""Measured inputs through the CLI: nccl-tests import, `--links`, and `plan --profile`."""
 
 from __future__ import annotations
 
@@ -40,3 +40,13 @@ def test_missing_log_exits_2(tmp_path) -> None:
                                        str(tmp_path / "x.json")])
     assert result.exit_code == 2
     assert not (tmp_path / "x.json").exists()
+
+
+def test_plan_with_measured_profile_uses_its_model_and_sequence(tmp_path) -> None:
+    profile = Path(__file__).parent.parent / "profiles" / "measured" / "tiny-llama-cpu-bf16-s128.json"
+    result = CliRunner().invoke(main, ["plan", "--profile", str(profile), "--cluster", "1x2xH100-80GB",
+                                       "--global-batch", "8", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["model"]["name"] == "tiny-llama" and document["training"]["seq_len"] == 128
+    assert document["profile"]["notes"]
