@@ -80,3 +80,48 @@ def test_shipped_calibration_is_physical_and_inside_the_fit_bounds():
 def test_golden_section_finds_a_minimum_and_keeps_a_better_start():
     assert _golden_section(lambda x: (x - 0.3) ** 2, 0.0, 1.0, 0.9) == pytest.approx(0.3, abs=0.01)
     assert _golden_section(lambda x: abs(x - 0.5), 0.0, 1.0, 0.5) == 0.5
+
+
+def test_misaligned_gemm_leading_dimension_is_penalised():
+    """A 16-bit leading dimension of 1028 (2056 B, not whole 16-byte vectors) runs at misaligned_gemm_efficiency,
+    1024 or 1032 do not, nor do fractional (averaged) widths; FP8 needs multiples of 16 elements."""
+    from benchmarks.validation_runs import GPT_22B
+    from planner.cluster import load_cluster
+    from planner.gpu import lookup_gpu
+    from planner.profile.analytic import AnalyticProfile
+
+    gpu = load_cluster("dgx-a100").gpu
+    calibration = default_calibration().updated(misaligned_gemm_efficiency=0.25, kernel_launch_s=0.0)
+    profile = AnalyticProfile(GPT_22B, calibration)
+    per_flop = {k: profile.gemm_time(gpu, "bf16", 8192, 8192, k) / k for k in (1032, 1028, 1024, 1032.5)}
+    assert per_flop[1028] == pytest.approx(4 * per_flop[1032], rel=1e-6)
+    assert per_flop[1032] == pytest.approx(per_flop[1024], rel=1e-6) == pytest.approx(per_flop[1032.5], rel=1e-6)
+    h100 = lookup_gpu("H100-80GB")
+    assert profile.gemm_time(h100, "fp8", 8192, 8200, 8192) > 3 * profile.gemm_time(h100, "fp8", 8192, 8208, 8192)
+
+
+def test_sequence_parallel_backward_exposes_the_output_gradient_all_gather():
+    """With SP a block's backward pays one all-reduce-equivalent that no overlap hides (the all-gather
+    behind each row-parallel reduce-scatter) and two that tp_backward_overlap may hide."""
+    from benchmarks.validation_runs import GPT_22B
+    from planner.cluster import load_cluster
+    from planner.config import ParallelConfig, Recompute, Training
+    from planner.cost.time import unit_costs
+    from planner.model import UnitKind
+    from planner.placement import GroupLinks, default_placement
+    from planner.profile.analytic import AnalyticProfile
+
+    cluster = load_cluster("dgx-a100")
+    training = Training(global_batch=4, seq_len=2048, dtype="bf16", attention="unfused")
+    backward = {}
+    for hidden in (0.0, 1.0):
+        calibration = default_calibration().updated(tp_backward_overlap=hidden)
+        for sp in (False, True):
+            config = ParallelConfig(dp=1, tp=8, pp=1, micro_batch=4, sequence_parallel=sp, recompute=Recompute.NONE)
+            links = GroupLinks.from_placement(cluster, config, default_placement(cluster, config))
+            block = unit_costs(GPT_22B, training, config, links.gpu[0], links.tp[0],
+                               AnalyticProfile(GPT_22B, calibration), calibration)[UnitKind.BLOCK]
+            backward[hidden, sp] = (block.tp_backward_s, block.tp_forward_s / 2)
+    for (hidden, sp), (tp_backward, all_reduce) in backward.items():
+        expected = (2 * (1 - hidden) + 1) if sp else 2 * (1 - hidden)
+        assert tp_backward == pytest.approx(expected * all_reduce), (hidden, sp)

@@ -39,6 +39,15 @@ OPTIMIZER_BYTES_PER_PARAM = 30
 # (Narayanan et al. 2021 §3.2: a block does 2 all-reduces forward and 2 backward; with sequence
 # parallelism each becomes an all-gather + reduce-scatter of the same volume, Korthikanti §4.2.2).
 _TP_ALL_REDUCES = {UnitKind.EMBEDDING: (1, 0), UnitKind.BLOCK: (2, 2), UnitKind.HEAD: (0, 1)}
+# With sequence parallelism a block's backward moves more than the forward and not all of it can hide
+# (Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication and the sequence-parallel mappings):
+# each column-parallel linear (QKV, FC1) keeps only its sharded input and all-gathers it again for the
+# weight gradient (async, behind the dgrad GEMM) and reduce-scatters the input gradient (async, behind
+# the wgrad GEMM): 2 all-gathers + 2 reduce-scatters = 2 overlappable all-reduce-equivalents; the
+# backward of each row-parallel linear's reduce-scatter (attention projection, FC2) is a synchronous
+# all-gather of the output gradient: 1 all-reduce-equivalent nothing hides.
+_SP_BLOCK_BACKWARD_OVERLAPPABLE = 2
+_SP_BLOCK_BACKWARD_SYNCHRONOUS = 1
 
 
 class UnitTimer(Protocol):
@@ -90,6 +99,9 @@ def unit_costs(
     for kind in UnitKind:
         times = timer.times(kind, setting, gpu)
         forward_ars, backward_ars = _TP_ALL_REDUCES[kind]
+        overlappable, synchronous = float(backward_ars), 0.0
+        if kind is UnitKind.BLOCK and config.sequence_parallel:
+            overlappable, synchronous = _SP_BLOCK_BACKWARD_OVERLAPPABLE, _SP_BLOCK_BACKWARD_SYNCHRONOUS
         recompute, recompute_ars = 0.0, 0
         if kind is UnitKind.BLOCK and config.recompute is Recompute.FULL:
             recompute = times.forward_s
@@ -101,7 +113,7 @@ def unit_costs(
             backward_s=times.backward_s,
             recompute_s=recompute,
             tp_forward_s=forward_ars * all_reduce,
-            tp_backward_s=(backward_ars * (1 - hidden) + recompute_ars) * all_reduce,
+            tp_backward_s=(overlappable * (1 - hidden) + synchronous + recompute_ars) * all_reduce,
             activation_bytes=activation_bytes(model, kind, training, config),
             params=params[kind] / config.tp,
         )

@@ -3,8 +3,9 @@
 GEMMs run on a roofline whose compute roof is the GPU's measured matmul efficiency, times the
 calibrated fraction of it training GEMMs reach (and, for FP8, FP8's lower fraction of its own peak),
 times a wave-quantisation factor (output tiles over whole waves of SMs), so small or oddly shaped
-GEMMs are slower per FLOP; element-wise work (norms, activations, residuals, dropout, softmax) is
-memory bound at HBM bandwidth. Times are per micro-batch on one TP rank.
+GEMMs are slower per FLOP, and a calibrated penalty applies when a 16-bit operand's leading dimension is
+not a whole number of 16-byte vectors (BLOOM's 108-wide heads); element-wise work (norms, activations,
+residuals, dropout, softmax) is memory bound at HBM bandwidth. Times are per micro-batch on one TP rank.
 
 FLOP conventions (checked in tests against Narayanan et al. 2021 eq. 3 and Korthikanti et al.
 2022 eq. 7): a GEMM of m×k by k×n costs 2mnk; backward costs twice the forward GEMMs.
@@ -30,6 +31,7 @@ __all__ = [
 ]
 
 _ATTENTION_BACKWARD_RATIO = 2.5  # FlashAttention-2 backward: 5 matmuls vs 2 forward (Dao 2023)
+_VECTOR_BYTES = 16  # tensor-core GEMM kernels load operands in 16-byte vectors
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,13 @@ class UnitTimes:
 def _local_heads(heads: int, tp: int) -> float:
     """Heads per TP rank; KV heads fewer than TP ranks are replicated, one per rank."""
     return max(heads / tp, 1.0)
+
+
+def _aligned(elements: float, element_bytes: int) -> bool:
+    """Whether a row-major operand's leading dimension spans whole 16-byte vectors (cuBLAS's condition
+    for its fastest tensor-core kernels; e.g. an fp16 attention head of 108 does not, 104 or 128 do).
+    Fractional widths are per-rank averages of the model, not real shapes, and count as aligned."""
+    return not float(elements).is_integer() or int(elements) * element_bytes % _VECTOR_BYTES == 0
 
 
 def block_forward_flops(model: ModelSpec, tokens: int, seq_len: int, causal_halving: bool = False) -> float:
@@ -96,8 +105,10 @@ class AnalyticProfile:
         efficiency = gpu.matmul_efficiency * cal.gemm_efficiency * wave_efficiency
         if dtype == "fp8":
             efficiency *= cal.fp8_gemm_efficiency_ratio
-        compute = 2 * m * n * k * count / (gpu.peak_flops(dtype) * efficiency)
         element_bytes = 1 if dtype == "fp8" else 2
+        if not _aligned(k, element_bytes) or not _aligned(n, element_bytes):
+            efficiency *= cal.misaligned_gemm_efficiency
+        compute = 2 * m * n * k * count / (gpu.peak_flops(dtype) * efficiency)
         traffic = element_bytes * (m * k + k * n) * count + 2 * m * n * count
         memory = traffic / (gpu.hbm_bandwidth_bytes_per_s * cal.memory_bound_efficiency)
         return max(compute, memory) + cal.kernel_launch_s
