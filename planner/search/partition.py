@@ -29,10 +29,12 @@ from planner.cost.schedule import pipeline_time
 __all__ = [
     "PartitionProblem",
     "PartitionResult",
+    "bound_partition",
     "dp_partition",
     "fits",
     "ilp_partition",
     "objective_s",
+    "relaxed_rank_counts",
     "solver_name",
     "stage_times",
 ]
@@ -79,7 +81,7 @@ class PartitionResult:
     partition: Partition
     objective_s: float
     optimal: bool  # False when the solver hit its time limit and returned the best found
-    method: str  # "ilp", "dp" or "single stage"
+    method: str  # "ilp", "dp", "bound" (met the rank-load lower bound), "uniform" or "single stage"
 
 
 def linear_form(problem: PartitionProblem) -> tuple[float, float]:
@@ -112,6 +114,138 @@ def fits(problem: PartitionProblem, counts: Sequence[int]) -> bool:
         used[k % problem.pp] += sum(problem.unit_memory_bytes[k % problem.pp][start:start + count])
         start += count
     return all(u <= b for u, b in zip(used, problem.memory_budget_bytes, strict=True))
+
+
+# ---- rank-load relaxation: a lower bound that usually closes the problem -------------------------
+# pipeline_time depends on the stages only through the rank loads R_r (a·max R + b·Σ R). Relax the
+# problem to "how many blocks does each rank hold": rank r's load is c_r (its fixed units and
+# boundaries) plus n_r blocks at its cheapest block time, its memory likewise. Every contiguous
+# partition maps to such a count vector, so the relaxation's optimum is a valid lower bound; when the
+# blocks on each rank are alike (always, for the search's embedding/blocks/head units), every count
+# vector is realisable by contiguous stages and the bound is attained — proven without a solver.
+
+
+def relaxed_rank_counts(fixed_s: Sequence[float], block_s: Sequence[float], lower: Sequence[int],
+                        upper: Sequence[float], blocks: int, a: float, b: float) -> tuple[float, list[int]] | None:
+    """Least a·max_r(c_r + n_r·t_r) + b·Σ_r(c_r + n_r·t_r) over integer n with Σ n = blocks and
+    lower_r ≤ n_r ≤ upper_r; None when no count vector exists.
+
+    For a bottleneck T, the least Σ fills the cheapest ranks first up to min(upper, ⌊(T − c)/t⌋).
+    The optimal T is one of the c_r + n·t_r, tried in increasing order until a·T + b·(least Σ
+    over all T) cannot beat the best found.
+    """
+    fixed, time_ = np.asarray(fixed_s, dtype=float), np.asarray(block_s, dtype=float)
+    lo, pp = np.asarray(lower, dtype=np.int64), len(fixed_s)
+    hi = np.minimum(np.asarray(upper, dtype=float), blocks).astype(np.int64)
+    if np.any(lo > hi) or lo.sum() > blocks or hi.sum() < blocks:
+        return None
+    cheapest = sorted(range(pp), key=lambda r: (time_[r], r))
+
+    def fill(cap: np.ndarray) -> list[int] | None:
+        if np.any(cap < lo) or cap.sum() < blocks:
+            return None
+        counts, left = lo.copy(), blocks - int(lo.sum())
+        for r in cheapest:
+            take = min(left, int(cap[r] - lo[r]))
+            counts[r] += take
+            left -= take
+            if not left:
+                break
+        return counts.tolist()
+
+    def value(counts: Sequence[int]) -> float:
+        loads = fixed + np.asarray(counts) * time_
+        return float(a * loads.max() + b * loads.sum())
+
+    least_sum = fixed.sum() + sum(fill(hi)[r] * time_[r] for r in range(pp))  # type: ignore[index]
+    values = np.unique(np.concatenate([fixed[r] + np.arange(lo[r], hi[r] + 1) * time_[r] for r in range(pp)]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        def cap_at(bottleneck: float) -> np.ndarray:
+            room = np.where(time_ > 0, np.floor((bottleneck - fixed) / np.where(time_ > 0, time_, 1) + 1e-9),
+                            np.where(fixed <= bottleneck * (1 + 1e-12), blocks, -1))
+            return np.minimum(hi, room).astype(np.int64)
+
+        low, high = 0, len(values) - 1  # binary search for the least feasible bottleneck
+        while low < high:
+            mid = (low + high) // 2
+            if fill(cap_at(values[mid])) is None:
+                low = mid + 1
+            else:
+                high = mid
+        best: tuple[float, list[int]] | None = None
+        for bottleneck in values[low:]:
+            if best is not None and a * bottleneck + b * least_sum >= best[0]:
+                break
+            counts = fill(cap_at(bottleneck))
+            if counts is not None and (best is None or value(counts) < best[0] - 1e-15):
+                best = (value(counts), counts)
+    return best
+
+
+def _rank_terms(problem: PartitionProblem) -> tuple[list[float], list[float], list[int], list[float]]:
+    """Per rank: fixed time (first/last unit, boundaries), cheapest block time, least and most blocks."""
+    n, pp, v = problem.num_units, problem.pp, problem.vpp
+    fixed, block, lower, upper = [], [], [], []
+    for r in range(pp):
+        first, last = r == 0, r == pp - 1
+        times, memory = problem.unit_time_s[r], problem.unit_memory_bytes[r]
+        fixed.append(times[0] * first + times[n - 1] * last + (v - last) * problem.boundary_s[r])
+        block.append(min(times[1:n - 1], default=0.0))
+        lower.append(max(v - first - last, 0))
+        room = problem.memory_budget_bytes[r] - memory[0] * first - memory[n - 1] * last
+        least_memory = min(memory[1:n - 1], default=0.0)
+        upper.append(-1.0 if room < 0 else math.inf if least_memory <= 0 else math.floor(room / least_memory + 1e-9))
+    return fixed, block, lower, upper
+
+
+def _stage_counts(problem: PartitionProblem, rank_blocks: Sequence[int]) -> list[int]:
+    """A contiguous partition with the given blocks per rank, spread evenly over each rank's stages
+    (the first and last unit count as one unit of their stage)."""
+    pp, v, stages = problem.pp, problem.vpp, problem.num_stages
+    counts = [int(k == 0) + int(k == stages - 1) for k in range(stages)]
+    for r in range(pp):
+        own = [j * pp + r for j in range(v)]
+        left = rank_blocks[r]
+        for k in own:  # every stage needs a unit
+            if counts[k] == 0:
+                counts[k], left = 1, left - 1
+        for _ in range(left):
+            k = min(own, key=lambda s: (counts[s], s))
+            counts[k] += 1
+    return counts
+
+
+def bound_partition(problem: PartitionProblem) -> tuple[float, PartitionResult | None]:
+    """(lower bound on the pipeline time, a fitting partition from the relaxation or None).
+
+    The bound is the rank-load relaxation's optimum (math.inf when nothing fits); the partition
+    realises its counts contiguously and is flagged optimal (method "bound") when its objective
+    meets the bound to within GAP_REL — then no solver needs to run.
+    """
+    if problem.num_stages == 1:
+        whole = [problem.num_units]
+        result = PartitionResult(Partition((problem.num_units,)), objective_s(problem, whole), True, "single stage")
+        return result.objective_s, result if fits(problem, whole) else None
+    a, b = linear_form(problem)
+    relaxed = relaxed_rank_counts(*_rank_terms(problem), problem.num_units - 2, a, b)
+    if relaxed is None:
+        return math.inf, None
+    bound, rank_blocks = relaxed
+    counts = _stage_counts(problem, rank_blocks)
+    if not fits(problem, counts):
+        return bound, None
+    loads = rank_loads(problem, counts)
+    proven = a * max(loads) + b * sum(loads) <= bound * (1 + GAP_REL)
+    return bound, PartitionResult(Partition(tuple(counts)), objective_s(problem, counts), proven,
+                                  "bound" if proven else "rank counts")
+
+
+def rank_loads(problem: PartitionProblem, counts: Sequence[int]) -> list[float]:
+    """Per-rank work per micro-batch of a partition: the sum of its stages' times."""
+    loads = [0.0] * problem.pp
+    for k, time_s in enumerate(stage_times(problem, counts)):
+        loads[k % problem.pp] += time_s
+    return loads
 
 
 # ---- exact dynamic programme (one chunk per rank) ---------------------------------------------
@@ -248,12 +382,14 @@ def _stage_windows(problem: PartitionProblem, cap_s: float) -> list[tuple[int, i
 
 
 def ilp_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
-                  upper_bound: PartitionResult | None = None) -> PartitionResult | None:
+                  upper_bound: PartitionResult | None = None,
+                  lower_bound_s: float | None = None) -> PartitionResult | None:
     """Optimal partition by ILP; None if no partition fits in memory.
 
     Variables y[u,s] = 1 when unit u sits in stage ≤ s (monotone in u and s, so stages are
     contiguous and ordered). `upper_bound` (a feasible partition, e.g. the DP's) bounds T and the
-    stage windows; with a time limit the best partition found so far is returned, flagged.
+    stage windows; `lower_bound_s` (e.g. `bound_partition`'s) bounds the objective from below so
+    the solver can close its gap; with a time limit the best partition found so far is returned, flagged.
     """
     n, stages, pp = problem.num_units, problem.num_stages, problem.pp
     if stages == 1:
@@ -330,7 +466,10 @@ def ilp_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
         # (e.g. 32 equal blocks on 8 ranks) that the binaries' LP relaxation cannot see.
         units_on_rank = model.add_variable(f"units_{r}", lowBound=0, upBound=n, cat=pulp.LpInteger)
         model += pulp.LpAffineExpression(rank_units[r][0], constant=rank_units[r][1][0]) == units_on_rank
-    model += a * bottleneck + b * pulp.LpAffineExpression(total[0], constant=total[1][0])
+    objective = a * bottleneck + b * pulp.LpAffineExpression(total[0], constant=total[1][0])
+    model += objective
+    if lower_bound_s is not None and math.isfinite(lower_bound_s):
+        model += objective >= lower_bound_s / unit * (1 - GAP_REL)
     model.solve(_solver(time_limit_s))
     if model.status != pulp.LpStatusOptimal or model.sol_status not in (
             pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):

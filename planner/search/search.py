@@ -12,7 +12,7 @@ O(GPUs), are computed once per (dp, tp, pp).
 
 from __future__ import annotations
 
-import heapq
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +22,6 @@ from planner.cluster import Cluster
 from planner.config import ParallelConfig, Partition, Schedule, Training
 from planner.cost.estimate import Estimate, estimate
 from planner.cost.memory import in_flight_microbatches, model_state_bytes
-from planner.cost.schedule import pipeline_time
 from planner.cost.time import UnitCost, UnitTimer, optimizer_step_time, p2p_boundary_time, unit_costs
 from planner.errors import InfeasibleError, PlannerError
 from planner.gpu import GIB
@@ -33,10 +32,12 @@ from planner.profile.calibration import Calibration, default_calibration
 from planner.search.partition import (
     PartitionProblem,
     PartitionResult,
+    bound_partition,
     dp_partition,
     fits,
     ilp_partition,
     objective_s,
+    relaxed_rank_counts,
     solver_name,
 )
 from planner.search.space import FixedOptions, enumerate_configs, require_nonempty
@@ -68,6 +69,7 @@ class SearchStats:
     pruned_time: int  # skipped: balanced-time lower bound no better than the k-th best plan
     infeasible: int  # partitioned, but no stage split fits in memory
     ilps_solved: int
+    proven_by_bound: int  # partitions whose rank-load lower bound was met: no solver needed
     cache_hits: int
     time_limited: int
     solver: str
@@ -152,14 +154,15 @@ def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
     costs = ctx.rank_costs(config, links)
     boundary = ctx.boundary(config, links)
     m = config.num_microbatches(training.global_batch)
-    stages = config.num_virtual_stages
     layers = model.num_layers
-    fastest = {kind: min(c[kind].total_s for c in costs) for kind in UnitKind}
-    key = (config.pp, config.vpp, layers, min(boundary), *fastest.values())
+    a, b = (m - 1 / config.vpp, 1 / config.vpp) if config.schedule is Schedule.INTERLEAVED else (m - 1, 1.0)
+    # Alike blocks on every rank make Σ loads fixed, so the least-max loads serve every (a, b).
+    alike = len({cost[UnitKind.BLOCK].total_s for cost in costs}) == 1
+    key = (config.pp, config.vpp, layers, tuple(map(id, costs)), boundary, *(() if alike else (a, b)))
     if key not in ctx.rank_bounds:
-        ctx.rank_bounds[key] = _least_rank_loads(config.pp, config.vpp, layers, fastest, min(boundary))
-    stage_loads = list(ctx.rank_bounds[key]) + [0.0] * (stages - config.pp)
-    pipeline = pipeline_time(stage_loads, config.pp, m, config.schedule).total_s
+        ctx.rank_bounds[key] = _least_rank_loads(config, layers, costs, boundary, (1.0, 0.0) if alike else (a, b))
+    loads = ctx.rank_bounds[key]
+    pipeline = a * max(loads) + b * sum(loads)
     first = costs[0]
     params = first[UnitKind.EMBEDDING].params + layers * first[UnitKind.BLOCK].params + first[UnitKind.HEAD].params
     optimizer = min(optimizer_step_time(params / config.pp, config, gpu, cal) for gpu in links.gpu)
@@ -169,34 +172,31 @@ def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
     in_flight = min(in_flight_microbatches(config, r, m) for r in range(config.pp))
     need = (1 + cal.memory_fragmentation) * (state_per_param * params + in_flight * activations)
     available = sum(c - cal.memory_overhead_bytes for c in links.capacity_bytes)
-    return _Candidate(order, config, pipeline + optimizer + cal.iteration_overhead_s, need, available, costs,
-                      boundary, m)
+    return _Candidate(order, config, pipeline + optimizer + cal.iteration_overhead_s, need, available,
+                      costs, boundary, m)
 
 
-def _least_rank_loads(pp: int, vpp: int, layers: int, fastest: dict[UnitKind, float],
-                      boundary_s: float) -> tuple[float, ...]:
-    """Per-rank work per micro-batch with the smallest possible maximum, all units at their fastest.
+def _least_rank_loads(config: ParallelConfig, layers: int, costs: tuple[dict[UnitKind, UnitCost], ...],
+                      boundary_s: tuple[float, ...], weights: tuple[float, float]) -> tuple[float, ...]:
+    """Per-rank loads minimising weights·(max, Σ) in the rank-load relaxation (partition.py), from
+    each rank's own unit costs; its pipeline time a·max + b·Σ is a lower bound for every split.
 
-    Rank 0 holds the embedding, rank pp−1 the head; every rank holds vpp stages (each with a unit,
-    so at least vpp blocks less the ends) and a p2p boundary after each but the very last stage.
-    Blocks are then added one by one to the least loaded rank — exact for equal blocks, and a lower
-    bound on the real maximum (which also sees integer block counts, unlike total/pp).
+    Rank 0 holds the embedding, rank pp−1 the head, every rank vpp stages (so at least vpp blocks
+    less the ends) and a p2p boundary after each but the very last stage. Per-rank costs keep the
+    bound tight on slowed or mixed GPUs, where a fastest-rank bound lets hundreds of ILPs through.
     """
-    block = fastest[UnitKind.BLOCK]
-    loads, counts = [], []
-    for r in range(pp):
-        ends = (r == 0) + (r == pp - 1)
-        fixed = fastest[UnitKind.EMBEDDING] * (r == 0) + fastest[UnitKind.HEAD] * (r == pp - 1)
-        count = max(vpp - ends, 0)
-        counts.append(count)
-        loads.append(fixed + (vpp - (r == pp - 1)) * boundary_s + count * block)
-    heap = [(load, r) for r, load in enumerate(loads)]
-    heapq.heapify(heap)
-    for _ in range(layers - sum(counts)):
-        load, r = heapq.heappop(heap)
-        loads[r] = load + block
-        heapq.heappush(heap, (loads[r], r))
-    return tuple(loads)
+    pp, v = config.pp, config.vpp
+    fixed, block, lower = [], [], []
+    for r, cost in enumerate(costs):
+        first, last = r == 0, r == pp - 1
+        fixed.append(cost[UnitKind.EMBEDDING].total_s * first + cost[UnitKind.HEAD].total_s * last
+                     + (v - last) * boundary_s[r])
+        block.append(cost[UnitKind.BLOCK].total_s)
+        lower.append(max(v - first - last, 0))
+    relaxed = relaxed_rank_counts(fixed, block, lower, [math.inf] * pp, layers, *weights)
+    if relaxed is None:  # fewer blocks than stages need: the space never yields this
+        return (math.inf,)
+    return tuple(f + n * t for f, n, t in zip(fixed, relaxed[1], block, strict=True))
 
 
 def _problem(ctx: _Context, candidate: _Candidate) -> PartitionProblem:
@@ -218,20 +218,26 @@ def _problem(ctx: _Context, candidate: _Candidate) -> PartitionProblem:
                             config.schedule)
 
 
-def _partition(ctx: _Context, problem: PartitionProblem, time_limit_s: float) -> tuple[PartitionResult | None, bool]:
-    """(result, whether an ILP ran). Bounded by the exact DP, or by the uniform split when interleaved."""
-    if problem.num_stages == 1:
-        return ilp_partition(problem), False
+def _partition(problem: PartitionProblem, time_limit_s: float) -> tuple[PartitionResult | None, str]:
+    """(result, how: "bound", "ilp" or "none"). The rank-load bound settles most problems without a
+    solver; otherwise the ILP runs with that bound from below and the best known split from above
+    (the exact DP for one chunk per rank; the relaxation's or the uniform split when interleaved)."""
+    lower_s, relaxed = bound_partition(problem)
+    if relaxed is not None and relaxed.optimal:
+        return relaxed, "bound"
+    if math.isinf(lower_s):
+        return None, "none"
     if problem.schedule is Schedule.INTERLEAVED:
-        layers = problem.num_units - 2
-        uniform = Partition.uniform(layers, problem.num_stages).unit_counts
-        bound = (PartitionResult(Partition(uniform), objective_s(problem, uniform), False, "uniform")
-                 if fits(problem, uniform) else None)
+        uniform = Partition.uniform(problem.num_units - 2, problem.num_stages).unit_counts
+        known = [found for found in (relaxed, PartitionResult(Partition(uniform), objective_s(problem, uniform),
+                                                               False, "uniform") if fits(problem, uniform) else None)
+                 if found is not None]
+        upper = min(known, key=lambda found: found.objective_s) if known else None
     else:
-        bound = dp_partition(problem)
-        if bound is None:
-            return None, False
-    return ilp_partition(problem, time_limit_s, bound), True
+        upper = dp_partition(problem)
+        if upper is None:
+            return None, "none"
+    return ilp_partition(problem, time_limit_s, upper, lower_s), "ilp"
 
 
 def search(
@@ -264,7 +270,7 @@ def search(
     fitting.sort(key=lambda c: (c.time_bound_s, c.order))
     plans: list[RankedPlan] = []
     rejected: list[_Candidate] = [c for c in candidates if c.memory_need_bytes > c.memory_available_bytes]
-    ilps = hits = limited = pruned_time = 0
+    ilps = proven = hits = limited = pruned_time = 0
     for position, candidate in enumerate(fitting):
         if len(plans) >= top_k and candidate.time_bound_s >= plans[top_k - 1].estimate.iteration_time_s:
             pruned_time = len(fitting) - position
@@ -274,8 +280,9 @@ def search(
             hits += 1
             found = ctx.partitions[problem]
         else:
-            found, ran = _partition(ctx, problem, time_limit_s)
-            ilps += ran
+            found, how = _partition(problem, time_limit_s)
+            ilps += how == "ilp"
+            proven += how == "bound"
             ctx.partitions[problem] = found
         plan = _evaluate(ctx, candidate, found)
         if plan is None:
@@ -287,7 +294,8 @@ def search(
         del plans[top_k:]
     stats = SearchStats(
         configurations=len(candidates), pruned_memory=len(candidates) - len(fitting), pruned_time=pruned_time,
-        infeasible=len(rejected) - (len(candidates) - len(fitting)), ilps_solved=ilps, cache_hits=hits,
+        infeasible=len(rejected) - (len(candidates) - len(fitting)), ilps_solved=ilps, proven_by_bound=proven,
+        cache_hits=hits,
         time_limited=limited, solver=solver_name(), wall_s=time.perf_counter() - started,
     )
     if not plans:
