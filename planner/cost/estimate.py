@@ -170,14 +170,16 @@ def estimate(
     placement: Placement | None = None,
     timer: UnitTimer | None = None,
     calibration: Calibration | None = None,
+    links: GroupLinks | None = None,
 ) -> Estimate:
-    """Estimate one plan. Defaults: Megatron's uniform split, rank-order placement, analytic profile."""
+    """Estimate one plan. Defaults: Megatron's uniform split, rank-order placement, analytic profile.
+    `links`: the placement's GroupLinks when the caller has them already (the search reuses them)."""
     calibration = calibration or default_calibration()
     timer = timer or AnalyticProfile(model, calibration)
     partition = partition or Partition.uniform(model.num_layers, config.num_virtual_stages)
     validate_layout(model, config, partition)
     placement = placement or default_placement(cluster, config)
-    links = GroupLinks.from_placement(cluster, config, placement)
+    links = links or GroupLinks.from_placement(cluster, config, placement)
     m = config.num_microbatches(training.global_batch)
     for rank, gpu in enumerate(links.gpu):
         if not gpu.supports(training.dtype):

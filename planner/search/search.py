@@ -22,7 +22,15 @@ from planner.cluster import Cluster
 from planner.config import ParallelConfig, Partition, Schedule, Training
 from planner.cost.estimate import Estimate, estimate
 from planner.cost.memory import in_flight_microbatches, model_state_bytes
-from planner.cost.time import UnitCost, UnitTimer, optimizer_step_time, p2p_boundary_time, unit_costs
+from planner.cost.time import (
+    UnitCost,
+    UnitTimer,
+    data_parallel_time,
+    embedding_sync_time,
+    optimizer_step_time,
+    p2p_boundary_time,
+    unit_costs,
+)
 from planner.errors import InfeasibleError, PlannerError
 from planner.gpu import GIB
 from planner.model import ModelSpec, UnitKind
@@ -148,7 +156,9 @@ def _unit_kinds(model: ModelSpec) -> list[UnitKind]:
 
 
 def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
-    """Cheap lower bounds on time and memory, valid for every stage split."""
+    """Cheap lower bounds on time and memory, valid for every stage split: the pipeline's rank-load
+    bound plus the terms of estimate() that do not depend on the split (least optimizer step, tied
+    embedding all-reduce, fixed overhead); exposed DP communication counts as zero."""
     model, training, cal = ctx.model, ctx.training, ctx.calibration
     _, links = ctx.placed(config)
     costs = ctx.rank_costs(config, links)
@@ -172,8 +182,15 @@ def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
     in_flight = min(in_flight_microbatches(config, r, m) for r in range(config.pp))
     need = (1 + cal.memory_fragmentation) * (state_per_param * params + in_flight * activations)
     available = sum(c - cal.memory_overhead_bytes for c in links.capacity_bytes)
-    return _Candidate(order, config, pipeline + optimizer + cal.iteration_overhead_s, need, available,
-                      costs, boundary, m)
+    embedding_sync = embedding_sync_time(model, training, config, links.pp[-1], cal)
+    dp_exposed = 0.0
+    if config.pp == 1:  # one stage: the split is fixed, so the DP traffic the schedule exposes is exact
+        kinds = _unit_kinds(model)
+        last_backward = sum(first[kind].backward_s + first[kind].recompute_s for kind in kinds)
+        dp_exposed = data_parallel_time(params, training, config, links.dp[0], cal, last_backward,
+                                        sum(first[kind].forward_s for kind in kinds), m).exposed_s
+    time_bound_s = pipeline + optimizer + embedding_sync + dp_exposed + cal.iteration_overhead_s
+    return _Candidate(order, config, time_bound_s, need, available, costs, boundary, m)
 
 
 def _least_rank_loads(config: ParallelConfig, layers: int, costs: tuple[dict[UnitKind, UnitCost], ...],
@@ -189,8 +206,9 @@ def _least_rank_loads(config: ParallelConfig, layers: int, costs: tuple[dict[Uni
     fixed, block, lower = [], [], []
     for r, cost in enumerate(costs):
         first, last = r == 0, r == pp - 1
+        # estimate() charges a boundary at both ends: v − last outgoing, v − first incoming
         fixed.append(cost[UnitKind.EMBEDDING].total_s * first + cost[UnitKind.HEAD].total_s * last
-                     + (v - last) * boundary_s[r])
+                     + (v - last) * boundary_s[r] + (v - first) * boundary_s[r - 1])
         block.append(cost[UnitKind.BLOCK].total_s)
         lower.append(max(v - first - last, 0))
     relaxed = relaxed_rank_counts(fixed, block, lower, [math.inf] * pp, layers, *weights)
@@ -272,7 +290,7 @@ def search(
     rejected: list[_Candidate] = [c for c in candidates if c.memory_need_bytes > c.memory_available_bytes]
     ilps = proven = hits = limited = pruned_time = 0
     for position, candidate in enumerate(fitting):
-        if len(plans) >= top_k and candidate.time_bound_s >= plans[top_k - 1].estimate.iteration_time_s:
+        if len(plans) >= top_k and candidate.time_bound_s > plans[top_k - 1].estimate.iteration_time_s * (1 + 1e-9):
             pruned_time = len(fitting) - position
             break
         problem = _problem(ctx, candidate)
@@ -310,17 +328,20 @@ def _rank_key(plan: RankedPlan) -> tuple:
 def _evaluate(ctx: _Context, candidate: _Candidate, found: PartitionResult | None) -> RankedPlan | None:
     """Estimate the partitioned plan and the uniform split; keep the faster one that fits."""
     config = candidate.config
-    placement, _ = ctx.placed(config)
+    if found is None:  # no split fits the partition problem's memory model, the uniform one included
+        return None
+    placement, links = ctx.placed(config)
     args = (ctx.model, ctx.cluster, ctx.training, config)
-    uniform = estimate(*args, None, placement, ctx.timer, ctx.calibration)
+    even = Partition.uniform(ctx.model.num_layers, config.num_virtual_stages)
+    uniform = estimate(*args, even, placement, ctx.timer, ctx.calibration, links)
     best: tuple[Partition, Estimate, bool] | None = None
     if found is not None:
-        result = estimate(*args, found.partition, placement, ctx.timer, ctx.calibration)
+        result = (uniform if found.partition == even
+                  else estimate(*args, found.partition, placement, ctx.timer, ctx.calibration, links))
         if result.fits:
             best = (found.partition, result, found.optimal)
     if uniform.fits and (best is None or uniform.iteration_time_s < best[1].iteration_time_s):
-        best = (Partition.uniform(ctx.model.num_layers, config.num_virtual_stages), uniform,
-                found.optimal if found else True)
+        best = (even, uniform, found.optimal if found else True)
     if best is None:
         return None
     return RankedPlan(config, best[0], placement, best[1], uniform, best[2])
