@@ -12,11 +12,14 @@ O(GPUs), are computed once per (dp, tp, pp).
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+import numpy as np
 
 from planner.cluster import Cluster
 from planner.config import ParallelConfig, Partition, Schedule, Training
@@ -79,6 +82,7 @@ class SearchStats:
     ilps_solved: int
     proven_by_bound: int  # partitions whose rank-load lower bound was met: no solver needed
     cache_hits: int
+    bounds_tightened: int  # cheap bounds refined by the rank-load relaxation and least DP exposure
     time_limited: int
     solver: str
     wall_s: float
@@ -105,6 +109,8 @@ class _Candidate:
     rank_costs: tuple[dict[UnitKind, UnitCost], ...]
     boundary_s: tuple[float, ...]
     num_microbatches: int
+    split_free_s: float  # the time terms no stage split changes (optimizer, embedding sync, overhead)
+    tight: bool = False  # time bound refined by `_tighten`
 
 
 class _Context:
@@ -119,6 +125,9 @@ class _Context:
         self.boundaries: dict[tuple, float] = {}
         self.partitions: dict[PartitionProblem, PartitionResult | None] = {}
         self.rank_bounds: dict[tuple, tuple[float, ...]] = {}
+        self.dp_tables: dict[tuple, np.ndarray] = {}
+        self.per_config: dict[tuple, tuple] = {}  # per-rank costs and boundaries per (links, setting)
+        self.terms: dict[tuple, tuple[tuple[float, ...], tuple[float, ...], tuple[int, ...]]] = {}
 
     def placed(self, config: ParallelConfig) -> tuple[Placement, GroupLinks]:
         key = (config.dp, config.tp, config.pp)
@@ -132,50 +141,83 @@ class _Context:
         return self.links[key]
 
     def rank_costs(self, config: ParallelConfig, links: GroupLinks) -> tuple[dict[UnitKind, UnitCost], ...]:
-        out = []
-        for gpu, tp_link in zip(links.gpu, links.tp, strict=True):
-            key = (gpu, tp_link, config.tp, config.micro_batch, config.sequence_parallel, config.recompute)
-            if key not in self.costs:
-                self.costs[key] = unit_costs(self.model, self.training, config, gpu, tp_link, self.timer,
-                                             self.calibration)
-            out.append(self.costs[key])
-        return tuple(out)
+        setting = (config.tp, config.micro_batch, config.sequence_parallel, config.recompute)
+        whole = (id(links), *setting)
+        if whole not in self.per_config:
+            out = []
+            for gpu, tp_link in zip(links.gpu, links.tp, strict=True):
+                key = (gpu, tp_link, *setting)
+                if key not in self.costs:
+                    self.costs[key] = unit_costs(self.model, self.training, config, gpu, tp_link, self.timer,
+                                                 self.calibration)
+                out.append(self.costs[key])
+            self.per_config[whole] = tuple(out)
+        return self.per_config[whole]
 
     def boundary(self, config: ParallelConfig, links: GroupLinks) -> tuple[float, ...]:
-        out = []
-        for link in links.pp:
-            key = (link, config.tp, config.micro_batch)
-            if key not in self.boundaries:
-                self.boundaries[key] = p2p_boundary_time(self.model, self.training, config, link, self.calibration)
-            out.append(self.boundaries[key])
-        return tuple(out)
+        whole = (id(links), "p2p", config.tp, config.micro_batch)
+        if whole not in self.per_config:
+            out = []
+            for link in links.pp:
+                key = (link, config.tp, config.micro_batch)
+                if key not in self.boundaries:
+                    self.boundaries[key] = p2p_boundary_time(self.model, self.training, config, link,
+                                                             self.calibration)
+                out.append(self.boundaries[key])
+            self.per_config[whole] = tuple(out)
+        return self.per_config[whole]
+
+
+    def rank_terms(self, config: ParallelConfig, costs: tuple[dict[UnitKind, UnitCost], ...],
+                   boundary_s: tuple[float, ...]) -> tuple[tuple[float, ...], tuple[float, ...], tuple[int, ...]]:
+        """Per rank: fixed time per micro-batch, block time, least blocks (partition.py's relaxation).
+
+        Rank 0 holds the embedding, rank pp−1 the head, every rank vpp stages (so at least vpp blocks
+        less the ends); estimate() charges a p2p boundary at both ends of each, v − last outgoing and
+        v − first incoming."""
+        key = (config.pp, config.vpp, tuple(map(id, costs)), boundary_s)
+        if key not in self.terms:
+            pp, v = config.pp, config.vpp
+            fixed, block, lower = [], [], []
+            for r, cost in enumerate(costs):
+                first, last = r == 0, r == pp - 1
+                fixed.append(cost[UnitKind.EMBEDDING].total_s * first + cost[UnitKind.HEAD].total_s * last
+                             + (v - last) * boundary_s[r] + (v - first) * boundary_s[r - 1])
+                block.append(cost[UnitKind.BLOCK].total_s)
+                lower.append(max(v - first - last, 0))
+            self.terms[key] = (tuple(fixed), tuple(block), tuple(lower))
+        return self.terms[key]
 
 
 def _unit_kinds(model: ModelSpec) -> list[UnitKind]:
     return [UnitKind.EMBEDDING, *([UnitKind.BLOCK] * model.num_layers), UnitKind.HEAD]
 
 
+def _weights(config: ParallelConfig, m: int) -> tuple[float, float]:
+    """(a, b) with the schedule's pipeline time = a·max rank load + b·Σ rank loads."""
+    if config.schedule is Schedule.INTERLEAVED:
+        return m - 1 / config.vpp, 1 / config.vpp
+    return m - 1, 1.0
+
+
 def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
-    """Cheap lower bounds on time and memory, valid for every stage split: the pipeline's rank-load
-    bound plus the terms of estimate() that do not depend on the split (least optimizer step, tied
-    embedding all-reduce, fixed overhead); exposed DP communication counts as zero."""
+    """Cheap lower bounds on time and memory, valid for every stage split, in O(pp): the pipeline
+    time with every rank at the average load, plus the terms of estimate() that do not depend on
+    the split (least optimizer step, tied-embedding all-reduce, fixed overhead; the exposed DP
+    traffic, exact for one stage). `_tighten` refines the time bound for candidates that get close."""
     model, training, cal = ctx.model, ctx.training, ctx.calibration
     _, links = ctx.placed(config)
     costs = ctx.rank_costs(config, links)
     boundary = ctx.boundary(config, links)
     m = config.num_microbatches(training.global_batch)
     layers = model.num_layers
-    a, b = (m - 1 / config.vpp, 1 / config.vpp) if config.schedule is Schedule.INTERLEAVED else (m - 1, 1.0)
-    # Alike blocks on every rank make Σ loads fixed, so the least-max loads serve every (a, b).
-    alike = len({cost[UnitKind.BLOCK].total_s for cost in costs}) == 1
-    key = (config.pp, config.vpp, layers, tuple(map(id, costs)), boundary, *(() if alike else (a, b)))
-    if key not in ctx.rank_bounds:
-        ctx.rank_bounds[key] = _least_rank_loads(config, layers, costs, boundary, (1.0, 0.0) if alike else (a, b))
-    loads = ctx.rank_bounds[key]
-    pipeline = a * max(loads) + b * sum(loads)
+    a, b = _weights(config, m)
+    fixed, block, _ = ctx.rank_terms(config, costs, boundary)
+    least_sum = sum(fixed) + layers * min(block)
+    pipeline = a * least_sum / config.pp + b * least_sum
     first = costs[0]
     params = first[UnitKind.EMBEDDING].params + layers * first[UnitKind.BLOCK].params + first[UnitKind.HEAD].params
-    optimizer = min(optimizer_step_time(params / config.pp, config, gpu, cal) for gpu in links.gpu)
+    optimizer = min(optimizer_step_time(params / config.pp, config, gpu, cal) for gpu in set(links.gpu))
     activations = (first[UnitKind.EMBEDDING].activation_bytes + layers * first[UnitKind.BLOCK].activation_bytes
                    + first[UnitKind.HEAD].activation_bytes)
     state_per_param = model_state_bytes(1.0, config.dp, config.optimizer_sharding, training.grad_bytes).total
@@ -183,38 +225,87 @@ def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
     need = (1 + cal.memory_fragmentation) * (state_per_param * params + in_flight * activations)
     available = sum(c - cal.memory_overhead_bytes for c in links.capacity_bytes)
     embedding_sync = embedding_sync_time(model, training, config, links.pp[-1], cal)
-    dp_exposed = 0.0
-    if config.pp == 1:  # one stage: the split is fixed, so the DP traffic the schedule exposes is exact
-        kinds = _unit_kinds(model)
-        last_backward = sum(first[kind].backward_s + first[kind].recompute_s for kind in kinds)
-        dp_exposed = data_parallel_time(params, training, config, links.dp[0], cal, last_backward,
-                                        sum(first[kind].forward_s for kind in kinds), m).exposed_s
-    time_bound_s = pipeline + optimizer + embedding_sync + dp_exposed + cal.iteration_overhead_s
-    return _Candidate(order, config, time_bound_s, need, available, costs, boundary, m)
+    dp_exposed = _least_dp_exposure(ctx, config, m, costs, links) if config.pp == 1 else 0.0
+    split_free_s = optimizer + embedding_sync + cal.iteration_overhead_s
+    return _Candidate(order, config, pipeline + dp_exposed + split_free_s, need, available, costs, boundary, m,
+                      split_free_s)
 
 
-def _least_rank_loads(config: ParallelConfig, layers: int, costs: tuple[dict[UnitKind, UnitCost], ...],
-                      boundary_s: tuple[float, ...], weights: tuple[float, float]) -> tuple[float, ...]:
-    """Per-rank loads minimising weights·(max, Σ) in the rank-load relaxation (partition.py), from
-    each rank's own unit costs; its pipeline time a·max + b·Σ is a lower bound for every split.
+def _tighten(ctx: _Context, candidate: _Candidate) -> _Candidate:
+    """The candidate with its time bound from the rank-load relaxation of the pipeline plus the least
+    exposed DP traffic any split can have — both from each rank's own costs and links."""
+    config, m, costs = candidate.config, candidate.num_microbatches, candidate.rank_costs
+    _, links = ctx.placed(config)
+    a, b = _weights(config, m)
+    fixed, block, lower = ctx.rank_terms(config, costs, candidate.boundary_s)
+    # Alike blocks on every rank make Σ loads fixed, so the least-max loads serve every (a, b).
+    alike = len(set(block)) == 1
+    key = (fixed, block, lower, *(() if alike else (a, b)))
+    if key not in ctx.rank_bounds:
+        relaxed = relaxed_rank_counts(fixed, block, lower, [math.inf] * config.pp, ctx.model.num_layers,
+                                      *((1.0, 0.0) if alike else (a, b)))
+        ctx.rank_bounds[key] = (math.inf,) if relaxed is None else tuple(
+            f + n * t for f, n, t in zip(fixed, relaxed[1], block, strict=True))
+    loads = ctx.rank_bounds[key]
+    pipeline = a * max(loads) + b * sum(loads)
+    bound = pipeline + _least_dp_exposure(ctx, config, m, costs, links) + candidate.split_free_s
+    return replace(candidate, time_bound_s=max(bound, candidate.time_bound_s), tight=True)
 
-    Rank 0 holds the embedding, rank pp−1 the head, every rank vpp stages (so at least vpp blocks
-    less the ends) and a p2p boundary after each but the very last stage. Per-rank costs keep the
-    bound tight on slowed or mixed GPUs, where a fastest-rank bound lets hundreds of ILPs through.
+
+def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tuple[dict[UnitKind, UnitCost], ...],
+                       links: GroupLinks) -> float:
+    """Least max over ranks of the DP traffic the schedule exposes, over all blocks-per-rank counts.
+
+    A rank's exposure depends on its parameters (traffic) and its first forward / last backward
+    (hiding), all fixed by how many blocks it holds; so g_r(n) is tabulated per kind of rank, and
+    the least threshold E with Σ_r min{n: g_r(n) ≤ E} ≤ blocks ≤ Σ_r max{n: g_r(n) ≤ E} is a lower
+    bound (exact when each {n: g_r(n) ≤ E} is an interval, a relaxation otherwise).
     """
-    pp, v = config.pp, config.vpp
-    fixed, block, lower = [], [], []
-    for r, cost in enumerate(costs):
-        first, last = r == 0, r == pp - 1
-        # estimate() charges a boundary at both ends: v − last outgoing, v − first incoming
-        fixed.append(cost[UnitKind.EMBEDDING].total_s * first + cost[UnitKind.HEAD].total_s * last
-                     + (v - last) * boundary_s[r] + (v - first) * boundary_s[r - 1])
-        block.append(cost[UnitKind.BLOCK].total_s)
-        lower.append(max(v - first - last, 0))
-    relaxed = relaxed_rank_counts(fixed, block, lower, [math.inf] * pp, layers, *weights)
-    if relaxed is None:  # fewer blocks than stages need: the space never yields this
-        return (math.inf,)
-    return tuple(f + n * t for f, n, t in zip(fixed, relaxed[1], block, strict=True))
+    layers, pp, v = ctx.model.num_layers, config.pp, config.vpp
+    groups: dict[tuple, list[int]] = {}
+    for r in range(pp):
+        groups.setdefault((id(costs[r]), links.dp[r], r == 0, r == pp - 1), []).append(r)
+    tables, weights = [], []
+    for (_, dp_link, first, last), ranks in groups.items():
+        key = (id(costs[ranks[0]]), dp_link, first, last, v, config.dp, config.optimizer_sharding,
+               config.overlap_grad_reduce, config.overlap_param_gather, m if config.optimizer_sharding >= 2 else 0)
+        if key not in ctx.dp_tables:
+            cost = costs[ranks[0]]
+            ends = [kind for kind, on in ((UnitKind.EMBEDDING, first), (UnitKind.HEAD, last)) if on]
+            block = cost[UnitKind.BLOCK]
+            table = np.full(layers + 1, np.inf)
+            for n in range(layers if pp == 1 else max(v - first - last, 0), layers + 1):
+                units = [cost[kind] for kind in ends]
+                params = sum(u.params for u in units) + n * block.params
+                backward = sum(u.backward_s + u.recompute_s for u in units) + n * (block.backward_s + block.recompute_s)
+                forward = sum(u.forward_s for u in units) + n * block.forward_s
+                table[n] = data_parallel_time(params, ctx.training, config, dp_link, ctx.calibration, backward,
+                                              forward, m).exposed_s
+            ctx.dp_tables[key] = table
+        tables.append(ctx.dp_tables[key])
+        weights.append(len(ranks))
+    thresholds = np.unique(np.concatenate(tables))
+    thresholds = thresholds[np.isfinite(thresholds)]
+
+    def feasible(limit: float) -> bool:
+        low = high = 0
+        for table, count in zip(tables, weights, strict=True):
+            allowed = np.flatnonzero(table <= limit)
+            if not len(allowed):
+                return False
+            low, high = low + count * int(allowed[0]), high + count * int(allowed[-1])
+        return low <= layers <= high
+
+    lo, hi = 0, len(thresholds) - 1
+    if hi < 0 or not feasible(thresholds[hi]):
+        return 0.0
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if feasible(thresholds[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return float(thresholds[lo])
 
 
 def _problem(ctx: _Context, candidate: _Candidate) -> PartitionProblem:
@@ -285,14 +376,22 @@ def search(
                                fixed)
     candidates = [_bound(ctx, order, config) for order, config in enumerate(configs)]
     fitting = [c for c in candidates if c.memory_need_bytes <= c.memory_available_bytes]
-    fitting.sort(key=lambda c: (c.time_bound_s, c.order))
-    plans: list[RankedPlan] = []
     rejected: list[_Candidate] = [c for c in candidates if c.memory_need_bytes > c.memory_available_bytes]
-    ilps = proven = hits = limited = pruned_time = 0
-    for position, candidate in enumerate(fitting):
-        if len(plans) >= top_k and candidate.time_bound_s > plans[top_k - 1].estimate.iteration_time_s * (1 + 1e-9):
-            pruned_time = len(fitting) - position
+    # Best bound first; a cheap bound is tightened when popped and pushed back (lazy best-first).
+    heap = [(c.time_bound_s, c.order, c) for c in fitting]
+    heapq.heapify(heap)
+    plans: list[RankedPlan] = []
+    ilps = proven = hits = limited = tightened = 0
+    while heap:
+        bound_s, _, candidate = heap[0]
+        if len(plans) >= top_k and bound_s > plans[top_k - 1].estimate.iteration_time_s * (1 + 1e-9):
             break
+        heapq.heappop(heap)
+        if not candidate.tight:
+            candidate = _tighten(ctx, candidate)
+            tightened += 1
+            heapq.heappush(heap, (candidate.time_bound_s, candidate.order, candidate))
+            continue
         problem = _problem(ctx, candidate)
         if problem in ctx.partitions:
             hits += 1
@@ -310,10 +409,11 @@ def search(
         plans.append(plan)
         plans.sort(key=_rank_key)
         del plans[top_k:]
+    pruned_time = len(heap)
     stats = SearchStats(
         configurations=len(candidates), pruned_memory=len(candidates) - len(fitting), pruned_time=pruned_time,
         infeasible=len(rejected) - (len(candidates) - len(fitting)), ilps_solved=ilps, proven_by_bound=proven,
-        cache_hits=hits,
+        cache_hits=hits, bounds_tightened=tightened,
         time_limited=limited, solver=solver_name(), wall_s=time.perf_counter() - started,
     )
     if not plans:
