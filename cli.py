@@ -397,7 +397,8 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     stats = found.stats
     click.echo(f"\nsearched {stats.configurations} configurations in {stats.wall_s:.2f} s: "
                f"{stats.pruned_memory} pruned by the memory bound, {stats.pruned_time} by the time bound, "
-               f"{stats.infeasible} without a fitting split; {stats.ilps_solved} ILPs ({stats.solver}), "
+               f"{stats.infeasible} without a fitting split; {stats.proven_by_bound} splits proven optimal by "
+               f"the rank-load bound, {stats.ilps_solved} ILPs ({stats.solver}), "
                f"{stats.cache_hits} cache hits, {stats.time_limited} hit the time limit")
     best = found.plans[0]
     gain = best.uniform.iteration_time_s / best.estimate.iteration_time_s - 1

@@ -328,10 +328,12 @@ def _problem(ctx: _Context, candidate: _Candidate) -> PartitionProblem:
 
 
 def _partition(problem: PartitionProblem, time_limit_s: float) -> tuple[PartitionResult | None, str]:
-    """(result, how: "bound", "ilp" or "none"). The rank-load bound settles most problems without a
+    """(result, how: "single stage", "bound", "ilp" or "none"). The rank-load bound settles most problems without a
     solver; otherwise the ILP runs with that bound from below and the best known split from above
     (the exact DP for one chunk per rank; the relaxation's or the uniform split when interleaved)."""
     lower_s, relaxed = bound_partition(problem)
+    if problem.num_stages == 1:
+        return relaxed, "single stage"
     if relaxed is not None and relaxed.optimal:
         return relaxed, "bound"
     if math.isinf(lower_s):

@@ -1,0 +1,209 @@
+"""The search behind `planner plan`: plan invariants, bounds that never cut a better plan, fixed
+options, determinism and the infeasible message (small models and clusters, so it stays fast)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.cluster import parse_shorthand
+from planner.config import ParallelConfig, Recompute, Schedule, Training
+from planner.cost.estimate import estimate
+from planner.errors import InfeasibleError
+from planner.model import load_model
+from planner.placement import default_placement
+from planner.profile.analytic import AnalyticProfile
+from planner.profile.calibration import default_calibration
+from planner.search.partition import PartitionProblem, bound_partition, fits, objective_s, relaxed_rank_counts
+from planner.search.search import _bound, _Context, _tighten, search
+from planner.search.space import FixedOptions, enumerate_configs
+from planner.slowdown import apply_slowdowns, parse_slowdown
+
+SMALL = load_model("gpt3-125m")
+
+
+def _check_plan(model, cluster, plan) -> None:
+    config, result = plan.config, plan.estimate
+    assert config.dp * config.tp * config.pp == cluster.num_gpus
+    counts = plan.partition.unit_counts
+    assert sum(counts) == model.num_layers + 2 and all(c >= 1 for c in counts)
+    assert len(counts) == config.pp * config.vpp
+    starts = [stage.units for stage in result.stages]
+    assert starts[0][0] == 0 and starts[-1][1] == model.num_layers + 2
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(starts))  # every unit once, in order
+    assert result.stages[0].embedding and result.stages[-1].head
+    assert not any(stage.embedding for stage in result.stages[1:])
+    assert result.fits and all(stage.memory.total <= stage.memory.capacity for stage in result.stages)
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    model=st.sampled_from(["gpt3-125m", "gpt3-350m"]),
+    shape=st.sampled_from(["1x4xA100-80GB", "1x8xH100-80GB", "2x4xA100-40GB"]),
+    global_batch=st.sampled_from([8, 16, 32]),
+    seq_len=st.sampled_from([512, 2048]),
+)
+def test_plans_cover_every_unit_in_order_use_every_gpu_and_fit(model, shape, global_batch, seq_len) -> None:
+    spec, cluster = load_model(model), parse_shorthand(shape)
+    training = Training(global_batch=global_batch, seq_len=seq_len)
+    found = search(spec, cluster, training, top_k=3)
+    times = [plan.estimate.iteration_time_s for plan in found.plans]
+    assert times == sorted(times)
+    for plan in found.plans:
+        _check_plan(spec, cluster, plan)
+    again = search(spec, cluster, training, top_k=3)
+    assert [(p.config, p.partition) for p in again.plans] == [(p.config, p.partition) for p in found.plans]
+
+
+def test_no_configuration_of_the_space_beats_the_chosen_plan() -> None:
+    """Exhaustive: every configuration's uniform split, by `estimate`, is no faster than the plan."""
+    cluster, training = parse_shorthand("1x4xA100-80GB"), Training(global_batch=16, seq_len=1024)
+    best = search(SMALL, cluster, training, top_k=1).plans[0].estimate.iteration_time_s
+    fitting = 0
+    for config in enumerate_configs(SMALL, cluster, training):
+        result = estimate(SMALL, cluster, training, config)
+        if result.fits:
+            fitting += 1
+            assert best <= result.iteration_time_s * (1 + 1e-9), config.describe()
+    assert fitting > 20
+
+
+@pytest.mark.parametrize("config", [
+    ParallelConfig(dp=2, tp=2, pp=2, micro_batch=1, sequence_parallel=True),
+    ParallelConfig(dp=2, tp=1, pp=4, vpp=3, micro_batch=2, schedule="interleaved", distributed_optimizer=True),
+    ParallelConfig(dp=2, tp=4, pp=1, micro_batch=4, recompute="full", zero_stage=3, sequence_parallel=True),
+], ids=lambda c: c.describe())
+def test_chosen_plan_is_no_slower_than_hand_picked_uniform_splits(config) -> None:
+    model, cluster = load_model("gpt3-350m"), parse_shorthand("1x8xH100-80GB")
+    training = Training(global_batch=32, seq_len=2048)
+    hand = estimate(model, cluster, training, config)
+    assert hand.fits
+    assert search(model, cluster, training).plans[0].estimate.iteration_time_s <= hand.iteration_time_s
+    fixed = FixedOptions(dp=config.dp, tp=config.tp, pp=config.pp, micro_batch=config.micro_batch, vpp=config.vpp,
+                         schedule=config.schedule, recompute=config.recompute, zero_stage=config.zero_stage,
+                         distributed_optimizer=config.distributed_optimizer,
+                         sequence_parallel=config.sequence_parallel)
+    chosen = search(model, cluster, training, fixed, top_k=1).plans[0]
+    assert chosen.config == config
+    assert chosen.estimate.iteration_time_s <= hand.iteration_time_s * (1 + 1e-9)
+
+
+def test_fixed_options_constrain_every_plan() -> None:
+    model, cluster = load_model("gpt3-350m"), parse_shorthand("1x8xH100-80GB")
+    training = Training(global_batch=32, seq_len=1024)
+    fixed = FixedOptions(tp=2, schedule=Schedule.INTERLEAVED, vpp=2, recompute=Recompute.SELECTIVE)
+    found = search(model, cluster, training, fixed, top_k=4)
+    assert found.plans
+    for plan in found.plans:
+        c = plan.config
+        assert (c.tp, c.schedule, c.vpp, c.recompute) == (2, Schedule.INTERLEAVED, 2, Recompute.SELECTIVE)
+        assert c.pp >= 2 and c.num_microbatches(training.global_batch) % c.pp == 0
+        _check_plan(model, cluster, plan)
+
+
+def test_infeasible_names_the_tightest_stage_and_the_shortfall() -> None:
+    with pytest.raises(InfeasibleError, match=r"stage \d+ needing [\d.]+ GiB, A100-80GB has [\d.]+ GiB "
+                                              r"\(short by [\d.]+ GiB\)"):
+        search(load_model("llama3-70b"), parse_shorthand("1x8xA100-80GB"), Training(global_batch=8, seq_len=2048))
+
+
+def test_search_bounds_never_exceed_the_estimate_of_a_split() -> None:
+    """The cheap and the tightened time bound are lower bounds for the uniform split's estimate of
+    every configuration (else the best-first scan could stop before a better plan)."""
+    model, cluster = load_model("gpt3-350m"), parse_shorthand("2x4xA100-80GB")
+    training = Training(global_batch=32, seq_len=1024)
+    calibration = default_calibration()
+    ctx = _Context(model, cluster, training, default_placement, AnalyticProfile(model, calibration), calibration)
+    checked = 0
+    for order, config in enumerate(enumerate_configs(model, cluster, training)):
+        cheap = _bound(ctx, order, config)
+        tight = _tighten(ctx, cheap)
+        assert tight.time_bound_s >= cheap.time_bound_s
+        result = estimate(model, cluster, training, config)
+        assert tight.time_bound_s <= result.iteration_time_s * (1 + 1e-9), config.describe()
+        if result.fits:
+            assert cheap.memory_need_bytes <= cheap.memory_available_bytes
+        checked += 1
+    assert checked > 100
+
+
+def test_a_slowed_node_gets_fewer_blocks_and_no_ilp_is_needed() -> None:
+    model = load_model("gpt3-350m")
+    cluster = apply_slowdowns(parse_shorthand("4x2xA100-80GB"), [parse_slowdown("node1=2")])
+    training = Training(global_batch=16, seq_len=1024)
+    fixed = FixedOptions(tp=2, pp=4, micro_batch=1, schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.NONE,
+                         distributed_optimizer=False)
+    found = search(model, cluster, training, fixed, top_k=1)
+    plan = found.plans[0]
+    blocks = plan.partition.blocks_per_stage()
+    slow = [stage.pp_rank for stage in plan.estimate.stages if "x2" in stage.gpu or stage.gpu != "A100-80GB"]
+    assert slow and all(blocks[r] < max(blocks) for r in set(slow))
+    assert found.stats.ilps_solved == 0 and found.stats.proven_by_bound == 1
+    assert plan.estimate.iteration_time_s < plan.uniform.iteration_time_s
+
+
+@st.composite
+def _problems(draw, alike: bool) -> PartitionProblem:
+    pp = draw(st.integers(1, 3))
+    vpp = draw(st.integers(1, 2)) if pp > 1 else 1
+    n = draw(st.integers(max(pp * vpp, 3), 8))
+    times = st.floats(0.1, 5.0, allow_nan=False)
+
+    def row(values):
+        first, block, last = draw(values), draw(values), draw(values)
+        return (first, *([block] * (n - 2) if alike else [draw(values) for _ in range(n - 2)]), last)
+
+    unit_time = tuple(row(times) for _ in range(pp))
+    unit_memory = tuple(row(st.floats(1e9, 5e9)) for _ in range(pp))
+    budgets = tuple(draw(st.floats(2e9, 5e9 * n / pp)) for _ in range(pp))
+    boundary = tuple(draw(st.floats(0.0, 0.5)) for _ in range(pp))
+    schedule = Schedule.INTERLEAVED if vpp > 1 else draw(st.sampled_from([Schedule.ONE_F_ONE_B, Schedule.GPIPE]))
+    return PartitionProblem(unit_time, boundary, unit_memory, budgets, vpp, draw(st.integers(1, 16)), schedule)
+
+
+def _brute_force(problem: PartitionProblem) -> float | None:
+    n, stages = problem.num_units, problem.num_stages
+    values = []
+    for cuts in itertools.combinations(range(1, n), stages - 1):
+        counts = [b - a for a, b in zip((0, *cuts), (*cuts, n), strict=True)]
+        if fits(problem, counts):
+            values.append(objective_s(problem, counts))
+    return min(values, default=None)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.booleans().flatmap(_problems))
+def test_rank_load_bound_is_a_lower_bound_and_proofs_are_optimal(problem) -> None:
+    bound, found = bound_partition(problem)
+    optimum = _brute_force(problem)
+    if optimum is None:
+        assert found is None
+        return
+    assert bound <= optimum * (1 + 1e-9)
+    if found is not None:
+        assert fits(problem, found.partition.unit_counts)
+        if found.optimal:
+            assert found.objective_s == pytest.approx(optimum, rel=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_problems(alike=True))
+def test_rank_load_bound_settles_problems_with_alike_blocks(problem) -> None:
+    _, found = bound_partition(problem)
+    optimum = _brute_force(problem)
+    if optimum is None:
+        assert found is None
+    else:
+        assert found is not None and found.optimal and found.objective_s == pytest.approx(optimum, rel=1e-6)
+
+
+def test_relaxed_rank_counts_trades_bottleneck_for_sum_on_mixed_speeds() -> None:
+    # Two ranks, 4 blocks: 1 s on rank 0, 3 s on rank 1. With a = 0 only Σ counts: all on rank 0.
+    assert relaxed_rank_counts([0, 0], [1, 3], [0, 0], [9, 9], 4, 0.0, 1.0) == (4.0, [4, 0])
+    # With a large a the bottleneck dominates: 3 + 1 (max 3) beats 4 + 0 (max 4).
+    value, counts = relaxed_rank_counts([0, 0], [1, 3], [0, 0], [9, 9], 4, 10.0, 1.0)
+    assert counts == [3, 1] and value == 10 * 3 + 6
+    assert relaxed_rank_counts([0, 0], [1, 1], [3, 3], [9, 9], 4, 1.0, 1.0) is None  # lower bounds exceed blocks
