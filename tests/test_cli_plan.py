@@ -1,0 +1,75 @@
+"""`planner plan` through click's runner: table, --json, --out, --top, infeasible and bad options."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from cli import main
+from planner.plan import load_plan
+
+SMALL = ("--model", "gpt3-350m", "--cluster", "1x8xH100-80GB", "--global-batch", "32", "--seq-len", "1024")
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_plan_without_arguments_prints_the_ranked_table_and_breakdown() -> None:
+    result = run("plan")
+    assert result.exit_code == 0, result.output
+    for text in ("dp/tp/pp/vpp", "time/iter", "tokens/s", "MFU", "peak / capacity", "searched",
+                 "proven optimal by the rank-load bound", "best plan:", "breakdown of one iteration"):
+        assert text in result.stdout
+    assert "\n5  " in result.stdout and "\n6  " not in result.stdout  # default top 5
+
+
+def test_plan_json_is_one_document_with_alternatives_and_search_stats() -> None:
+    result = run("plan", *SMALL, "--top", "3", "--json")
+    assert result.exit_code == 0, result.stderr
+    document = json.loads(result.stdout)  # the whole of stdout: one JSON document
+    assert document["schema_version"] == 1
+    assert len(document["alternatives"]) == 2
+    stats = document["search"]
+    for key in ("configurations", "pruned_memory", "pruned_time", "ilps_solved", "proven_by_bound", "cache_hits",
+                "time_limited", "solver", "wall_s"):
+        assert key in stats
+    times = [document["estimate"]["iteration_time_s"]] + [a["estimate"]["iteration_time_s"]
+                                                           for a in document["alternatives"]]
+    assert times == sorted(times)
+
+
+def test_plan_out_writes_a_loadable_plan_file_and_top_limits_rows(tmp_path) -> None:
+    out = tmp_path / "plan.json"
+    result = run("plan", *SMALL, "--top", "2", "--out", str(out))
+    assert result.exit_code == 0, result.stderr
+    assert "\n2  " in result.stdout and "\n3  " not in result.stdout
+    plan = load_plan(out)
+    assert plan.parallel.num_gpus == 8 and plan.model.name == "gpt3-350m"
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]  # written atomically: no temp file left
+    document = json.loads(out.read_text())
+    assert len(document["alternatives"]) == 1
+
+
+def test_plan_with_fixed_options_keeps_them() -> None:
+    result = run("plan", *SMALL, "--tp", "2", "--pp", "2", "--json")
+    assert result.exit_code == 0, result.stderr
+    document = json.loads(result.stdout)
+    for plan in (document, *document["alternatives"]):
+        assert plan["parallelism"]["tp"] == 2 and plan["parallelism"]["pp"] == 2
+
+
+def test_plan_infeasible_exits_1_with_the_shortfall() -> None:
+    result = run("plan", "--model", "llama3-405b", "--cluster", "1x8xA100-80GB", "--global-batch", "8",
+                 "--seq-len", "2048")
+    assert result.exit_code == 1
+    assert "short by" in result.stderr and "GiB" in result.stderr and "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_plan_bad_fixed_option_exits_2_with_one_line() -> None:
+    for args in (("--tp", "3"), ("--pp", "5"), ("--top", "0"), ("--micro-batch", "7")):
+        result = run("plan", *SMALL, *args)
+        assert result.exit_code == 2, (args, result.stdout, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
