@@ -34,12 +34,17 @@ def format_breakdown(result: Estimate) -> str:
 
 
 def stage_split_summary(result: Estimate) -> str:
-    """Blocks per stage, with E/H marking where the embedding and head sit (e.g. `E8|8|8|8H`)."""
-    parts = []
-    for stage in result.stages:
-        text = str(stage.blocks[1] - stage.blocks[0])
-        parts.append(("E" if stage.embedding else "") + text + ("H" if stage.head else ""))
-    return "|".join(parts)
+    """Blocks per stage, E/H marking the embedding and head, runs of equal stages as `count*n`
+    (e.g. `E8|8*2|8H`, or `E3|3*30|3H` for 32 interleaved chunks)."""
+    labels = [("E" if s.embedding else "") + str(s.blocks[1] - s.blocks[0]) + ("H" if s.head else "")
+              for s in result.stages]
+    runs: list[list[object]] = []
+    for label in labels:
+        if runs and runs[-1][0] == label:
+            runs[-1][1] += 1
+        else:
+            runs.append([label, 1])
+    return "|".join(f"{label}*{count}" if count > 1 else str(label) for label, count in runs)
 
 
 def format_stages(result: Estimate) -> str:
