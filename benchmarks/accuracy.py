@@ -21,6 +21,7 @@ from benchmarks.validation_runs import (
     korthikanti_layer_rows,
     predict,
     predict_layer,
+    shipped_before_fix_nic_ratio,
     split_fit_hold,
 )
 from planner.gpu import GIB
@@ -108,6 +109,8 @@ def main() -> None:
         print(format_table(["experiment", "fwd", "pred", "err", "bwd", "pred", "err"], layer_table))
         _print_runs("H100 FP8 runs (NeMo 24.07, Megatron-Bridge 25.11)", h100_rows, "s", 1.0)
         print("skipped: " + "; ".join(skipped))
+        print(f"BLOOM rows before Jean Zay's PCIe/NUMA fix: inter-node bandwidth × "
+              f"{shipped_before_fix_nic_ratio():.3f} (fitted cluster state, profiles/calibration.yaml cluster_states)")
     summary = [
         ("BLOOM sweep time, fit half", [e for *_, e in bloom_fit], TARGETS["bloom"]),
         ("BLOOM sweep time, hold-out half", [e for *_, e in bloom_hold], TARGETS["bloom"]),

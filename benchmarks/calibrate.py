@@ -7,6 +7,9 @@ Data (../shared/validation copies, see benchmarks/validation_runs.py): the *fit 
 topology sweep (alternate rows; the other half is held out and reported by benchmarks/accuracy.py),
 Korthikanti et al. 2022 Table 4 layer times, and the H100 FP8 NeMo / Megatron-Bridge runs.
 
+One cluster-state constant is fitted with them: the inter-node bandwidth ratio of Jean Zay before its
+PCIe/NUMA fix (the BLOOM rows whose `pcie_numa_fix_applied` is "no"), written to `cluster_states`.
+
 Objective: the mean over those three groups of each group's mean absolute relative error, so a
 group with many rows does not drown the others. The two memory constants are then fitted to the
 peak memory of the BLOOM fit-half rows that report one. Method: cyclic coordinate descent, a golden-section
@@ -26,6 +29,7 @@ import yaml
 
 from benchmarks.validation_runs import (
     BLOOM_FILE,
+    JEAN_ZAY_BEFORE_FIX,
     Run,
     bloom_runs,
     h100_runs,
@@ -39,7 +43,8 @@ from planner.plan import write_atomic
 from planner.profile.calibration import Calibration, default_calibration
 from planner.resources import load_structured_file, profiles_dir
 
-__all__ = ["FITTED", "MEMORY_FITTED", "coordinate_descent", "fit", "memory_objective", "objective"]
+__all__ = ["BEFORE_FIX_NIC_RATIO", "FITTED", "MEMORY_FITTED", "coordinate_descent", "fit", "memory_objective",
+           "objective"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,9 @@ MEMORY_FITTED = (
     Fitted("memory_overhead_bytes", 2 * GIB, 0.5 * GIB, 6 * GIB, "bytes per GPU outside tensors: CUDA context, NCCL"),
     Fitted("memory_fragmentation", 0.05, 0.0, 0.5, "allocator reserve and unmodelled buffers, share of tensors"),
 )
+# Cluster state, not a cost-model constant: it scales the pre-fix BLOOM rows' cluster (benchmarks/validation_runs.py).
+BEFORE_FIX_NIC_RATIO = Fitted("nic_bandwidth_ratio", 1.0, 0.3, 1.0,
+                              "inter-node bandwidth before Jean Zay's PCIe/NUMA fix relative to after it")
 _GOLDEN = (math.sqrt(5) - 1) / 2
 _SECTION_STEPS = 10
 _SWEEPS = 2
@@ -124,10 +132,10 @@ def _golden_section(loss: Callable[[float], float], low: float, high: float, sta
 
 
 def coordinate_descent(start: Calibration, constants: tuple[Fitted, ...], loss: Callable[[Calibration], float],
-                       verbose: bool = True) -> Calibration:
-    """Cyclic coordinate descent: a golden-section search of each constant in turn, _SWEEPS times."""
+                       verbose: bool = True, sweeps: int = _SWEEPS) -> Calibration:
+    """Cyclic coordinate descent: a golden-section search of each constant in turn, `sweeps` times."""
     current = start
-    for sweep in range(_SWEEPS):
+    for sweep in range(sweeps):
         for constant in constants:
             value = _golden_section(lambda x, name=constant.name, base=current: loss(base.updated(**{name: x})),
                                     constant.low, constant.high, getattr(current, constant.name))
@@ -138,13 +146,29 @@ def coordinate_descent(start: Calibration, constants: tuple[Fitted, ...], loss: 
     return current
 
 
-def fit(start: Calibration, bloom: tuple[Run, ...], h100: tuple[Run, ...], verbose: bool = True) -> Calibration:
-    """Time constants on all three groups, then memory constants on the BLOOM memory rows."""
-    timed = coordinate_descent(start, FITTED, lambda c: objective(c, bloom, h100), verbose)
-    return coordinate_descent(timed, MEMORY_FITTED, lambda c: memory_objective(c, bloom), verbose)
+def fit_half_runs(before_fix_nic_ratio: float) -> tuple[Run, ...]:
+    """The BLOOM fit half with the pre-fix rows at a given inter-node bandwidth ratio."""
+    return split_fit_hold(bloom_runs(before_fix_nic_ratio))[0]
 
 
-def _document(calibration: Calibration, previous: dict[str, str], source: str) -> dict:
+def fit(start: Calibration, bloom: Callable[[float], tuple[Run, ...]], h100: tuple[Run, ...],
+        verbose: bool = True) -> tuple[Calibration, float]:
+    """Time constants on all three groups, alternating each sweep with the pre-fix bandwidth ratio
+    (BLOOM rows from `bloom(ratio)`), then memory constants on the BLOOM memory rows."""
+    current, ratio = start, BEFORE_FIX_NIC_RATIO.prior
+    for _ in range(_SWEEPS):
+        runs = bloom(ratio)
+        current = coordinate_descent(current, FITTED, lambda c, runs=runs: objective(c, runs, h100), verbose, 1)
+        ratio = _golden_section(lambda x, base=current: objective(base, bloom(x), h100), BEFORE_FIX_NIC_RATIO.low,
+                                BEFORE_FIX_NIC_RATIO.high, ratio)
+        if verbose:
+            print(f"{BEFORE_FIX_NIC_RATIO.name:37s} {ratio:12.4g}  objective "
+                  f"{100 * objective(current, bloom(ratio), h100):6.2f} %", flush=True)
+    runs = bloom(ratio)
+    return coordinate_descent(current, MEMORY_FITTED, lambda c: memory_objective(c, runs), verbose), ratio
+
+
+def _document(calibration: Calibration, ratio: float, previous: dict[str, str], source: str) -> dict:
     fitted = {c.name: c for c in FITTED + MEMORY_FITTED}
     constants = {}
     for key, value in calibration.__dict__.items():
@@ -152,7 +176,8 @@ def _document(calibration: Calibration, previous: dict[str, str], source: str) -
             constants[key] = {"value": round(value, 4), "source": f"{fitted[key].meaning}; {source}"}
         else:
             constants[key] = {"value": value, "source": previous.get(key, "default")}
-    return {"schema_version": 1, "constants": constants}
+    state = {BEFORE_FIX_NIC_RATIO.name: round(ratio, 4), "source": f"{BEFORE_FIX_NIC_RATIO.meaning}; {source}"}
+    return {"schema_version": 1, "constants": constants, "cluster_states": {JEAN_ZAY_BEFORE_FIX: state}}
 
 
 def _previous_sources() -> dict[str, str]:
@@ -164,20 +189,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="print the fit; do not rewrite the calibration")
     args = parser.parse_args()
-    fit_half, _ = split_fit_hold(bloom_runs())
+    fit_half = fit_half_runs(BEFORE_FIX_NIC_RATIO.prior)
     h100, _ = h100_runs()
     start = default_calibration().updated(**{c.name: c.prior for c in FITTED + MEMORY_FITTED})
     print(f"fitting on {len(fit_half)} BLOOM rows (fit half), {len(korthikanti_layer_rows())} Korthikanti "
           f"Table 4 rows, {len(h100)} H100 runs; start objective {100 * objective(start, fit_half, h100):.2f} %")
-    result = fit(start, fit_half, h100)
+    result, ratio = fit(start, fit_half_runs, h100)
     today = datetime.date.today().isoformat()
     source = (f"fitted {today} by benchmarks/calibrate.py on {BLOOM_FILE} (fit half, {len(fit_half)} rows), "
               f"korthikanti2022_table4_layer_time_22b.csv, nemo_2407_h100_fp8_pretraining.csv and "
               f"megatron_bridge_2511_h100_dense.csv ({len(h100)} runs)")
-    document = _document(result, _previous_sources(), source)
+    document = _document(result, ratio, _previous_sources(), source)
     text = ("# Efficiencies and latencies of the analytic cost model. Every constant is physical (a fraction\n"
             "# of a peak, a latency in seconds) and names the data it came from. The fitted ones are rewritten\n"
-            "# by `python -m benchmarks.calibrate` from ../shared/validation copies only.\n"
+            "# by `python -m benchmarks.calibrate` from ../shared/validation copies only. `cluster_states` are\n"
+            "# not cost-model constants: benchmarks/validation_runs.py applies them to runs of that machine state.\n"
             + yaml.safe_dump(document, sort_keys=False, allow_unicode=True, width=200))
     if args.dry_run:
         print(text)

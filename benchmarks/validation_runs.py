@@ -14,6 +14,10 @@ row does not state is a documented fact about the framework or the run family, w
   backward that wait for completion (the bigscience fork's ColumnParallelLinear predates Megatron-LM's
   asynchronous all-reduce behind the weight-gradient GEMM).
   fp16 rows (the pre-BF16Optimizer majority) keep 16-bit gradients; bf16 rows accumulate in fp32.
+  Rows whose `pcie_numa_fix_applied` column says "no" ran before Jean Zay's PCIe/NUMA fix, when the
+  GPU-to-NIC path was slower: they run on the same cluster with its inter-node bandwidth scaled by
+  one fitted cluster-state ratio (`cluster_states` in profiles/calibration.yaml, fitted by
+  benchmarks/calibrate.py on fit-half rows only).
   "Fully known" rows state hidden size, layers, heads, tp, pp, micro-batch, global batch and sec/it
   (dp from the GPU count where blank), and their `dims_note` records no conflict between the
   table and the text.
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
@@ -43,9 +47,11 @@ from planner.model import ModelSpec, UnitKind, load_model
 from planner.placement import GroupLinks, default_placement
 from planner.profile.analytic import AnalyticProfile
 from planner.profile.calibration import Calibration
+from planner.resources import load_structured_file, profiles_dir
 
 __all__ = [
     "BLOOM_FILE",
+    "JEAN_ZAY_BEFORE_FIX",
     "LayerRow",
     "Run",
     "bloom_runs",
@@ -53,6 +59,7 @@ __all__ = [
     "korthikanti_layer_rows",
     "predict",
     "predict_layer",
+    "shipped_before_fix_nic_ratio",
     "split_fit_hold",
 ]
 
@@ -64,6 +71,8 @@ BRIDGE_FILE = "megatron_bridge_2511_h100_dense.csv"
 TABLE4_FILE = "korthikanti2022_table4_layer_time_22b.csv"
 
 BLOOM_SEQ_LEN = 2048
+# cluster state of the BLOOM rows logged before Jean Zay's PCIe/NUMA fix (key in calibration.yaml)
+JEAN_ZAY_BEFORE_FIX = "jean-zay-a100-48 before the PCIe/NUMA fix"
 BLOOM_VOCAB = 250880
 
 
@@ -121,6 +130,18 @@ def bloom_model(hidden: int, layers: int, heads: int) -> ModelSpec:
     )
 
 
+def shipped_before_fix_nic_ratio() -> float:
+    """Inter-node bandwidth before Jean Zay's PCIe/NUMA fix relative to after it, as shipped (1 if absent)."""
+    document = load_structured_file(profiles_dir() / "calibration.yaml")
+    state = (document.get("cluster_states") or {}).get(JEAN_ZAY_BEFORE_FIX, {})
+    return float(state.get("nic_bandwidth_ratio", 1.0))
+
+
+def _with_nic_ratio(cluster: Cluster, ratio: float) -> Cluster:
+    return cluster.with_nodes(replace(node, nic_bandwidth_bytes_per_s=node.nic_bandwidth_bytes_per_s * ratio)
+                              for node in cluster.nodes)
+
+
 def _bloom_row(row: pd.Series, cluster: Cluster) -> Run | None:
     values = {k: _number(row[k]) for k in ("nhidden", "nlayers", "nheads", "tp", "pp", "mbs", "gbs", "sec/it",
                                            "gpus", "dp", "zs")}
@@ -146,13 +167,16 @@ def _bloom_row(row: pd.Series, cluster: Cluster) -> Run | None:
 
 
 @cache
-def bloom_runs() -> tuple[Run, ...]:
-    """BLOOM sweep rows with fully known configuration, one per distinct (config, result)."""
-    cluster = load_cluster("jean-zay-a100-48")
+def bloom_runs(before_fix_nic_ratio: float | None = None) -> tuple[Run, ...]:
+    """BLOOM sweep rows with fully known configuration, one per distinct (config, result); rows logged
+    before the PCIe/NUMA fix run with the given (default: shipped) inter-node bandwidth ratio."""
+    ratio = shipped_before_fix_nic_ratio() if before_fix_nic_ratio is None else before_fix_nic_ratio
+    after = load_cluster("jean-zay-a100-48")
+    before = _with_nic_ratio(after, ratio)
     frame = pd.read_csv(DATA / BLOOM_FILE)
     runs, seen = [], set()
     for _, row in frame.iterrows():
-        run = _bloom_row(row, cluster)
+        run = _bloom_row(row, before if str(row["pcie_numa_fix_applied"]).strip() == "no" else after)
         if run is None:
             continue
         key = (run.model, run.training, run.config, run.iteration_s)

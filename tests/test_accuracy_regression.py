@@ -2,7 +2,7 @@
 
 Bounds are the figures benchmarks/accuracy.py reports today plus about one point of slack, so a
 change that makes the cost model less accurate fails here; where a bound is looser than the issue's
-target (BLOOM time MAPE ≤ 8 %) the README's "Accuracy" section says so.
+target the README's "Accuracy" section says so.
 """
 
 from __future__ import annotations
@@ -10,18 +10,21 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.accuracy import bloom_memory_errors, run_errors, score
-from benchmarks.calibrate import FITTED, MEMORY_FITTED, _golden_section
+from benchmarks.calibrate import BEFORE_FIX_NIC_RATIO, FITTED, MEMORY_FITTED, _golden_section
 from benchmarks.validation_runs import (
     bloom_runs,
     h100_runs,
     korthikanti_layer_rows,
     predict_layer,
+    shipped_before_fix_nic_ratio,
     split_fit_hold,
 )
 from planner.profile.calibration import default_calibration
 
-# Spread over tp 2/4/8, pp 6–24, micro-batch 1–4, global batch 512–2048 and three model shapes.
-BLOOM_LINES = {617: 0.10, 779: 0.06, 800: 0.06, 808: 0.03, 867: 0.04, 891: 0.02, 950: 0.09}
+# Spread over tp 2/4/8, pp 6–24, micro-batch 1–4, global batch 512–2048 and three model shapes; 607 and 617
+# ran before the PCIe/NUMA fix; 836 and 838 (hold-out half) have 108-wide heads (misaligned fp16 GEMMs).
+BLOOM_LINES = {607: 0.03, 617: 0.03, 779: 0.07, 800: 0.04, 808: 0.03, 836: 0.03, 838: 0.09, 867: 0.04, 891: 0.02,
+               950: 0.09}
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +39,7 @@ def test_selected_bloom_rows(bloom_time):
 
 
 def test_bloom_sweep_time_mape(bloom_time):
-    assert score(list(bloom_time.values())).mape <= 0.095
+    assert score(list(bloom_time.values())).mape <= 0.076
 
 
 def test_bloom_hold_out_half_is_not_worse_than_fit_half():
@@ -45,7 +48,7 @@ def test_bloom_hold_out_half_is_not_worse_than_fit_half():
     hold_score = score([e for *_, e in run_errors(hold, calibration)])
     fit_score = score([e for *_, e in run_errors(fit, calibration)])
     assert hold_score.count >= 40 and fit_score.count >= 40
-    assert hold_score.mape <= max(fit_score.mape, 0.095) + 0.01
+    assert hold_score.mape <= max(fit_score.mape, 0.075) + 0.01
 
 
 def test_bloom_peak_memory_mape():
@@ -59,7 +62,7 @@ def test_korthikanti_table4_layer_times():
     for row in korthikanti_layer_rows():
         forward, backward = predict_layer(row, calibration)
         assert forward == pytest.approx(row.forward_s, rel=0.05), row.experiment
-        assert backward == pytest.approx(row.backward_s, rel=0.10), row.experiment
+        assert backward == pytest.approx(row.backward_s, rel=0.05), row.experiment
 
 
 def test_h100_runs():
@@ -67,14 +70,24 @@ def test_h100_runs():
     assert len(runs) == 9 and len(skipped) == 6
     errors = {f"{run.label.split()[0]}@{run.config.num_gpus}": e
               for run, _, e in run_errors(runs, default_calibration())}
-    assert score(list(errors.values())).mape <= 0.075
-    assert abs(errors["GPT3-175B@128"]) <= 0.05 and abs(errors["LLAMA3_70B@64"]) <= 0.06
+    assert score(list(errors.values())).mape <= 0.091
+    assert abs(errors["GPT3-175B@128"]) <= 0.02 and abs(errors["LLAMA3_70B@64"]) <= 0.11
 
 
 def test_shipped_calibration_is_physical_and_inside_the_fit_bounds():
     calibration = default_calibration()
     for constant in FITTED + MEMORY_FITTED:
         assert constant.low <= getattr(calibration, constant.name) <= constant.high, constant.name
+    assert BEFORE_FIX_NIC_RATIO.low <= shipped_before_fix_nic_ratio() <= BEFORE_FIX_NIC_RATIO.high
+
+
+def test_before_fix_ratio_scales_only_the_pre_fix_rows_inter_node_bandwidth():
+    slower, neutral = bloom_runs(0.5), bloom_runs(1.0)
+    pre_fix = [a.cluster.nodes[0].nic_bandwidth_bytes_per_s / b.cluster.nodes[0].nic_bandwidth_bytes_per_s
+               for a, b in zip(slower, neutral, strict=True)]
+    assert sorted(set(pre_fix)) == [0.5, 1.0]
+    assert [r.source for r in slower] == [r.source for r in neutral]
+    assert sum(ratio == 0.5 for ratio in pre_fix) == 32  # source_lines 607–761, logged before the fix
 
 
 def test_golden_section_finds_a_minimum_and_keeps_a_better_start():
