@@ -169,6 +169,12 @@ class ModelSpec:
             + 2 * self.norm_parameters
         )
 
+    def padded_vocab_size(self, tp: int, divisible_by: int = 128) -> int:
+        """Vocabulary padded as Megatron-LM pads it (`--make-vocab-size-divisible-by 128`, times tp),
+        so every TP shard of the logits GEMM has an aligned width."""
+        multiple = divisible_by * tp
+        return -(-self.vocab_size // multiple) * multiple
+
     def embedding_parameters(self) -> int:
         positions = self.max_position_embeddings * self.hidden_size if self.position_embedding == "learned" else 0
         return self.vocab_size * self.hidden_size + positions

@@ -198,10 +198,11 @@ def test_mixed_replan_matches_brute_force_over_stage_assignments_and_splits():
         key=lambda pair: pair[0].iteration_time_s,
     )
     # One GPU type per pipeline rank, as in the optimum (which type goes first is nearly a tie); the
-    # ILP's split optimises the schedule's linear form, so the full estimate may differ by under 1 %.
+    # ILP's split optimises the schedule's closed form, which the simulated schedule of the full
+    # estimate can differ from (README "Accuracy": 1F1B closed form up to 10 % high), so allow 2 %.
     assert sorted(s.gpu for s in result.after.stages) == sorted(s.gpu for s in best[0].stages)
     assert not mixed_rank_notes(cluster, config, result.placement)
-    assert result.after.iteration_time_s <= 1.01 * best[0].iteration_time_s
+    assert result.after.iteration_time_s <= 1.02 * best[0].iteration_time_s
     assert result.partition.blocks_per_stage()[0] != model.num_layers // 2  # uneven: A100s take more
     assert result.after.iteration_time_s < 0.8 * result.before.iteration_time_s
 

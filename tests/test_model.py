@@ -129,3 +129,11 @@ def test_invalid_architecture_is_rejected() -> None:
         ModelSpec("bad", 2, 64, 8, 256, 100, num_key_value_heads=5)
     with pytest.raises(PlannerError, match="moe_top_k"):
         ModelSpec("bad", 2, 64, 8, 256, 100, num_experts=2, moe_top_k=3)
+
+
+def test_vocab_is_padded_like_megatron() -> None:
+    """Megatron-LM pads the vocabulary to a multiple of 128 × tp (GPT-2's 50257 → 50304)."""
+    gpt2 = ModelSpec("gpt2", 12, 768, 12, 3072, 50257)
+    assert gpt2.padded_vocab_size(1) == 50304
+    assert gpt2.padded_vocab_size(8) == 51200
+    assert load_model("llama3-8b").padded_vocab_size(1) == 128256

@@ -188,7 +188,7 @@ class AnalyticProfile:
     def _head(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
         m, t = self.model, setting.tp
         tokens = setting.micro_batch * setting.seq_len
-        vocab_local = m.vocab_size / t
+        vocab_local = m.padded_vocab_size(t) / t
         width = m.hidden_size / t if setting.sequence_parallel else m.hidden_size
         logits = self.gemm_time(gpu, setting.dtype, tokens, vocab_local, m.hidden_size)
         norm = self.memory_time(gpu, tokens * 4 * width)
