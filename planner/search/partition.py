@@ -218,9 +218,9 @@ def _stage_counts(problem: PartitionProblem, rank_blocks: Sequence[int]) -> list
 def bound_partition(problem: PartitionProblem) -> tuple[float, PartitionResult | None]:
     """(lower bound on the pipeline time, a fitting partition from the relaxation or None).
 
-    The bound is the rank-load relaxation's optimum (math.inf when nothing fits); the partition
-    realises its counts contiguously and is flagged optimal (method "bound") when its objective
-    meets the bound to within GAP_REL — then no solver needs to run.
+    The bound is the rank-load relaxation's optimum (math.inf when nothing fits); the partition is
+    the even split or one realising the relaxation's counts contiguously, flagged optimal (method
+    "bound") when its objective meets the bound to within GAP_REL — then no solver needs to run.
     """
     if problem.num_stages == 1:
         whole = [problem.num_units]
@@ -231,13 +231,21 @@ def bound_partition(problem: PartitionProblem) -> tuple[float, PartitionResult |
     if relaxed is None:
         return math.inf, None
     bound, rank_blocks = relaxed
-    counts = _stage_counts(problem, rank_blocks)
-    if not fits(problem, counts):
-        return bound, None
-    loads = rank_loads(problem, counts)
-    proven = a * max(loads) + b * sum(loads) <= bound * (1 + GAP_REL)
-    return bound, PartitionResult(Partition(tuple(counts)), objective_s(problem, counts), proven,
-                                  "bound" if proven else "rank counts")
+    found: PartitionResult | None = None
+    # Megatron-LM's even split first: where it meets the bound too, it needs no custom layout.
+    even = ([list(Partition.uniform(problem.num_units - 2, problem.num_stages).unit_counts)]
+            if problem.num_units - 2 >= problem.num_stages else [])
+    for counts in (*even, _stage_counts(problem, rank_blocks)):
+        if not fits(problem, counts):
+            continue
+        loads = rank_loads(problem, counts)
+        proven = a * max(loads) + b * sum(loads) <= bound * (1 + GAP_REL)
+        if proven or found is None:
+            found = PartitionResult(Partition(tuple(counts)), objective_s(problem, counts), proven,
+                                    "bound" if proven else "rank counts")
+        if proven:
+            break
+    return bound, found
 
 
 def rank_loads(problem: PartitionProblem, counts: Sequence[int]) -> list[float]:

@@ -82,7 +82,7 @@ class SearchStats:
     ilps_solved: int
     proven_by_bound: int  # partitions whose rank-load lower bound was met: no solver needed
     cache_hits: int
-    bounds_tightened: int  # cheap bounds refined by the rank-load relaxation and least DP exposure
+    bounds_tightened: int  # bound refinements: rank-load pipeline bound, then the least DP exposure
     time_limited: int
     solver: str
     wall_s: float
@@ -110,7 +110,9 @@ class _Candidate:
     boundary_s: tuple[float, ...]
     num_microbatches: int
     split_free_s: float  # the time terms no stage split changes (optimizer, embedding sync, overhead)
-    tight: bool = False  # time bound refined by `_tighten`
+    dp_exposed_s: float  # least exposed DP traffic known so far (exact for one stage, else 0 until refined)
+    refined: int = 0  # 0: cheap bound; 1: + rank-load pipeline bound; 2: + least DP exposure (`_tighten`)
+    pipeline_s: float = 0.0  # the pipeline part of the bound once refined
 
 
 class _Context:
@@ -194,9 +196,14 @@ def _unit_kinds(model: ModelSpec) -> list[UnitKind]:
 
 
 def _weights(config: ParallelConfig, m: int) -> tuple[float, float]:
-    """(a, b) with the schedule's pipeline time = a·max rank load + b·Σ rank loads."""
+    """(a, b) with a·max rank load + b·Σ rank loads a lower bound on the simulated pipeline time.
+
+    1F1B and GPipe: (m − 1, 1) — the bottleneck rank's m passes plus the fill and drain through
+    every other rank. Interleaved: (m, 0), the bottleneck's work only, because its closed form
+    (m − 1/v, 1/v) can exceed the simulated interleaved order by a fraction of a percent.
+    """
     if config.schedule is Schedule.INTERLEAVED:
-        return m - 1 / config.vpp, 1 / config.vpp
+        return m, 0.0
     return m - 1, 1.0
 
 
@@ -208,36 +215,45 @@ def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
     model, training, cal = ctx.model, ctx.training, ctx.calibration
     _, links = ctx.placed(config)
     costs = ctx.rank_costs(config, links)
-    boundary = ctx.boundary(config, links)
     m = config.num_microbatches(training.global_batch)
     layers = model.num_layers
-    a, b = _weights(config, m)
-    fixed, block, _ = ctx.rank_terms(config, costs, boundary)
-    least_sum = sum(fixed) + layers * min(block)
-    pipeline = a * least_sum / config.pp + b * least_sum
     first = costs[0]
     params = first[UnitKind.EMBEDDING].params + layers * first[UnitKind.BLOCK].params + first[UnitKind.HEAD].params
-    optimizer = min(optimizer_step_time(params / config.pp, config, gpu, cal) for gpu in set(links.gpu))
     activations = (first[UnitKind.EMBEDDING].activation_bytes + layers * first[UnitKind.BLOCK].activation_bytes
                    + first[UnitKind.HEAD].activation_bytes)
     state_per_param = model_state_bytes(1.0, config.dp, config.optimizer_sharding, training.grad_bytes).total
     in_flight = min(in_flight_microbatches(config, r, m) for r in range(config.pp))
     need = (1 + cal.memory_fragmentation) * (state_per_param * params + in_flight * activations)
     available = sum(c - cal.memory_overhead_bytes for c in links.capacity_bytes)
+    if need > available:  # rejected: no time bound needed
+        return _Candidate(order, config, math.inf, need, available, costs, (), m, 0.0, 0.0)
+    boundary = ctx.boundary(config, links)
+    a, b = _weights(config, m)
+    fixed, block, _ = ctx.rank_terms(config, costs, boundary)
+    least_sum = sum(fixed) + layers * min(block)
+    pipeline = a * least_sum / config.pp + b * least_sum
+    optimizer = min(optimizer_step_time(params / config.pp, config, gpu, cal) for gpu in set(links.gpu))
     embedding_sync = embedding_sync_time(model, training, config, links.pp[-1], cal)
     dp_exposed = _least_dp_exposure(ctx, config, m, costs, links) if config.pp == 1 else 0.0
     split_free_s = optimizer + embedding_sync + cal.iteration_overhead_s
     return _Candidate(order, config, pipeline + dp_exposed + split_free_s, need, available, costs, boundary, m,
-                      split_free_s)
+                      split_free_s, dp_exposed)
 
 
 def _tighten(ctx: _Context, candidate: _Candidate) -> _Candidate:
-    """The candidate with its time bound from the rank-load relaxation of the pipeline plus the least
-    exposed DP traffic any split can have — both from each rank's own costs and links."""
+    """The candidate with its time bound refined one level: first the pipeline's rank-load relaxation,
+    then (pipelines only) the least exposed DP traffic any split can have — both from each rank's
+    own costs and links. Two levels, so the costlier DP table is built only for close candidates."""
     config, m, costs = candidate.config, candidate.num_microbatches, candidate.rank_costs
-    _, links = ctx.placed(config)
+    if candidate.refined == 1:
+        _, links = ctx.placed(config)
+        exposed = _least_dp_exposure(ctx, config, m, costs, links)
+        bound = candidate.pipeline_s + exposed + candidate.split_free_s
+        return replace(candidate, time_bound_s=max(bound, candidate.time_bound_s), dp_exposed_s=exposed, refined=2)
     a, b = _weights(config, m)
     fixed, block, lower = ctx.rank_terms(config, costs, candidate.boundary_s)
+    if config.schedule is Schedule.INTERLEAVED:
+        fixed = _with_fill_and_drain(fixed, costs, candidate.boundary_s, m)
     # Alike blocks on every rank make Σ loads fixed, so the least-max loads serve every (a, b).
     alike = len(set(block)) == 1
     key = (fixed, block, lower, *(() if alike else (a, b)))
@@ -248,8 +264,22 @@ def _tighten(ctx: _Context, candidate: _Candidate) -> _Candidate:
             f + n * t for f, n, t in zip(fixed, relaxed[1], block, strict=True))
     loads = ctx.rank_bounds[key]
     pipeline = a * max(loads) + b * sum(loads)
-    bound = pipeline + _least_dp_exposure(ctx, config, m, costs, links) + candidate.split_free_s
-    return replace(candidate, time_bound_s=max(bound, candidate.time_bound_s), tight=True)
+    bound = pipeline + candidate.dp_exposed_s + candidate.split_free_s
+    return replace(candidate, time_bound_s=max(bound, candidate.time_bound_s), pipeline_s=pipeline,
+                   refined=2 if config.pp == 1 else 1)
+
+
+def _with_fill_and_drain(fixed: tuple[float, ...], costs: tuple[dict[UnitKind, UnitCost], ...],
+                         boundary_s: tuple[float, ...], m: int) -> tuple[float, ...]:
+    """Interleaved: rank r starts only after micro-batch 0's forward crossed the chunk-0 stages of
+    ranks 0..r−1, and its last pass (chunk 0's backward of the last micro-batch) is followed by those
+    stages' backward; each such stage holds at least its first unit (the embedding) or one block,
+    and its boundary. So m·R_r + Σ_{r'<r} least stage_{r'} bounds the time: folded into c_r as /m."""
+    out, prefix = [], 0.0
+    for r, cost in enumerate(costs):
+        out.append(fixed[r] + prefix / m)
+        prefix += cost[UnitKind.EMBEDDING if r == 0 else UnitKind.BLOCK].total_s + boundary_s[r]
+    return tuple(out)
 
 
 def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tuple[dict[UnitKind, UnitCost], ...],
@@ -389,7 +419,7 @@ def search(
         if len(plans) >= top_k and bound_s > plans[top_k - 1].estimate.iteration_time_s * (1 + 1e-9):
             break
         heapq.heappop(heap)
-        if not candidate.tight:
+        if candidate.refined < 2:
             candidate = _tighten(ctx, candidate)
             tightened += 1
             heapq.heappush(heap, (candidate.time_bound_s, candidate.order, candidate))
