@@ -74,23 +74,46 @@ class GroupLinks:
                 f"placement lists {len(placement.gpus)} GPUs for a configuration of {config.num_gpus}"
             )
         gpus, capacity, tp_links, dp_links, pp_links = [], [], [], [], []
-        for pp in range(config.pp):
-            members = [placement.gpu_of(config, d, pp, t) for d in range(config.dp) for t in range(config.tp)]
-            types = {cluster.gpu_spec(member) for member in members}
+        ring = _ring_links(cluster)
+        size = config.dp * config.tp  # ranks of one pipeline rank are contiguous: tp fastest, then dp
+        blocks = [placement.gpus[pp * size:(pp + 1) * size] for pp in range(config.pp)]
+        for pp, members in enumerate(blocks):
+            if cluster.gpu_overrides:
+                types = {cluster.gpu_spec(member) for member in members}
+            else:
+                types = {cluster.nodes[node].gpu for node in {node for node, _ in members}}
             gpus.append(min(types, key=lambda g: (max(dict(g.peak_flops_per_s).values()), g.name)))
             capacity.append(min(g.memory_bytes for g in types))
-            tp_groups = [[placement.gpu_of(config, d, pp, t) for t in range(config.tp)] for d in range(config.dp)]
-            dp_groups = [[placement.gpu_of(config, d, pp, t) for d in range(config.dp)] for t in range(config.tp)]
-            tp_links.append(_worst(cluster.ring_link(group) for group in tp_groups))
-            dp_links.append(_worst(cluster.ring_link(group) for group in dp_groups))
-            nxt = (pp + 1) % config.pp
-            pairs = [
-                (placement.gpu_of(config, d, pp, t), placement.gpu_of(config, d, nxt, t))
-                for d in range(config.dp)
-                for t in range(config.tp)
-            ]
-            pp_links.append(_worst(cluster.p2p_link(a, b) for a, b in pairs))
+            tp_links.append(_worst(ring(members[d * config.tp:(d + 1) * config.tp]) for d in range(config.dp)))
+            dp_links.append(_worst(ring(members[t::config.tp]) for t in range(config.tp)))
+            nxt = blocks[(pp + 1) % config.pp]
+            node_pairs = dict.fromkeys((a[0], b[0]) for a, b in zip(members, nxt, strict=True))
+            pp_links.append(_worst(cluster.link(a, b) for a, b in node_pairs))
         return cls(tuple(gpus), tuple(capacity), tuple(tp_links), tuple(dp_links), tuple(pp_links))
+
+
+def _ring_links(cluster: Cluster):
+    """`cluster.ring_link`, memoised where that is exact: with all nodes alike and no per-pair links,
+    a ring depends only on how many nodes it spans and how many of its GPUs each holds."""
+    first = cluster.nodes[0]
+    alike = not cluster.pair_links and all(
+        (n.gpu, n.num_gpus, n.intra_bandwidth_bytes_per_s, n.nic_bandwidth_bytes_per_s)
+        == (first.gpu, first.num_gpus, first.intra_bandwidth_bytes_per_s, first.nic_bandwidth_bytes_per_s)
+        for n in cluster.nodes)
+    if not alike:
+        return cluster.ring_link
+    memo: dict[tuple[bool, int, int, bool], Link] = {}
+
+    def ring(group: tuple[GpuId, ...]) -> Link:
+        counts: dict[int, int] = {}
+        for node, _gpu in group:
+            counts[node] = counts.get(node, 0) + 1
+        shape = (len(group) > 1, len(counts), min(counts.values()), max(counts.values()) > 1)
+        if shape not in memo:
+            memo[shape] = cluster.ring_link(group)
+        return memo[shape]
+
+    return ring
 
 
 def _worst(links) -> Link:
