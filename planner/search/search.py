@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from planner.cluster import Cluster
-from planner.config import ParallelConfig, Partition, Schedule, Training
+from planner.config import ParallelConfig, Partition, Recompute, Schedule, Training
 from planner.cost.estimate import Estimate, estimate
 from planner.cost.memory import in_flight_microbatches, model_state_bytes
 from planner.cost.time import (
@@ -490,5 +490,7 @@ def _infeasible_message(ctx: _Context, rejected: list[_Candidate]) -> str:
     return (
         f"no configuration fits in memory; the closest ({closest.config.describe()}) has stage {stage.index} "
         f"needing {stage.memory.total / GIB:.1f} GiB, {stage.gpu} has {stage.memory.capacity / GIB:.1f} GiB "
-        f"(short by {short / GIB:.1f} GiB); try more GPUs, a smaller --global-batch/--seq-len or --recompute full"
+        f"(short by {short / GIB:.1f} GiB); try more GPUs"
+        + (", a smaller --global-batch/--seq-len or --recompute full" if closest.config.recompute is not Recompute.FULL
+           else " or a smaller --global-batch/--seq-len")
     )
