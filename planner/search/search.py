@@ -198,13 +198,14 @@ def _unit_kinds(model: ModelSpec) -> list[UnitKind]:
 def _weights(config: ParallelConfig, m: int) -> tuple[float, float]:
     """(a, b) with a·max rank load + b·Σ rank loads a lower bound on the simulated pipeline time.
 
-    1F1B and GPipe: (m − 1, 1) — the bottleneck rank's m passes plus the fill and drain through
-    every other rank. Interleaved: (m, 0), the bottleneck's work only, because its closed form
-    (m − 1/v, 1/v) can exceed the simulated interleaved order by a fraction of a percent.
+    GPipe: (m − 1, 1), its closed form, which the simulator reproduces exactly. 1F1B and
+    interleaved: (m, 0), the bottleneck's work only (`_with_fill_and_drain` adds what is certain
+    of the rest), because their closed forms can exceed the simulated order by several percent on
+    uneven stages — a bound above a plan's estimate could stop the scan before that plan.
     """
-    if config.schedule is Schedule.INTERLEAVED:
-        return m, 0.0
-    return m - 1, 1.0
+    if config.schedule is Schedule.GPIPE:
+        return m - 1, 1.0
+    return m, 0.0
 
 
 def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
@@ -252,7 +253,7 @@ def _tighten(ctx: _Context, candidate: _Candidate) -> _Candidate:
         return replace(candidate, time_bound_s=max(bound, candidate.time_bound_s), dp_exposed_s=exposed, refined=2)
     a, b = _weights(config, m)
     fixed, block, lower = ctx.rank_terms(config, costs, candidate.boundary_s)
-    if config.schedule is Schedule.INTERLEAVED:
+    if config.schedule is not Schedule.GPIPE:
         fixed = _with_fill_and_drain(fixed, costs, candidate.boundary_s, m)
     # Alike blocks on every rank make Σ loads fixed, so the least-max loads serve every (a, b).
     alike = len(set(block)) == 1
@@ -271,9 +272,9 @@ def _tighten(ctx: _Context, candidate: _Candidate) -> _Candidate:
 
 def _with_fill_and_drain(fixed: tuple[float, ...], costs: tuple[dict[UnitKind, UnitCost], ...],
                          boundary_s: tuple[float, ...], m: int) -> tuple[float, ...]:
-    """Interleaved: rank r starts only after micro-batch 0's forward crossed the chunk-0 stages of
-    ranks 0..r−1, and its last pass (chunk 0's backward of the last micro-batch) is followed by those
-    stages' backward; each such stage holds at least its first unit (the embedding) or one block,
+    """1F1B and interleaved: rank r starts only after micro-batch 0's forward crossed the (chunk-0)
+    stages of ranks 0..r−1, and its last pass (that stage's backward of the last micro-batch) is
+    followed by those stages' backward; each such stage holds at least its first unit (the embedding) or one block,
     and its boundary. So m·R_r + Σ_{r'<r} least stage_{r'} bounds the time: folded into c_r as /m."""
     out, prefix = [], 0.0
     for r, cost in enumerate(costs):
