@@ -198,10 +198,10 @@ def _unit_kinds(model: ModelSpec) -> list[UnitKind]:
 def _weights(config: ParallelConfig, m: int) -> tuple[float, float]:
     """(a, b) with a·max rank load + b·Σ rank loads a lower bound on the simulated pipeline time.
 
-    GPipe: (m − 1, 1), its closed form, which the simulator reproduces exactly. 1F1B and
-    interleaved: (m, 0), the bottleneck's work only (`_with_fill_and_drain` adds what is certain
-    of the rest), because their closed forms can exceed the simulated order by several percent on
-    uneven stages — a bound above a plan's estimate could stop the scan before that plan.
+    GPipe: (m − 1, 1), its closed form, which the simulator reproduces exactly. Interleaved: (m, 0),
+    the bottleneck's work only (`_with_fill_and_drain` adds what is certain of the rest), because
+    its closed form can exceed the simulated order on uneven stages — a bound above a plan's
+    estimate could stop the scan before that plan. (1F1B: `_one_f_one_b_bound`.)
     """
     if config.schedule is Schedule.GPIPE:
         return m - 1, 1.0
@@ -253,7 +253,13 @@ def _tighten(ctx: _Context, candidate: _Candidate) -> _Candidate:
         return replace(candidate, time_bound_s=max(bound, candidate.time_bound_s), dp_exposed_s=exposed, refined=2)
     a, b = _weights(config, m)
     fixed, block, lower = ctx.rank_terms(config, costs, candidate.boundary_s)
-    if config.schedule is not Schedule.GPIPE:
+    if config.schedule is Schedule.ONE_F_ONE_B:
+        key = ("1f1b", fixed, block, lower, m)
+        if key not in ctx.rank_bounds:
+            ctx.rank_bounds[key] = (_one_f_one_b_bound(config, m, costs, candidate.boundary_s, fixed, block, lower,
+                                                       ctx.model.num_layers),)
+        return _refined(candidate, ctx.rank_bounds[key][0])
+    if config.schedule is Schedule.INTERLEAVED:
         fixed = _with_fill_and_drain(fixed, costs, candidate.boundary_s, m)
     # Alike blocks on every rank make Σ loads fixed, so the least-max loads serve every (a, b).
     alike = len(set(block)) == 1
@@ -264,17 +270,51 @@ def _tighten(ctx: _Context, candidate: _Candidate) -> _Candidate:
         ctx.rank_bounds[key] = (math.inf,) if relaxed is None else tuple(
             f + n * t for f, n, t in zip(fixed, relaxed[1], block, strict=True))
     loads = ctx.rank_bounds[key]
-    pipeline = a * max(loads) + b * sum(loads)
-    bound = pipeline + candidate.dp_exposed_s + candidate.split_free_s
-    return replace(candidate, time_bound_s=max(bound, candidate.time_bound_s), pipeline_s=pipeline,
-                   refined=2 if config.pp == 1 else 1)
+    return _refined(candidate, a * max(loads) + b * sum(loads))
+
+
+def _refined(candidate: _Candidate, pipeline_s: float) -> _Candidate:
+    """The candidate with the pipeline part of its bound refined (level 1; level 2 for one stage)."""
+    bound = pipeline_s + candidate.dp_exposed_s + candidate.split_free_s
+    return replace(candidate, time_bound_s=max(bound, candidate.time_bound_s), pipeline_s=pipeline_s,
+                   refined=2 if candidate.config.pp == 1 else 1)
+
+
+def _one_f_one_b_bound(config: ParallelConfig, m: int, costs: tuple[dict[UnitKind, UnitCost], ...],
+                       boundary_s: tuple[float, ...], fixed: tuple[float, ...], block: tuple[float, ...],
+                       lower: tuple[int, ...], layers: int) -> float:
+    """A lower bound on Megatron-LM's 1F1B order (the event simulator), over all splits.
+
+    Rank r's first backward waits for micro-batch 0's forward through every rank and its backward
+    through the later ones; until then r runs at most w_r + 1 forwards (w_r = min(p − r − 1, m)
+    warm-up); after its last backward, the earlier ranks' backward follows. So
+    T ≥ (m − 1)·R_r + Σ R − w_r·F_r for every rank (the closed form for the last rank, where
+    w = 0; F_r: the rank's forward work). Minimised over blocks per rank with Σ R at its least.
+    """
+    least_sum = sum(fixed) + layers * min(block)
+    if m == 1:
+        return least_sum
+    pp = config.pp
+    shifted, per_block = [], []
+    for r, cost in enumerate(costs):
+        first, last, warmup = r == 0, r == pp - 1, min(pp - r - 1, m)
+        forward = [cost[kind].forward_s + cost[kind].tp_forward_s
+                   for kind in (UnitKind.EMBEDDING, UnitKind.BLOCK, UnitKind.HEAD)]
+        p2p = ((not last) * boundary_s[r] + (not first) * boundary_s[r - 1]) / 2  # a pass carries half of each
+        own = forward[0] * first + forward[2] * last + p2p
+        slope = block[r] - warmup * forward[1] / (m - 1)
+        # a non-positive slope: the term is least with every block on this rank
+        shifted.append(fixed[r] - warmup * own / (m - 1) + layers * min(slope, 0.0))
+        per_block.append(max(slope, 0.0))
+    relaxed = relaxed_rank_counts(shifted, per_block, lower, [math.inf] * pp, layers, 1.0, 0.0)
+    return math.inf if relaxed is None else (m - 1) * relaxed[0] + least_sum
 
 
 def _with_fill_and_drain(fixed: tuple[float, ...], costs: tuple[dict[UnitKind, UnitCost], ...],
                          boundary_s: tuple[float, ...], m: int) -> tuple[float, ...]:
-    """1F1B and interleaved: rank r starts only after micro-batch 0's forward crossed the (chunk-0)
-    stages of ranks 0..r−1, and its last pass (that stage's backward of the last micro-batch) is
-    followed by those stages' backward; each such stage holds at least its first unit (the embedding) or one block,
+    """Interleaved: rank r starts only after micro-batch 0's forward crossed the chunk-0 stages of
+    ranks 0..r−1, and its last pass (chunk 0's backward of the last micro-batch) is followed by
+    those stages' backward; each such stage holds at least its first unit (the embedding) or one block,
     and its boundary. So m·R_r + Σ_{r'<r} least stage_{r'} bounds the time: folded into c_r as /m."""
     out, prefix = [], 0.0
     for r, cost in enumerate(costs):
