@@ -214,3 +214,13 @@ def test_relaxed_rank_counts_trades_bottleneck_for_sum_on_mixed_speeds() -> None
     value, counts = relaxed_rank_counts([0, 0], [1, 3], [0, 0], [9, 9], 4, 10.0, 1.0)
     assert counts == [3, 1] and value == 10 * 3 + 6
     assert relaxed_rank_counts([0, 0], [1, 1], [3, 3], [9, 9], 4, 1.0, 1.0) is None  # lower bounds exceed blocks
+
+
+@pytest.mark.parametrize("schedule, vpp", [(Schedule.ONE_F_ONE_B, 1), (Schedule.INTERLEAVED, 2)])
+def test_unlike_units_fall_back_to_the_ilp_and_reach_the_optimum(schedule, vpp) -> None:
+    """Where blocks differ (the relaxation cannot close the gap), the ILP runs, bounded by it."""
+    times = (0.5, 4.0, 1.0, 1.0, 3.0, 1.0, 2.0, 0.5)
+    problem = PartitionProblem((times, times), (0.1, 0.1), ((1e9,) * 8, (1e9,) * 8), (8e9, 8e9), vpp, 4, schedule)
+    found, how = _partition(problem, 5.0)
+    assert how == "ilp" and found is not None and found.optimal
+    assert found.objective_s == pytest.approx(_brute_force(problem), rel=1e-9)
