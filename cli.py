@@ -27,7 +27,7 @@ from planner.gpu import GIB, catalog_gpu_names, lookup_gpu
 from planner.model import ModelSpec, catalog_model_names, load_model
 from planner.placement import default_placement
 from planner.plan import build_plan_document, load_plan, parse_plan_document, write_atomic
-from planner.profile.calibration import default_calibration
+from planner.profile.calibration import Calibration, default_calibration, load_calibration
 from planner.profile.fit import PARAMETERS, calibration_document, fit_efficiencies, gpu_profile_document
 from planner.profile.links import apply_links, link_node_indices, load_links, write_links
 from planner.profile.links_nccl import import_nccl_tests
@@ -101,7 +101,18 @@ def profile_option(command: Callable[..., Any]) -> Callable[..., Any]:
                              "--model).")(command)
 
 
-def load_profile_and_model(profile_path: Path, model_spec: str, training: Training,
+def calibration_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--calibration FILE`: cost-model constants (e.g. from `planner calibrate --calibration-out`)."""
+    return click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False, path_type=Path),
+                        help="Cost-model constants to use instead of profiles/calibration.yaml "
+                             "(e.g. written by `planner calibrate --calibration-out`).")(command)
+
+
+def chosen_calibration(calibration_path: Path | None) -> Calibration:
+    return load_calibration(calibration_path) if calibration_path else default_calibration()
+
+
+def load_profile_and_model(profile_path: Path, model_spec: str, training: Training, calibration: Calibration,
                            ) -> tuple[ModelSpec, Training, MeasuredProfile]:
     """The profile bound to the model, with the model, sequence length, dtype and attention kernel
     taken from the profile wherever the user left that option at its default."""
@@ -114,7 +125,7 @@ def load_profile_and_model(profile_path: Path, model_spec: str, training: Traini
     model = load_model(model_spec) if given("model_spec") else profile.model
     training = replace(training, **{name: getattr(profile, name)
                                     for name in ("seq_len", "dtype", "attention") if not given(name)})
-    return model, training, bind_to_model(profile, model, default_calibration())
+    return model, training, bind_to_model(profile, model, calibration)
 
 
 def echo_profile_notes(timer: MeasuredProfile | None) -> None:
@@ -220,12 +231,14 @@ def echo_heterogeneity(record: dict[str, Any]) -> None:
 @parallel_options
 @click.option("--partition", help="Transformer blocks per (virtual) stage, e.g. 5,6,7,6 (default: uniform).")
 @profile_option
+@calibration_option
 @cluster_condition_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan JSON document only.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the plan JSON here.")
 @handle_errors
 def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len: int, dtype: str,
-                     attention: str, partition: str | None, profile_path: Path | None, links_path: Path | None,
+                     attention: str, partition: str | None, profile_path: Path | None,
+                     calibration_path: Path | None, links_path: Path | None,
                      slowdowns: tuple[str, ...], as_json: bool, out: Path | None, **parallel: Any) -> None:
     """Estimate time and memory of one fully given configuration, with its breakdown.
 
@@ -235,17 +248,19 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
     model, cluster = load_problem(model_spec, cluster_spec)
     cluster = condition_cluster(cluster, links_path, slowdowns)
     training = build_training(global_batch, seq_len, dtype, attention)
+    calibration = chosen_calibration(calibration_path)
     timer = None
     if profile_path:
-        model, training, timer = load_profile_and_model(profile_path, model_spec, training)
+        model, training, timer = load_profile_and_model(profile_path, model_spec, training, calibration)
     config = config_from_options(parallel, cluster)
     split = parse_partition(partition, model) if partition else None
     placement = default_placement(cluster, config)
-    result = estimate(model, cluster, training, config, split, placement, timer=timer)
+    result = estimate(model, cluster, training, config, split, placement, timer=timer, calibration=calibration)
     echo_profile_notes(timer)
     extra = {"profile": {"path": str(profile_path), "notes": list(timer.notes)}} if timer else {}
     if slowdowns:
-        replanned = replan(model, cluster, training, config, split, fixed_partition=split is not None, timer=timer)
+        replanned = replan(model, cluster, training, config, split, fixed_partition=split is not None, timer=timer,
+                           calibration=calibration)
         extra["replan"] = {"slowdowns": list(slowdowns), **replan_record(cluster, config, replanned)}
     document = build_plan_document(model, cluster, training, config, placement, result, extra)
     text = json.dumps(document, indent=2)
@@ -341,12 +356,13 @@ def export_document(document: dict[str, Any], target: str, out: Path | None) -> 
 @click.option("--export-out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the --export files  [default: ./TARGET-launch]")
 @profile_option
+@calibration_option
 @cluster_condition_options
 @handle_errors
 def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len: int, dtype: str, attention: str,
                  top_k: int, time_limit_s: float, as_json: bool, out: Path | None, export_target: str | None,
-                 export_out: Path | None, profile_path: Path | None, links_path: Path | None,
-                 slowdowns: tuple[str, ...], **parallel: Any) -> None:
+                 export_out: Path | None, profile_path: Path | None, calibration_path: Path | None,
+                 links_path: Path | None, slowdowns: tuple[str, ...], **parallel: Any) -> None:
     """Search the best parallel layouts (fixed options constrain the search) and rank them."""
     from planner.search.search import search
     from planner.search.space import FixedOptions
@@ -355,18 +371,21 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     unslowed = condition_cluster(cluster, links_path, ())
     cluster = condition_cluster(cluster, links_path, slowdowns)
     training = build_training(global_batch, seq_len, dtype, attention)
+    calibration = chosen_calibration(calibration_path)
     timer = None
     if profile_path:
-        model, training, timer = load_profile_and_model(profile_path, model_spec, training)
+        model, training, timer = load_profile_and_model(profile_path, model_spec, training, calibration)
     fixed = FixedOptions.from_options(parallel)
-    found = search(model, cluster, training, fixed, top_k, time_limit_s, timer=timer)
+    found = search(model, cluster, training, fixed, top_k, time_limit_s, timer=timer, calibration=calibration)
     echo_profile_notes(timer)
     heterogeneity = None
     if cluster.pair_links or cluster.gpu_overrides or not cluster.is_homogeneous:
-        placed = place_plans(model, cluster, training, found.plans[:1], max_evaluations=PLACEMENT_EVALUATIONS)
+        placed = place_plans(model, cluster, training, found.plans[:1], max_evaluations=PLACEMENT_EVALUATIONS,
+                             timer=timer, calibration=calibration)
         found = replace(found, plans=(placed[0][0], *found.plans[1:]))
         heterogeneity = heterogeneity_record(model, cluster, training, placed, fixed=fixed, time_limit_s=time_limit_s,
-                                             unslowed=unslowed if slowdowns else None)
+                                             unslowed=unslowed if slowdowns else None, timer=timer,
+                                             calibration=calibration)
     documents = [build_plan_document(model, cluster, training, p.config, p.placement, p.estimate)
                  for p in found.plans]
     document = {**documents[0], "alternatives": documents[1:], "search": found.stats.as_dict()}

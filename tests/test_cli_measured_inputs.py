@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import yaml
 from click.testing import CliRunner
 
 from cli import main
+from planner.resources import profiles_dir
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl"
 
@@ -50,3 +52,24 @@ def test_plan_with_measured_profile_uses_its_model_and_sequence(tmp_path) -> Non
     document = json.loads(result.stdout)
     assert document["model"]["name"] == "tiny-llama" and document["training"]["seq_len"] == 128
     assert document["profile"]["notes"]
+
+
+def test_calibration_file_changes_the_estimate(tmp_path) -> None:
+    document = yaml.safe_load((profiles_dir() / "calibration.yaml").read_text())
+    document["constants"]["gemm_efficiency"]["value"] /= 2
+    path = tmp_path / "calibration.yaml"
+    path.write_text(yaml.safe_dump(document))
+    args = ["estimate", "--model", "llama2-7b", "--cluster", "1x8xH100-80GB", "--tp", "2", "--json"]
+    runner = CliRunner()
+    base = json.loads(runner.invoke(main, args).stdout)["estimate"]["iteration_time_s"]
+    slower = json.loads(runner.invoke(main, [*args, "--calibration", str(path)]).stdout)["estimate"]
+    assert slower["iteration_time_s"] > 1.5 * base
+    planned = runner.invoke(main, ["plan", "--model", "llama2-7b", "--calibration", str(path), "--json"])
+    assert planned.exit_code == 0, planned.output
+
+
+def test_bad_calibration_file_exits_2(tmp_path) -> None:
+    path = tmp_path / "calibration.yaml"
+    path.write_text("constants: {gemm_efficiency: fast}\n")
+    result = CliRunner().invoke(main, ["estimate", "--calibration", str(path)])
+    assert result.exit_code == 2 and "must be a number" in result.stderr
