@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -108,10 +108,6 @@ def calibration_option(command: Callable[..., Any]) -> Callable[..., Any]:
                              "(e.g. written by `planner calibrate --calibration-out`).")(command)
 
 
-def chosen_calibration(calibration_path: Path | None) -> Calibration:
-    return load_calibration(calibration_path) if calibration_path else default_calibration()
-
-
 def load_profile_and_model(profile_path: Path, model_spec: str, training: Training, calibration: Calibration,
                            ) -> tuple[ModelSpec, Training, MeasuredProfile]:
     """The profile bound to the model, with the model, sequence length, dtype and attention kernel
@@ -155,8 +151,29 @@ def build_training(global_batch: int, seq_len: int, dtype: str, attention: str) 
                     grad_bytes=2 if dtype == "fp16" else 4)
 
 
-def load_problem(model_spec: str, cluster_spec: str) -> tuple[ModelSpec, Cluster]:
-    return load_model(model_spec), load_cluster(cluster_spec)
+@dataclass(frozen=True)
+class Problem:
+    """Everything `plan` and `estimate` read from their options, loaded and checked."""
+
+    model: ModelSpec
+    cluster: Cluster
+    training: Training
+    calibration: Calibration
+    timer: MeasuredProfile | None
+
+
+def load_problem(model_spec: str, cluster_spec: str, global_batch: int, seq_len: int, dtype: str, attention: str,
+                 profile_path: Path | None, calibration_path: Path | None, links_path: Path | None,
+                 slowdowns: tuple[str, ...]) -> Problem:
+    """Model, cluster (with measured links and slowdowns), training, calibration and measured profile."""
+    model, cluster = load_model(model_spec), load_cluster(cluster_spec)
+    cluster = condition_cluster(cluster, links_path, slowdowns)
+    training = build_training(global_batch, seq_len, dtype, attention)
+    calibration = load_calibration(calibration_path) if calibration_path else default_calibration()
+    timer = None
+    if profile_path:
+        model, training, timer = load_profile_and_model(profile_path, model_spec, training, calibration)
+    return Problem(model, cluster, training, calibration, timer)
 
 
 def shortfall_message(result: Estimate) -> str:
@@ -245,13 +262,10 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
     With --slowdown it also re-plans placement (and, unless --partition is given, the stage split)
     around the slow devices and shows the time with and without that re-plan.
     """
-    model, cluster = load_problem(model_spec, cluster_spec)
-    cluster = condition_cluster(cluster, links_path, slowdowns)
-    training = build_training(global_batch, seq_len, dtype, attention)
-    calibration = chosen_calibration(calibration_path)
-    timer = None
-    if profile_path:
-        model, training, timer = load_profile_and_model(profile_path, model_spec, training, calibration)
+    problem = load_problem(model_spec, cluster_spec, global_batch, seq_len, dtype, attention, profile_path,
+                           calibration_path, links_path, slowdowns)
+    model, cluster, training, calibration, timer = (problem.model, problem.cluster, problem.training,
+                                                    problem.calibration, problem.timer)
     config = config_from_options(parallel, cluster)
     split = parse_partition(partition, model) if partition else None
     placement = default_placement(cluster, config)
@@ -367,14 +381,11 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     from planner.search.search import search
     from planner.search.space import FixedOptions
 
-    model, cluster = load_problem(model_spec, cluster_spec)
-    unslowed = condition_cluster(cluster, links_path, ())
-    cluster = condition_cluster(cluster, links_path, slowdowns)
-    training = build_training(global_batch, seq_len, dtype, attention)
-    calibration = chosen_calibration(calibration_path)
-    timer = None
-    if profile_path:
-        model, training, timer = load_profile_and_model(profile_path, model_spec, training, calibration)
+    problem = load_problem(model_spec, cluster_spec, global_batch, seq_len, dtype, attention, profile_path,
+                           calibration_path, links_path, slowdowns)
+    model, cluster, training, calibration, timer = (problem.model, problem.cluster, problem.training,
+                                                    problem.calibration, problem.timer)
+    unslowed = condition_cluster(load_cluster(cluster_spec), links_path, ()) if slowdowns else None
     fixed = FixedOptions.from_options(parallel)
     found = search(model, cluster, training, fixed, top_k, time_limit_s, timer=timer, calibration=calibration)
     echo_profile_notes(timer)
@@ -384,7 +395,7 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
                              timer=timer, calibration=calibration)
         found = replace(found, plans=(placed[0][0], *found.plans[1:]))
         heterogeneity = heterogeneity_record(model, cluster, training, placed, fixed=fixed, time_limit_s=time_limit_s,
-                                             unslowed=unslowed if slowdowns else None, timer=timer,
+                                             unslowed=unslowed, timer=timer,
                                              calibration=calibration)
     documents = [build_plan_document(model, cluster, training, p.config, p.placement, p.estimate)
                  for p in found.plans]

@@ -159,16 +159,6 @@ class ModelSpec:
             + 2 * self.norm_parameters
         )
 
-    def block_active_parameters(self) -> int:
-        """Parameters one token passes through in a block (top-k experts for MoE)."""
-        router = self.hidden_size * self.num_experts if self.is_moe else 0
-        return (
-            self.attention_parameters()
-            + self.moe_top_k * self.expert_parameters()
-            + router
-            + 2 * self.norm_parameters
-        )
-
     def padded_vocab_size(self, tp: int, divisible_by: int = 128) -> int:
         """Vocabulary padded as Megatron-LM pads it (`--make-vocab-size-divisible-by 128`, times tp),
         so every TP shard of the logits GEMM has an aligned width."""
