@@ -139,7 +139,8 @@ def test_estimate_uses_measured_times(profile_file) -> None:
     assert stage["time_s"]["backward"] == pytest.approx(8e-4 + 4 * 6.8e-3 + 4e-3)
     assert document["training"]["seq_len"] == 128  # taken from the profile, as was the model
     assert document["model"]["name"] == "tiny-llama"
-    assert document["profile"]["notes"] == ["profile: times measured on cpu applied to every GPU (H100-80GB)"]
+    assert document["profile"]["notes"] == ["profile: times measured on cpu applied to every GPU (H100-80GB)",
+                                            "profile: memory not measured on cpu; activations are analytic"]
 
 
 def test_estimate_prints_interpolation_notes_and_selective_recompute_uses_core_time(profile_file) -> None:
@@ -175,3 +176,74 @@ def test_missing_torch_names_the_install_extra(monkeypatch) -> None:
 def test_loading_a_missing_profile_is_a_planner_error(tmp_path) -> None:
     with pytest.raises(PlannerError, match="file not found"):
         load_measured_profile(tmp_path / "nope.json")
+
+
+# Synthetic CUDA measurements: activation bytes per (kind, micro-batch), allocated after forward.
+ACTIVATIONS = {("embedding", 1): 1e6, ("embedding", 4): 4e6, ("block", 1): 3e7, ("block", 4): 1.2e8,
+               ("head", 1): 5e7, ("head", 4): 2e8}
+
+
+def cuda_profile_document(sequence_parallel: bool = False) -> dict:
+    document = profile_document()
+    document["device"] = {"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}
+    document["settings"]["sequence_parallel"] = sequence_parallel
+    document["memory_measured"] = True
+    for unit in document["units"]:
+        unit["activation_bytes"] = ACTIVATIONS[(unit["kind"], unit["micro_batch"])]
+    return document
+
+
+COMMON = ("--cluster", "1x8xH100-80GB", "--pp", "2", "--global-batch", "64", "--micro-batch", "4", "--json")
+
+
+def _estimate_json(tmp_path, document: dict | None, *options: str) -> dict:
+    """`estimate` with the profile `document`, or analytic with the profile's model and settings when None."""
+    if document is None:
+        source = ["--model", "tiny-llama", "--seq-len", "128", "--dtype", "bf16", "--attention", "flash"]
+    else:
+        path = tmp_path / "PROFILE.json"
+        path.write_text(json.dumps(document))
+        source = ["--profile", str(path)]
+    result = CliRunner().invoke(cli.main, ["estimate", *source, *COMMON, *options])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def _activations(document: dict) -> list[float]:
+    return [stage["memory_bytes"]["activations"] for stage in document["stages"]]
+
+
+@pytest.mark.parametrize("micro_batch, block_bytes", [(4, 1.2e8), (2, 6e7)])
+def test_measured_cuda_memory_is_the_stage_activation_memory(tmp_path, micro_batch, block_bytes) -> None:
+    """tiny-llama pp=2: stage 0 holds embedding + 2 blocks, stage 1 2 blocks + head; 1F1B keeps 2 and 1
+    micro-batches in flight. Micro-batch 2 is interpolated between the measured 1 and 4."""
+    document = _estimate_json(tmp_path, cuda_profile_document(), "--micro-batch", str(micro_batch))
+    scale = micro_batch / 4
+    first, last = _activations(document)
+    assert first == pytest.approx(2 * (scale * 4e6 + 2 * block_bytes))
+    assert last == pytest.approx(1 * (2 * block_bytes + scale * 2e8))
+    assert "profile: activation memory measured on NVIDIA H100 80GB HBM3 (allocated after forward, per unit)" \
+        in document["profile"]["notes"]
+
+
+@pytest.mark.parametrize("document, options, note", [
+    (cuda_profile_document(), ("--recompute", "selective"),
+     "profile: memory measured without recompute; selective recompute uses analytic activations"),
+    (cuda_profile_document(), ("--recompute", "full"),
+     "profile: memory measured without recompute; full recompute uses analytic activations"),
+    (cuda_profile_document(sequence_parallel=True), (),
+     "profile: memory measured with sequence parallelism; activations are analytic"),
+    (profile_document(), (), "profile: memory not measured on cpu; activations are analytic"),
+])
+def test_analytic_memory_where_the_profile_did_not_measure_these_tensors(tmp_path, document, options, note) -> None:
+    measured = _estimate_json(tmp_path, document, *options)
+    assert _activations(measured) == pytest.approx(_activations(_estimate_json(tmp_path, None, *options)))
+    assert note in measured["profile"]["notes"]
+    assert not any("activation memory measured" in n for n in measured["profile"]["notes"])
+
+
+def test_measured_memory_needs_activation_bytes_per_unit() -> None:
+    document = cuda_profile_document()
+    document["units"][2]["activation_bytes"] = None
+    with pytest.raises(PlannerError, match="'activation_bytes' is missing or not a number"):
+        parse_profile_document(document, "p.json")

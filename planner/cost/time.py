@@ -9,7 +9,7 @@ optimise the same quantities the estimate reports.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from planner.cluster import Link
 from planner.config import ParallelConfig, Recompute, Training
@@ -22,6 +22,7 @@ from planner.profile.calibration import Calibration
 
 __all__ = [
     "OPTIMIZER_BYTES_PER_PARAM",
+    "ActivationSource",
     "DataParallelTime",
     "UnitCost",
     "UnitTimer",
@@ -54,6 +55,13 @@ class UnitTimer(Protocol):
     """Source of unit compute times: the analytic profile or a measured one."""
 
     def times(self, kind: UnitKind, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes: ...
+
+
+@runtime_checkable
+class ActivationSource(Protocol):
+    """A timer that may also supply measured activation bytes; None means use the analytic ones."""
+
+    def activation_bytes(self, kind: UnitKind, setting: UnitSetting, recompute: Recompute) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -108,13 +116,15 @@ def unit_costs(
             recompute_ars = forward_ars
         elif kind is UnitKind.BLOCK and config.recompute is Recompute.SELECTIVE:
             recompute = times.attention_core_forward_s
+        measured = (timer.activation_bytes(kind, setting, config.recompute)
+                    if isinstance(timer, ActivationSource) else None)
         costs[kind] = UnitCost(
             forward_s=times.forward_s,
             backward_s=times.backward_s,
             recompute_s=recompute,
             tp_forward_s=forward_ars * all_reduce,
             tp_backward_s=(overlappable * (1 - hidden) + synchronous + recompute_ars) * all_reduce,
-            activation_bytes=activation_bytes(model, kind, training, config),
+            activation_bytes=activation_bytes(model, kind, training, config) if measured is None else measured,
             params=params[kind] / config.tp,
         )
     return costs

@@ -8,6 +8,10 @@ lengths, dtypes and attention kernels that were not measured are refused (attent
 quadratic in the sequence and TP changes GEMM shapes, so scaling would be a guess): the error
 names what the profile holds. Sequence parallelism is accepted on a profile measured without it
 (it only shards the element-wise norm/dropout work, a few per cent of a block).
+
+Activation memory measured on CUDA (`memory_measured`) replaces the analytic bytes only where it
+describes the same tensors: no recompute and the profile's sequence-parallel setting; it is
+interpolated in micro-batch like the times. Otherwise the cost model keeps its analytic bytes, noted.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from planner.config import Recompute
 from planner.errors import PlannerError
 from planner.gpu import GPUSpec
 from planner.model import ModelSpec, UnitKind, model_from_dict
@@ -27,6 +32,7 @@ from planner.resources import load_structured_file
 
 __all__ = ["MeasuredProfile", "bind_to_model", "load_measured_profile", "parse_profile_document"]
 
+_T = TypeVar("_T")
 _TIME_FIELDS = ("forward_s", "backward_s", "attention_core_forward_s")
 
 
@@ -35,7 +41,8 @@ class MeasuredProfile:
     """Measured unit times of one model on one device type; `fallback` times GPUs the profile is not for.
 
     `gpu` is the catalog GPU type the profile was measured on, or None (e.g. a CPU profile), in
-    which case the times apply to every GPU. `notes` collects what was interpolated or defaulted.
+    which case the times apply to every GPU. `activation_bytes_by_setting` is empty unless memory
+    was measured. `notes` collects what was interpolated or defaulted.
     """
 
     model: ModelSpec
@@ -47,6 +54,9 @@ class MeasuredProfile:
     times_by_setting: dict[tuple[UnitKind, int], dict[int, UnitTimes]] = field(repr=False)
     fallback: AnalyticProfile | None = None
     source: str = ""
+    sequence_parallel: bool = False
+    activation_bytes_by_setting: dict[tuple[UnitKind, int], dict[int, float]] = field(default_factory=dict,
+                                                                                       repr=False)
     _notes: dict[str, None] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -72,11 +82,37 @@ class MeasuredProfile:
         self._check(setting)
         if self.gpu is None:
             self._note(f"times measured on {self.device} applied to every GPU ({gpu.name})")
-        by_batch = self.times_by_setting.get((kind, setting.tp))
+        by_batch = self._at_tp(self.times_by_setting, kind, setting.tp)
+        weights = self._micro_batch_weights(sorted(by_batch), setting.micro_batch)
+        values = [max(0.0, sum(w * getattr(by_batch[b], name) for b, w in weights)) for name in _TIME_FIELDS]
+        return UnitTimes(*values)
+
+    def activation_bytes(self, kind: UnitKind, setting: UnitSetting, recompute: Recompute) -> float | None:
+        """Measured activation bytes of one unit per micro-batch, or None where the analytic ones apply."""
+        if not self.activation_bytes_by_setting:
+            self._note(f"memory not measured on {self.device}; activations are analytic")
+            return None
+        if recompute is not Recompute.NONE:
+            self._note(f"memory measured without recompute; {recompute.value} recompute uses analytic activations")
+            return None
+        if setting.sequence_parallel != self.sequence_parallel:
+            measured = "with" if self.sequence_parallel else "without"
+            self._note(f"memory measured {measured} sequence parallelism; activations are analytic")
+            return None
+        self._check(setting)
+        by_batch = self._at_tp(self.activation_bytes_by_setting, kind, setting.tp)
+        self._note(f"activation memory measured on {self.device} (allocated after forward, per unit)")
+        weights = self._micro_batch_weights(sorted(by_batch), setting.micro_batch)
+        return max(0.0, sum(w * by_batch[b] for b, w in weights))
+
+    def _at_tp(self, table: dict[tuple[UnitKind, int], dict[int, _T]], kind: UnitKind,
+               tp: int) -> dict[int, _T]:
+        """One unit's measurements by micro-batch at `tp`; an unmeasured TP degree is an error."""
+        by_batch = table.get((kind, tp))
         if by_batch is None:
             tps = ", ".join(map(str, self.measured_tps()))
-            raise PlannerError(f"{self.source} has no measurements at tp={setting.tp}; measured tp: {tps}")
-        return self._at_micro_batch(by_batch, setting.micro_batch)
+            raise PlannerError(f"{self.source} has no measurements at tp={tp}; measured tp: {tps}")
+        return by_batch
 
     def _check(self, setting: UnitSetting) -> None:
         for option, wanted, have in (("--seq-len", setting.seq_len, self.seq_len),
@@ -86,36 +122,27 @@ class MeasuredProfile:
                 raise PlannerError(
                     f"{self.source} was measured at {option} {have}, not {wanted}; use {option} {have} or re-profile"
                 )
-        if setting.sequence_parallel:
+        if setting.sequence_parallel and not self.sequence_parallel:
             self._note("measured without sequence parallelism; its element-wise savings are not in the times")
 
-    def _at_micro_batch(self, by_batch: dict[int, UnitTimes], micro_batch: int) -> UnitTimes:
-        if micro_batch in by_batch:
-            return by_batch[micro_batch]
-        sizes = sorted(by_batch)
+    def _micro_batch_weights(self, sizes: list[int], micro_batch: int) -> list[tuple[int, float]]:
+        """Measured micro-batches and the weights that give a value at `micro_batch` (noted if not measured)."""
+        if micro_batch in sizes:
+            return [(micro_batch, 1.0)]
         position = bisect.bisect(sizes, micro_batch)
-        if position == 0:
-            low = sizes[0]
-            self._note(f"micro-batch {micro_batch} scaled down from measured {low}")
-            return _combine(by_batch[low], micro_batch / low, by_batch[low], 0.0)
+        if position == 0 or len(sizes) == 1:
+            nearest = sizes[0]
+            direction = "down" if position == 0 else "up"
+            self._note(f"micro-batch {micro_batch} scaled {direction} from measured {nearest}")
+            return [(nearest, micro_batch / nearest)]
         if position == len(sizes):
-            if len(sizes) == 1:
-                high = sizes[0]
-                self._note(f"micro-batch {micro_batch} scaled up from measured {high}")
-                return _combine(by_batch[high], micro_batch / high, by_batch[high], 0.0)
             low, high = sizes[-2], sizes[-1]
             self._note(f"micro-batch {micro_batch} extrapolated from {low} and {high}")
         else:
             low, high = sizes[position - 1], sizes[position]
             self._note(f"micro-batch {micro_batch} interpolated between {low} and {high}")
         weight = (micro_batch - low) / (high - low)
-        return _combine(by_batch[low], 1.0 - weight, by_batch[high], weight)
-
-
-def _combine(a: UnitTimes, wa: float, b: UnitTimes, wb: float) -> UnitTimes:
-    """wa·a + wb·b field by field (never below zero)."""
-    values = [max(0.0, wa * getattr(a, name) + wb * getattr(b, name)) for name in _TIME_FIELDS]
-    return UnitTimes(*values)
+        return [(low, 1.0 - weight), (high, weight)]
 
 
 def _require(mapping: dict[str, Any], key: str, kinds: type | tuple[type, ...], where: str) -> Any:
@@ -140,7 +167,13 @@ def parse_profile_document(document: Any, source: str) -> MeasuredProfile:
     gpu = document.get("gpu")
     if gpu is not None and not isinstance(gpu, str):
         raise PlannerError(f"{source}: 'gpu' must be a GPU type name or null, got {gpu!r}")
+    memory_measured = document.get("memory_measured", False)
+    sequence_parallel = settings.get("sequence_parallel", False)
+    for key, value in (("memory_measured", memory_measured), ("settings.sequence_parallel", sequence_parallel)):
+        if not isinstance(value, bool):
+            raise PlannerError(f"{source}: '{key}' must be true or false, got {value!r}")
     table: dict[tuple[UnitKind, int], dict[int, UnitTimes]] = {}
+    memory: dict[tuple[UnitKind, int], dict[int, float]] = {}
     for position, entry in enumerate(units):
         where = f"{source}: units[{position}]"
         if not isinstance(entry, dict):
@@ -154,6 +187,11 @@ def parse_profile_document(document: Any, source: str) -> MeasuredProfile:
         if tp < 1 or batch < 1 or any(v < 0 for v in values):
             raise PlannerError(f"{where}: tp and micro_batch must be positive and times non-negative")
         table.setdefault((kind, tp), {})[batch] = UnitTimes(*map(float, values))
+        if memory_measured:
+            measured = _require(entry, "activation_bytes", (int, float), where)
+            if measured < 0:
+                raise PlannerError(f"{where}: activation_bytes must be non-negative, got {measured!r}")
+            memory.setdefault((kind, tp), {})[batch] = float(measured)
     if not table:
         raise PlannerError(f"{source}: 'units' is empty")
     for tp in {tp for _, tp in table}:
@@ -166,7 +204,8 @@ def parse_profile_document(document: Any, source: str) -> MeasuredProfile:
         dtype=_require(settings, "dtype", str, f"{source}: settings"),
         attention=_require(settings, "attention", str, f"{source}: settings"),
         device=str(device.get("name", device.get("type", "unknown device"))),
-        times_by_setting=table, source=source,
+        times_by_setting=table, source=source, sequence_parallel=sequence_parallel,
+        activation_bytes_by_setting=memory,
     )
 
 
