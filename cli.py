@@ -76,11 +76,12 @@ def problem_options(command: Callable[..., Any]) -> Callable[..., Any]:
 def parallel_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Parallel-configuration options; on `plan` each one fixes that dimension of the search."""
     options = [
-        click.option("--tp", type=int, help="Tensor-parallel degree."),
-        click.option("--pp", type=int, help="Pipeline-parallel degree."),
-        click.option("--dp", type=int, help="Data-parallel degree."),
-        click.option("--micro-batch", type=int, help="Micro-batch size (sequences)."),
-        click.option("--vpp", type=int, help="Model chunks per pipeline rank (interleaved schedule)."),
+        click.option("--tp", type=click.IntRange(min=1), help="Tensor-parallel degree."),
+        click.option("--pp", type=click.IntRange(min=1), help="Pipeline-parallel degree."),
+        click.option("--dp", type=click.IntRange(min=1), help="Data-parallel degree."),
+        click.option("--micro-batch", type=click.IntRange(min=1), help="Micro-batch size (sequences)."),
+        click.option("--vpp", type=click.IntRange(min=1),
+                     help="Model chunks per pipeline rank (interleaved schedule)."),
         click.option("--recompute", type=click.Choice(["none", "selective", "full"])),
         click.option("--schedule", type=click.Choice(["1f1b", "interleaved", "gpipe"])),
         click.option("--zero", "zero_stage", type=click.IntRange(0, 3), help="ZeRO stage (DeepSpeed semantics)."),

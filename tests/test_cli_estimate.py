@@ -80,3 +80,10 @@ def test_list(what: str) -> None:
     records = json.loads(run("list", what, "--json").output)
     assert records and all("name" in r for r in records)
     assert records[0]["name"] in table.output
+
+
+@pytest.mark.parametrize("option", ["--tp", "--pp", "--dp", "--micro-batch", "--vpp"])
+@pytest.mark.parametrize("command", ["estimate", "plan"])
+def test_degrees_must_be_positive(command: str, option: str) -> None:
+    result = run(command, option, "0")
+    assert result.exit_code == 2 and option in result.stderr and "Traceback" not in result.output
