@@ -205,10 +205,13 @@ class Partition:
     def from_blocks(cls, blocks_per_stage: tuple[int, ...] | list[int], num_layers: int) -> Partition:
         """Embedding joins the first stage and the head the last (Megatron-LM's default placement)."""
         counts = list(blocks_per_stage)
-        if sum(counts) != num_layers or any(c < 0 for c in counts):
+        text = ",".join(map(str, counts))
+        if any(c < 0 for c in counts):
+            raise PlannerError(f"partition {text}: block counts must be non-negative")
+        if sum(counts) != num_layers:
             raise PlannerError(
-                f"partition {','.join(map(str, counts))} must give non-negative block counts summing to "
-                f"{num_layers} (the model's layers), got a sum of {sum(counts)}"
+                f"partition {text} must give block counts summing to {num_layers} (the model's layers), "
+                f"got a sum of {sum(counts)}"
             )
         counts[0] += 1
         counts[-1] += 1

@@ -74,6 +74,8 @@ def test_uneven_partition_changes_stage_times_and_is_validated() -> None:
         estimate(MODEL, CLUSTER, training, config, Partition.from_blocks([10, 11, 11], 32))
     with pytest.raises(PlannerError, match="summing to 32"):
         Partition.from_blocks([10, 10, 10, 10], 32)
+    with pytest.raises(PlannerError, match="must be non-negative"):
+        Partition.from_blocks([-1, 33], 32)
 
 
 def test_bubble_matches_narayanan_for_uniform_stages() -> None:
