@@ -9,9 +9,14 @@ from hypothesis import strategies as st
 from planner.cluster import parse_shorthand
 from planner.config import ParallelConfig, Partition, Recompute, Schedule, Training
 from planner.cost.estimate import BREAKDOWN_KEYS, estimate
+from planner.cost.memory import rank_memory_model
 from planner.cost.schedule import pipeline_time
+from planner.cost.time import unit_costs
 from planner.errors import PlannerError
 from planner.model import load_model
+from planner.placement import GroupLinks, default_placement
+from planner.profile.analytic import AnalyticProfile
+from planner.profile.calibration import default_calibration
 
 MODEL = load_model("llama2-7b")
 CLUSTER = parse_shorthand("4x8xA100-80GB")
@@ -97,3 +102,23 @@ def test_config_errors_name_the_values() -> None:
         ParallelConfig(dp=2, tp=1, pp=2, zero_stage=2)
     with pytest.raises(PlannerError, match="needs 64 GPUs"):
         estimate(MODEL, CLUSTER, Training(global_batch=64), ParallelConfig(dp=8, tp=8, pp=1))
+
+
+@pytest.mark.parametrize("recompute", list(Recompute))
+def test_linear_rank_memory_is_the_estimates_accounting(recompute: Recompute) -> None:
+    """The partitioner's linear memory form (rank_memory_model) gives estimate()'s per-GPU totals."""
+    training = Training(global_batch=32, seq_len=2048)
+    config = ParallelConfig(dp=2, tp=4, pp=4, recompute=recompute, sequence_parallel=True,
+                            distributed_optimizer=True)
+    split = Partition.from_blocks([7, 8, 9, 8], 32)
+    result = estimate(MODEL, CLUSTER, training, config, split)
+    cal = default_calibration()
+    links = GroupLinks.from_placement(CLUSTER, config, default_placement(CLUSTER, config))
+    for stage, (start, end) in zip(result.stages, split.bounds(), strict=True):
+        costs = unit_costs(MODEL, training, config, links.gpu[stage.pp_rank], links.tp[stage.pp_rank],
+                           AnalyticProfile(MODEL, cal), cal)
+        kinds = [costs[u.kind] for u in MODEL.units()[start:end]]
+        rank = rank_memory_model(MODEL, training, config, stage.pp_rank, result.num_microbatches,
+                                 cal.memory_overhead_bytes, cal.memory_fragmentation)
+        total = rank.total(sum(c.params for c in kinds), sum(c.activation_bytes for c in kinds))
+        assert total == pytest.approx(stage.memory.total, rel=1e-9)

@@ -245,9 +245,8 @@ def estimate(
     gpus_used = config.num_gpus
     peak = sum(links.gpu[r].peak_flops(training.dtype) for r in range(config.pp)) / config.pp
     stages = []
-    for k, (start, end) in enumerate(bounds):
+    for k, ((start, end), blocks) in enumerate(zip(bounds, partition.block_ranges(), strict=True)):
         r = k % config.pp
-        blocks = (min(max(start - 1, 0), model.num_layers), min(max(end - 1, 0), model.num_layers))
         stages.append(StageEstimate(
             index=k, pp_rank=r, virtual_index=k // config.pp, units=(start, end), blocks=blocks,
             embedding=start == 0, head=end == model.num_layers + 2, gpu=links.gpu[r].name,

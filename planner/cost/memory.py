@@ -14,10 +14,12 @@ from planner.model import ModelSpec, UnitKind
 
 __all__ = [
     "ModelStateBytes",
+    "RankMemoryModel",
     "activation_bytes",
     "block_activation_bytes",
     "in_flight_microbatches",
     "model_state_bytes",
+    "rank_memory_model",
     "recompute_working_bytes",
 ]
 
@@ -131,3 +133,30 @@ def in_flight_microbatches(config: ParallelConfig, pp_rank: int, num_microbatche
         chunks = min((p - pp_rank - 1) * 2 + (v - 1) * p + 1, m * v)
         return chunks / v
     return float(min(p - pp_rank, m))
+
+
+@dataclass(frozen=True)
+class RankMemoryModel:
+    """One pipeline rank's per-GPU memory as a linear function of what its stages hold:
+    total = param_bytes · parameters + activation_factor · (activation bytes per micro-batch) + fixed_bytes.
+    It is the accounting of `estimate` (model states and in-flight activations, plus the stated
+    runtime overhead and fragmentation), in the form the stage partitioner needs."""
+
+    param_bytes: float
+    activation_factor: float
+    fixed_bytes: float
+
+    def total(self, params: float, activations: float) -> float:
+        return self.param_bytes * params + self.activation_factor * activations + self.fixed_bytes
+
+
+def rank_memory_model(model: ModelSpec, training: Training, config: ParallelConfig, pp_rank: int,
+                      num_microbatches: int, overhead_bytes: float, fragmentation: float) -> RankMemoryModel:
+    """The linear memory form of pipeline rank `pp_rank` (overhead and fragmentation from calibration)."""
+    scale = 1 + fragmentation
+    states = model_state_bytes(1.0, config.dp, config.optimizer_sharding, training.grad_bytes).total
+    return RankMemoryModel(
+        param_bytes=scale * states,
+        activation_factor=scale * in_flight_microbatches(config, pp_rank, num_microbatches),
+        fixed_bytes=overhead_bytes + scale * recompute_working_bytes(model, training, config),
+    )

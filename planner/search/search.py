@@ -24,7 +24,7 @@ import numpy as np
 from planner.cluster import Cluster
 from planner.config import ParallelConfig, Partition, Recompute, Schedule, Training
 from planner.cost.estimate import Estimate, estimate
-from planner.cost.memory import in_flight_microbatches, model_state_bytes
+from planner.cost.memory import rank_memory_model
 from planner.cost.time import (
     UnitCost,
     UnitTimer,
@@ -222,10 +222,10 @@ def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
     params = first[UnitKind.EMBEDDING].params + layers * first[UnitKind.BLOCK].params + first[UnitKind.HEAD].params
     activations = (first[UnitKind.EMBEDDING].activation_bytes + layers * first[UnitKind.BLOCK].activation_bytes
                    + first[UnitKind.HEAD].activation_bytes)
-    state_per_param = model_state_bytes(1.0, config.dp, config.optimizer_sharding, training.grad_bytes).total
-    in_flight = min(in_flight_microbatches(config, r, m) for r in range(config.pp))
-    need = (1 + cal.memory_fragmentation) * (state_per_param * params + in_flight * activations)
-    available = sum(c - cal.memory_overhead_bytes for c in links.capacity_bytes)
+    ranks = [rank_memory_model(model, training, config, r, m, cal.memory_overhead_bytes, cal.memory_fragmentation)
+             for r in range(config.pp)]
+    need = ranks[0].param_bytes * params + min(rank.activation_factor for rank in ranks) * activations
+    available = sum(c - rank.fixed_bytes for c, rank in zip(links.capacity_bytes, ranks, strict=True))
     if need > available:  # rejected: no time bound needed
         return _Candidate(order, config, math.inf, need, available, costs, (), m, 0.0, 0.0)
     boundary = ctx.boundary(config, links)
@@ -384,17 +384,15 @@ def _problem(ctx: _Context, candidate: _Candidate) -> PartitionProblem:
     config, cal, m = candidate.config, ctx.calibration, candidate.num_microbatches
     _, links = ctx.placed(config)
     kinds = _unit_kinds(ctx.model)
-    state_per_param = model_state_bytes(1.0, config.dp, config.optimizer_sharding, ctx.training.grad_bytes).total
-    times, memories = [], []
+    times, memories, budgets = [], [], []
     for r, costs in enumerate(candidate.rank_costs):
-        in_flight = in_flight_microbatches(config, r, m)
-        per_kind = {kind: (1 + cal.memory_fragmentation) * (state_per_param * cost.params
-                                                             + in_flight * cost.activation_bytes)
-                    for kind, cost in costs.items()}
+        rank = rank_memory_model(ctx.model, ctx.training, config, r, m, cal.memory_overhead_bytes,
+                                 cal.memory_fragmentation)
         times.append(tuple(costs[kind].total_s for kind in kinds))
-        memories.append(tuple(per_kind[kind] for kind in kinds))
-    budgets = tuple(float(c) - cal.memory_overhead_bytes for c in links.capacity_bytes)
-    return PartitionProblem(tuple(times), candidate.boundary_s, tuple(memories), budgets, config.vpp, m,
+        memories.append(tuple(rank.total(costs[kind].params, costs[kind].activation_bytes) - rank.fixed_bytes
+                              for kind in kinds))
+        budgets.append(float(links.capacity_bytes[r]) - rank.fixed_bytes)
+    return PartitionProblem(tuple(times), candidate.boundary_s, tuple(memories), tuple(budgets), config.vpp, m,
                             config.schedule)
 
 
