@@ -6,13 +6,13 @@ and the Megatron-DeepSpeed flags against ds_config.json."""
 from __future__ import annotations
 
 import json
-import shlex
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_export_plans import make_plan, plan_document
+from test_export_plans import make_plan, parse_flags, plan_document
 
+from planner.errors import PlannerError
 from planner.export.common import estimate_split
 from planner.export.deepspeed import (
     export_deepspeed,
@@ -21,20 +21,9 @@ from planner.export.deepspeed import (
     partition_options,
     partition_uniform,
 )
-from planner.model import load_model
+from planner.export.megatron import export_megatron
+from planner.model import catalog_model_names, load_model
 from planner.plan import parse_plan_document
-
-
-def flags(text: str) -> dict[str, str | None]:
-    tokens = shlex.split("\n".join(line for line in text.splitlines() if not line.startswith("#")))
-    out: dict[str, str | None] = {}
-    for token in tokens:
-        if token.startswith("--"):
-            out[token] = None
-            last = token
-        else:
-            out[last] = token
-    return out
 
 
 def check_deepspeed_rules(plan, files: dict[str, str]) -> dict:
@@ -47,15 +36,15 @@ def check_deepspeed_rules(plan, files: dict[str, str]) -> dict:
         assert gas == plan.parallel.num_microbatches(plan.training.global_batch), "PipelineEngine: GAS = micro-batches"
         assert config["zero_optimization"]["stage"] < 2, "PipelineEngine asserts ZeRO stage < 2"
     assert not (config.get("bf16", {}).get("enabled") and config.get("fp16", {}).get("enabled"))
-    args = flags(files["megatron_deepspeed_args.txt"])
-    assert int(args["--global-batch-size"]) == config["train_batch_size"]
-    assert int(args["--micro-batch-size"]) == mbs
-    assert int(args["--zero-stage"]) == config["zero_optimization"]["stage"]
-    assert args["--deepspeed_config"] == "ds_config.json" and "--deepspeed" in args
+    args = parse_flags(files["megatron_deepspeed_args.txt"])
+    assert args["--global-batch-size"] == [str(config["train_batch_size"])]
+    assert args["--micro-batch-size"] == [str(mbs)]
+    assert args["--zero-stage"] == [str(config["zero_optimization"]["stage"])]
+    assert args["--deepspeed_config"] == ["ds_config.json"] and "--deepspeed" in args
     assert ("--no-pipeline-parallel" in args) == (plan.parallel.pp == 1)
-    if args.get("--recompute-granularity") == "full":
-        assert args["--recompute-method"] == "uniform", "DeepSpeed's pipeline has no block recompute"
-        assert config["pipeline"]["activation_checkpoint_interval"] == int(args["--recompute-num-layers"])
+    if args.get("--recompute-granularity") == ["full"]:
+        assert args["--recompute-method"] == ["uniform"], "DeepSpeed's pipeline has no block recompute"
+        assert config["pipeline"]["activation_checkpoint_interval"] == int(args["--recompute-num-layers"][0])
     return config
 
 
@@ -145,3 +134,104 @@ def test_a_cluster_the_cost_model_cannot_rebuild_still_exports_with_the_splits_l
     result = export_deepspeed(parse_plan_document(document))
     assert "splits not costed" in result.notes[-1] and "type:transformer: 8,8,8,8" in result.notes[-1]
     assert json.loads(result.files["ds_config.json"])["train_batch_size"] == 128
+
+
+# ---- one model mapping: both Megatron-family exports describe the same model --------------------
+
+def common_model(args: dict[str, list[str]]) -> dict:
+    """What both parsers spell alike, with their shared defaults (dropout 0.1, biases on)."""
+    return {
+        "layers": args["--num-layers"], "hidden": args["--hidden-size"], "ffn": args["--ffn-hidden-size"],
+        "kv_channels": args.get("--kv-channels"), "seq": args["--seq-length"],
+        "positions": args["--max-position-embeddings"], "swiglu": "--swiglu" in args,
+        "untied": "--untie-embeddings-and-output-weights" in args, "linear_bias": "--disable-bias-linear" not in args,
+        "dropout": tuple(float(args.get(flag, ["0.1"])[0]) for flag in ("--attention-dropout", "--hidden-dropout")),
+        "dtype": "fp16" if "--fp16" in args else "bf16",
+    }
+
+
+def megatron_lm_model(args: dict[str, list[str]]) -> dict:
+    """The model megatron_args.txt asks Megatron-LM for, read with its parser's defaults (REFERENCE.md §1)."""
+    model = common_model(args)
+    heads, experts = int(args["--num-attention-heads"][0]), int(args.get("--num-experts", ["1"])[0])
+    return model | {
+        "kv_heads": int(args["--num-query-groups"][0]) if "--group-query-attention" in args else heads,
+        "rmsnorm": args.get("--normalization") == ["RMSNorm"],
+        "rope": args.get("--position-embedding-type") == ["rope"],
+        "qkv_bias": model["linear_bias"] or "--add-qkv-bias" in args,
+        # dropless routing in every layer is Megatron-LM's default (no capacity factor)
+        "moe": (experts, int(args["--moe-router-topk"][0]), "--moe-expert-capacity-factor" not in args)
+        if experts > 1 else None,
+        "dtype": "fp8" if "--fp8-format" in args else model["dtype"],
+        "flash": args.get("--attention-backend") == ["flash"],
+    }
+
+
+def megatron_deepspeed_model(args: dict[str, list[str]]) -> dict:
+    """The model megatron_deepspeed_args.txt asks for, read with Megatron-DeepSpeed's defaults (its arguments.py)."""
+    model = common_model(args)
+    heads, experts = int(args["--num-attention-heads"][0]), int(args.get("--num-experts", ["1"])[0])
+    in_every_layer = int(args.get("--expert-interval", ["2"])[0]) == 1
+    return model | {
+        "kv_heads": int(args.get("--num-key-value-heads", [heads])[0]),
+        "rmsnorm": args.get("--normalization") == ["rmsnorm"],
+        "rope": "--use-rotary-position-embeddings" in args and "--no-position-embedding" in args,
+        "qkv_bias": model["linear_bias"],
+        "moe": (experts if in_every_layer else "every 2nd layer", int(args.get("--topk", ["1"])[0]),
+                "--disable-moe-token-dropping" in args) if experts > 1 else None,
+        "flash": "--use-flash-attn-v2" in args,
+    }
+
+
+# What Megatron-DeepSpeed has no flag for, and the word its export's note uses for it.
+NO_DEEPSPEED_FLAG = {"qkv_bias": "QKV", "dtype": "fp8"}
+MODEL_CASES = [(name, "bf16") for name in catalog_model_names() if load_model(name).position_embedding != "alibi"]
+MODEL_CASES += [("gpt3-1.3b", "fp16"), ("llama3-8b", "fp8")]
+
+
+@pytest.mark.parametrize(("name", "dtype"), MODEL_CASES)
+def test_megatron_and_deepspeed_exports_describe_the_same_model(name, dtype):
+    """One model→flag mapping: read back with each parser's defaults, both exports of a plan ask for the
+    model the plan has; where Megatron-DeepSpeed has no flag, its export says so in a note."""
+    model = load_model(name)
+    plan = make_plan(model=name, cluster="1x8xH100-80GB", blocks=(model.num_layers,), tp=1, pp=1, dtype=dtype)
+    megatron = megatron_lm_model(parse_flags(export_megatron(plan).files["megatron_args.txt"]))
+    result = export_deepspeed(plan)
+    deepspeed = megatron_deepspeed_model(parse_flags(result.files["megatron_deepspeed_args.txt"]))
+    assert megatron["layers"] == [str(model.num_layers)] and megatron["kv_heads"] == model.num_key_value_heads
+    assert megatron["qkv_bias"] == (model.qkv_bias or model.linear_bias)
+    assert megatron["moe"] == ((model.num_experts, model.moe_top_k, True) if model.is_moe else None)
+    assert megatron["rope"] == (model.position_embedding == "rope") and megatron["dtype"] == dtype
+    differ = {key for key in megatron if megatron[key] != deepspeed[key]}
+    assert differ <= set(NO_DEEPSPEED_FLAG), {key: (megatron[key], deepspeed[key]) for key in differ}
+    for key in differ:
+        assert any(NO_DEEPSPEED_FLAG[key] in note for note in result.notes)
+        assert NO_DEEPSPEED_FLAG[key] in result.files["megatron_deepspeed_args.txt"].split("\n# parallelism")[0]
+
+
+def test_mixtral_export_carries_the_moe_flags():
+    plan = make_plan(model="mixtral-8x7b", cluster="4x8xH100-80GB", blocks=(8,) * 4, tp=4)
+    args = parse_flags(export_deepspeed(plan).files["megatron_deepspeed_args.txt"])
+    assert args["--num-experts"] == ["8"] and args["--topk"] == ["2"] and args["--expert-interval"] == ["1"]
+    assert "--disable-moe-token-dropping" in args, "Mixtral routes every token (Megatron-LM's dropless default)"
+    assert "--enable-expert-tensor-parallelism" in args, "the plan shards experts over TP, as Megatron-LM does"
+    dense = parse_flags(export_deepspeed(make_plan()).files["megatron_deepspeed_args.txt"])
+    assert not {"--num-experts", "--topk", "--enable-expert-tensor-parallelism"} & set(dense)
+
+
+def test_qwen_export_states_its_qkv_bias():
+    """Megatron-DeepSpeed has no --add-qkv-bias (its argparse would refuse the flag): the export says the
+    QKV biases are missing instead of dropping them silently, while Megatron-LM's export carries the flag."""
+    plan = make_plan(model="qwen2.5-7b", blocks=(7,) * 4)
+    result = export_deepspeed(plan)
+    args = parse_flags(result.files["megatron_deepspeed_args.txt"])
+    assert "--add-qkv-bias" not in args and "--disable-bias-linear" in args and args["--num-key-value-heads"] == ["4"]
+    assert any("QKV projection" in note for note in result.notes)
+    assert "--add-qkv-bias" in parse_flags(export_megatron(plan).files["megatron_args.txt"])
+
+
+def test_alibi_is_refused_by_both_megatron_family_exports():
+    plan = make_plan(model="bloom-176b", cluster="8x8xH100-80GB", tp=8, pp=7, blocks=(10,) * 7, global_batch=64)
+    for export in (export_megatron, export_deepspeed):
+        with pytest.raises(PlannerError, match="ALiBi"):
+            export(plan)

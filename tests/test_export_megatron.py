@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shlex
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -15,27 +14,12 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_export_plans import make_plan
+from test_export_plans import make_plan, parse_flags
 
 from planner.config import Partition
 from planner.errors import PlannerError
 from planner.export.megatron import export_megatron, layout_string, parse_layout, split_arguments
 from planner.plan import Plan
-
-
-def parse_args(text: str) -> dict[str, list[str]]:
-    """megatron_args.txt → {flag: values} (a flag without values maps to [])."""
-    tokens = shlex.split("\n".join(line for line in text.splitlines() if not line.startswith("#")))
-    args: dict[str, list[str]] = {}
-    flag = None
-    for token in tokens:
-        if token.startswith("--"):
-            assert token not in args, f"{token} given twice"
-            flag = token
-            args[flag] = []
-        else:
-            args[flag].append(token)
-    return args
 
 
 def megatron_split(args: dict[str, list[str]], num_layers: int) -> list[int]:
@@ -75,7 +59,7 @@ def megatron_split(args: dict[str, list[str]], num_layers: int) -> list[int]:
 
 
 def check_megatron_rules(plan: Plan, files: dict[str, str]) -> dict[str, list[str]]:
-    args = parse_args(files["megatron_args.txt"])
+    args = parse_flags(files["megatron_args.txt"])
     tp, pp = int(args["--tensor-model-parallel-size"][0]), int(args["--pipeline-model-parallel-size"][0])
     world = plan.parallel.num_gpus
     assert world % (tp * pp) == 0
@@ -167,22 +151,22 @@ def test_layout_string_round_trips_any_split(counts, empty_first):
 
 
 def test_model_flags():
-    args = parse_args(export_megatron(make_plan()).files["megatron_args.txt"])
+    args = parse_flags(export_megatron(make_plan()).files["megatron_args.txt"])
     assert args["--num-query-groups"] == ["8"] and "--group-query-attention" in args
     assert args["--normalization"] == ["RMSNorm"] and args["--position-embedding-type"] == ["rope"]
     assert "--swiglu" in args and "--untie-embeddings-and-output-weights" in args and "--bf16" in args
     assert "--kv-channels" not in args
-    gpt = parse_args(export_megatron(make_plan(model="gpt3-1.3b", blocks=(6,) * 4, tp=1, dtype="fp16"))
+    gpt = parse_flags(export_megatron(make_plan(model="gpt3-1.3b", blocks=(6,) * 4, tp=1, dtype="fp16"))
                      .files["megatron_args.txt"])
     assert gpt["--position-embedding-type"] == ["learned_absolute"] and gpt["--normalization"] == ["LayerNorm"]
     assert "--fp16" in gpt and "--swiglu" not in gpt and "--disable-bias-linear" not in gpt
     assert "--untie-embeddings-and-output-weights" not in gpt and "--attention-dropout" not in gpt
-    qwen = parse_args(export_megatron(make_plan(model="qwen2.5-7b", blocks=(7,) * 4)).files["megatron_args.txt"])
+    qwen = parse_flags(export_megatron(make_plan(model="qwen2.5-7b", blocks=(7,) * 4)).files["megatron_args.txt"])
     assert "--add-qkv-bias" in qwen and qwen["--num-query-groups"] == ["4"]
-    moe = parse_args(export_megatron(make_plan(model="mixtral-8x7b", cluster="4x8xH100-80GB", blocks=(8,) * 4,
+    moe = parse_flags(export_megatron(make_plan(model="mixtral-8x7b", cluster="4x8xH100-80GB", blocks=(8,) * 4,
                                                tp=4)).files["megatron_args.txt"])
     assert moe["--num-experts"] == ["8"] and moe["--moe-router-topk"] == ["2"]
-    fp8 = parse_args(export_megatron(make_plan(blocks=(32,), tp=8, pp=1, dtype="fp8")).files["megatron_args.txt"])
+    fp8 = parse_flags(export_megatron(make_plan(blocks=(32,), tp=8, pp=1, dtype="fp8")).files["megatron_args.txt"])
     assert fp8["--fp8-format"] == ["hybrid"] and "--bf16" in fp8
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,21 @@ def plan_document(model: str = "llama3-8b", cluster: str = "2x8xH100-80GB", bloc
 
 def make_plan(**kwargs) -> Plan:
     return parse_plan_document(plan_document(**kwargs))
+
+
+def parse_flags(text: str) -> dict[str, list[str]]:
+    """An args file (megatron_args.txt, megatron_deepspeed_args.txt) → {flag: values}; [] for a switch."""
+    tokens = shlex.split("\n".join(line for line in text.splitlines() if not line.startswith("#")))
+    args: dict[str, list[str]] = {}
+    flag = None
+    for token in tokens:
+        if token.startswith("--"):
+            assert token not in args, f"{token} given twice"
+            flag = token
+            args[flag] = []
+        else:
+            args[flag].append(token)
+    return args
 
 
 def write_plan(tmp_path: Path, document: dict, name: str = "plan.json") -> Path:

@@ -24,8 +24,10 @@ __all__ = [
     "ExportResult",
     "HostOrder",
     "estimate_split",
+    "export_header",
     "host_order",
     "hostfile_text",
+    "placement_notes",
     "plan_summary",
     "rebuild_cluster",
     "stage_units",
@@ -66,6 +68,11 @@ def plan_summary(plan: Plan) -> str:
     timing = f", estimated {seconds:.3f} s/iteration" if isinstance(seconds, (int, float)) else ""
     return (f"{plan.model.name} on {plan.cluster.get('name', '?')}: {plan.parallel.describe()}, "
             f"global batch {plan.training.global_batch}, sequence {plan.training.seq_len}{timing}")
+
+
+def export_header(target: str, plan: Plan, notes: tuple[str, ...], *about: str) -> list[str]:
+    """The comment lines every exported file starts with: what was exported, `about` lines, then the notes."""
+    return [f"planner export --to {target}: {plan_summary(plan)}", *about, *(f"NOTE: {note}" for note in notes)]
 
 
 def stage_units(plan: Plan) -> list[tuple[bool, int, int, bool]]:
@@ -117,6 +124,14 @@ def hostfile_text(order: HostOrder) -> str:
         note = f"  # CUDA_VISIBLE_DEVICES={','.join(map(str, devices))}" if devices else ""
         lines.append(f"{host} slots={order.nproc_per_node}{note}")
     return "\n".join(lines) + "\n"
+
+
+def placement_notes(order: HostOrder) -> tuple[str, ...]:
+    """What a user must know when no host order realises the plan's placement."""
+    if order.problem is None:
+        return ()
+    return (f"placement not realisable by host order ({order.problem}); the launcher's default rank placement "
+            "is used instead",)
 
 
 def rebuild_cluster(plan: Plan) -> Cluster:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import shlex
 from dataclasses import dataclass
 from itertools import accumulate, pairwise
 
@@ -21,9 +20,21 @@ from planner.export.common import (
     TRAIN_PLACEHOLDER_ARGS,
     ExportResult,
     estimate_split,
+    export_header,
     host_order,
     hostfile_text,
-    plan_summary,
+    placement_notes,
+)
+from planner.export.flags import (
+    FULL_RECOMPUTE_LAYERS,
+    Dialect,
+    Flag,
+    FlagGroup,
+    args_text,
+    bash_array,
+    cuda_connections_line,
+    model_flags,
+    parallel_flags,
 )
 from planner.model import ModelSpec, UnitKind
 from planner.plan import Plan
@@ -33,12 +44,14 @@ __all__ = [
     "PartitionOption",
     "deepspeed_config",
     "export_deepspeed",
+    "megatron_deepspeed_arguments",
     "method_split",
     "partition_balanced",
     "partition_options",
     "partition_uniform",
 ]
 
+DS_CONFIG = "ds_config.json"
 # Megatron-DeepSpeed's GPTModelPipe hard-codes the last one.
 PARTITION_METHODS = ("uniform", "parameters", "type:transformer")
 
@@ -130,7 +143,7 @@ def deepspeed_config(plan: Plan) -> dict:
     """ds_config.json contents; batch keys satisfy DeepSpeed's batch assertion with dp as world size."""
     config, training = plan.parallel, plan.training
     m = config.num_microbatches(training.global_batch)
-    zero = max(config.zero_stage, 1 if config.distributed_optimizer else 0)
+    zero = config.optimizer_sharding
     document: dict = {
         "train_batch_size": training.global_batch,
         "train_micro_batch_size_per_gpu": config.micro_batch,
@@ -153,52 +166,27 @@ def deepspeed_config(plan: Plan) -> dict:
         "number_checkpoints": None, "synchronize_checkpoint_boundary": False, "profile": False,
     }
     if config.pp > 1:
-        interval = 1 if config.recompute is Recompute.FULL else 0
+        interval = FULL_RECOMPUTE_LAYERS if config.recompute is Recompute.FULL else 0
         document["pipeline"] = {"activation_checkpoint_interval": interval}
     return document
 
 
-def _flags(plan: Plan, zero: int) -> list[tuple[str, ...]]:
-    """Megatron-DeepSpeed flags: the Megatron ones it shares, plus its DeepSpeed switches."""
-    model, config = plan.model, plan.parallel
-    parallel: list[tuple[str, ...]] = [
-        ("--tensor-model-parallel-size", str(config.tp)), ("--pipeline-model-parallel-size", str(config.pp)),
-        ("--micro-batch-size", str(config.micro_batch)), ("--global-batch-size", str(plan.training.global_batch)),
-    ]
-    if config.sequence_parallel:
-        parallel.append(("--sequence-parallel",))
-    if config.recompute is Recompute.SELECTIVE:
-        parallel.append(("--recompute-granularity", "selective"))
-    elif config.recompute is Recompute.FULL:
-        # DeepSpeed's pipeline supports only uniform recompute; its interval is --recompute-num-layers.
-        parallel += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
-                     ("--recompute-num-layers", "1"), ("--deepspeed-activation-checkpointing",)]
+def megatron_deepspeed_arguments(plan: Plan, zero: int) -> tuple[tuple[FlagGroup, ...], tuple[str, ...]]:
+    """Megatron-DeepSpeed flags in titled groups (the Megatron ones it shares, then its DeepSpeed switches),
+    and what it has no flag for."""
+    config = plan.parallel
+    deepspeed: list[Flag] = []
+    if config.recompute is Recompute.FULL:
+        deepspeed.append(("--deepspeed-activation-checkpointing",))
+    if plan.model.is_moe and config.tp > 1:
+        deepspeed.append(("--enable-expert-tensor-parallelism",))  # the plan shards experts over TP too
     if config.pp == 1:
-        parallel.append(("--no-pipeline-parallel",))
-    parallel += [("--zero-stage", str(zero)), ("--deepspeed",), ("--deepspeed_config", "ds_config.json")]
-    model_flags: list[tuple[str, ...]] = [
-        ("--num-layers", str(model.num_layers)), ("--hidden-size", str(model.hidden_size)),
-        ("--ffn-hidden-size", str(model.ffn_hidden_size)), ("--num-attention-heads", str(model.num_attention_heads)),
-        ("--num-key-value-heads", str(model.num_key_value_heads)),
-        ("--seq-length", str(plan.training.seq_len)),
-        ("--max-position-embeddings", str(max(plan.training.seq_len, model.max_position_embeddings))),
-    ]
-    if model.activation == "swiglu":
-        model_flags.append(("--swiglu",))
-    if model.normalization == "rmsnorm":
-        model_flags.append(("--normalization", "rmsnorm"))
-    if model.position_embedding == "rope":
-        model_flags += [("--use-rotary-position-embeddings",), ("--no-position-embedding",)]
-    if not model.tie_embeddings:
-        model_flags.append(("--untie-embeddings-and-output-weights",))
-    if not model.linear_bias:
-        model_flags.append(("--disable-bias-linear",))
-    if not model.dropout:
-        model_flags += [("--attention-dropout", "0"), ("--hidden-dropout", "0")]
-    model_flags.append(("--fp16",) if plan.training.dtype == "fp16" else ("--bf16",))
-    if plan.training.attention == "flash":
-        model_flags.append(("--use-flash-attn-v2",))
-    return parallel + model_flags
+        deepspeed.append(("--no-pipeline-parallel",))
+    deepspeed += [("--zero-stage", str(zero)), ("--deepspeed",), ("--deepspeed_config", DS_CONFIG)]
+    model = model_flags(plan.model, plan.training, Dialect.MEGATRON_DEEPSPEED)
+    groups = (("parallelism, batch, recompute", parallel_flags(config, plan.training.global_batch)),
+              ("model and precision", model.flags), ("DeepSpeed", tuple(deepspeed)))
+    return groups, model.unsupported
 
 
 def pipeline_notes(plan: Plan, options: list[PartitionOption]) -> tuple[str, ...]:
@@ -243,19 +231,17 @@ def _split(blocks: tuple[int, ...]) -> str:
     return ",".join(map(str, blocks))
 
 
-def launch_script(plan: Plan, flags: list[tuple[str, ...]], header: list[str], num_hosts: int, slots: int) -> str:
+def launch_script(plan: Plan, groups: tuple[FlagGroup, ...], header: list[str], num_hosts: int, slots: int) -> str:
+    """A bash script that starts every host of the hostfile with the deepspeed launcher."""
     lines = ["#!/usr/bin/env bash", *(f"# {line}" for line in header),
              "# Run once, on the first host: the deepspeed launcher starts every host of ./hostfile over ssh.",
              "# MEGATRON_DS: a Megatron-DeepSpeed checkout; DATA_ARGS, TRAIN_ARGS: your data and schedule.",
              "set -euo pipefail",
              'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
              'MEGATRON_DS="${MEGATRON_DS:-$PWD}"']
-    if plan.parallel.tp > 1:
-        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron asserts it with TP>1")
-    lines.append("MEGATRON_DS_ARGS=(")
-    lines += ["  " + " ".join(shlex.quote(t) if t != "ds_config.json" else '"$HERE/ds_config.json"' for t in flag)
-              for flag in flags]
-    lines.append(")")
+    if (connections := cuda_connections_line(plan.parallel)) is not None:
+        lines.append(connections)
+    lines += bash_array("MEGATRON_DS_ARGS", groups, {DS_CONFIG: f'"$HERE/{DS_CONFIG}"'})
     lines += [f'# the model has a {plan.model.vocab_size}-entry vocabulary; DATA_ARGS names your data and tokenizer',
               'read -r -a DATA <<< "${DATA_ARGS:?set DATA_ARGS: --data-path ... --tokenizer-type ...}"',
               f'read -r -a TRAIN <<< "${{TRAIN_ARGS:-{TRAIN_PLACEHOLDER_ARGS}}}"',
@@ -267,23 +253,17 @@ def launch_script(plan: Plan, flags: list[tuple[str, ...]], header: list[str], n
 def export_deepspeed(plan: Plan) -> ExportResult:
     """ds_config.json, megatron_deepspeed_args.txt, launch.sh and hostfile, plus split/cost notes."""
     document = deepspeed_config(plan)
-    zero = document["zero_optimization"]["stage"]
-    flags = _flags(plan, zero)
-    notes = pipeline_notes(plan, partition_options(plan))
-    if plan.training.dtype == "fp8":
-        notes += ("DeepSpeed has no fp8 config key; exported as bf16 (fp8 needs Transformer Engine)",)
+    groups, unsupported = megatron_deepspeed_arguments(plan, document["zero_optimization"]["stage"])
     order = host_order(plan)
-    if order.problem:
-        notes += (f"placement not realisable by host order ({order.problem})",)
-    elif any(order.device_order):
+    notes = pipeline_notes(plan, partition_options(plan)) + unsupported + placement_notes(order)
+    if order.problem is None and any(order.device_order):
         notes += ("the plan uses GPUs in a non-default order on some hosts; the deepspeed launcher ignores "
                   "CUDA_VISIBLE_DEVICES from the hostfile comments (use --include host:gpus)",)
-    header = [f"planner export --to deepspeed: {plan_summary(plan)}", *(f"NOTE: {note}" for note in notes)]
-    args_lines = [f"# {line}" for line in header] + [" ".join(shlex.quote(t) for t in flag) for flag in flags]
+    header = export_header("deepspeed", plan, notes)
     return ExportResult(
-        files={"ds_config.json": json.dumps(document, indent=2) + "\n",
-               "megatron_deepspeed_args.txt": "\n".join(args_lines) + "\n",
-               "launch.sh": launch_script(plan, flags, header, len(order.hosts), order.nproc_per_node),
+        files={DS_CONFIG: json.dumps(document, indent=2) + "\n",
+               "megatron_deepspeed_args.txt": args_text(groups, header),
+               "launch.sh": launch_script(plan, groups, header, len(order.hosts), order.nproc_per_node),
                "hostfile": hostfile_text(order)},
         notes=notes,
     )

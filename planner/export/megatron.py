@@ -10,25 +10,32 @@ order (stage k on pipeline rank k mod pp), which is also the order of the plan's
 from __future__ import annotations
 
 import re
-import shlex
 
-from planner.config import Recompute, Schedule
+from planner.config import Schedule
 from planner.errors import PlannerError
 from planner.export.common import (
     TRAIN_PLACEHOLDER_ARGS,
     ExportResult,
     HostOrder,
+    export_header,
     host_order,
     hostfile_text,
-    plan_summary,
+    placement_notes,
     stage_units,
 )
-from planner.model import ModelSpec
+from planner.export.flags import (
+    Dialect,
+    Flag,
+    FlagGroup,
+    args_text,
+    bash_array,
+    cuda_connections_line,
+    model_flags,
+    parallel_flags,
+)
 from planner.plan import Plan
 
 __all__ = ["export_megatron", "layout_string", "megatron_arguments", "parse_layout", "split_arguments"]
-
-ArgGroup = tuple[str, tuple[tuple[str, ...], ...]]
 
 _REPEAT_GROUP = re.compile(r"\(([^()]*)\)\*(\d+)")
 _REPEAT_TOKEN = re.compile(r"([EtmL])\*(\d+)")
@@ -62,7 +69,7 @@ def parse_layout(text: str) -> list[list[str]]:
     return stages
 
 
-def split_arguments(plan: Plan) -> tuple[tuple[str, ...], ...]:
+def split_arguments(plan: Plan) -> tuple[Flag, ...]:
     """The flags that give Megatron the plan's stage split (none for its default uniform split)."""
     blocks = plan.blocks_per_stage
     config = plan.parallel
@@ -83,73 +90,19 @@ def split_arguments(plan: Plan) -> tuple[tuple[str, ...], ...]:
     return (("--pipeline-model-parallel-layout", layout_string(plan)),)
 
 
-def _parallel_group(plan: Plan) -> ArgGroup:
+def megatron_arguments(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ...]]:
+    """Every `pretrain_gpt.py` flag the plan decides, in titled groups, and what Megatron-LM has no flag for."""
     config = plan.parallel
-    flags: list[tuple[str, ...]] = [
-        ("--tensor-model-parallel-size", str(config.tp)),
-        ("--pipeline-model-parallel-size", str(config.pp)),
-    ]
-    if config.sequence_parallel:
-        flags.append(("--sequence-parallel",))
-    flags += split_arguments(plan)
-    flags += [("--micro-batch-size", str(config.micro_batch)),
-              ("--global-batch-size", str(plan.training.global_batch))]
-    if config.recompute is Recompute.SELECTIVE:
-        flags.append(("--recompute-granularity", "selective"))
-    elif config.recompute is Recompute.FULL:
-        # The cost model's "full" recomputes every block: uniform chunks of one layer.
-        flags += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
-                  ("--recompute-num-layers", "1")]
+    parallel = list(parallel_flags(config, plan.training.global_batch, split_arguments(plan)))
     distributed_optimizer = config.optimizer_sharding >= 1
     if distributed_optimizer:
-        flags.append(("--use-distributed-optimizer",))
+        parallel.append(("--use-distributed-optimizer",))
     if config.dp > 1 and config.overlap_grad_reduce:
-        flags.append(("--overlap-grad-reduce",))
+        parallel.append(("--overlap-grad-reduce",))
         if distributed_optimizer and config.overlap_param_gather:
-            flags.append(("--overlap-param-gather",))
-    return ("parallelism, batch, recompute", tuple(flags))
-
-
-def _model_group(model: ModelSpec, plan: Plan) -> ArgGroup:
-    if model.position_embedding == "alibi":
-        raise PlannerError(f"model {model.name!r} uses ALiBi position embeddings, which Megatron-LM does not implement")
-    training = plan.training
-    flags: list[tuple[str, ...]] = [
-        ("--num-layers", str(model.num_layers)),
-        ("--hidden-size", str(model.hidden_size)),
-        ("--ffn-hidden-size", str(model.ffn_hidden_size)),
-        ("--num-attention-heads", str(model.num_attention_heads)),
-    ]
-    if model.num_key_value_heads != model.num_attention_heads:
-        flags += [("--group-query-attention",), ("--num-query-groups", str(model.num_key_value_heads))]
-    if model.head_dim * model.num_attention_heads != model.hidden_size:
-        flags.append(("--kv-channels", str(model.head_dim)))
-    flags += [("--seq-length", str(training.seq_len)),
-              ("--max-position-embeddings", str(max(training.seq_len, model.max_position_embeddings)))]
-    if model.activation == "swiglu":
-        flags.append(("--swiglu",))
-    flags.append(("--normalization", "RMSNorm" if model.normalization == "rmsnorm" else "LayerNorm"))
-    flags.append(("--position-embedding-type", "rope" if model.position_embedding == "rope" else "learned_absolute"))
-    if not model.tie_embeddings:
-        flags.append(("--untie-embeddings-and-output-weights",))
-    if not model.linear_bias:
-        flags.append(("--disable-bias-linear",))
-        if model.qkv_bias:
-            flags.append(("--add-qkv-bias",))
-    if not model.dropout:
-        flags += [("--attention-dropout", "0.0"), ("--hidden-dropout", "0.0")]
-    if model.is_moe:
-        flags += [("--num-experts", str(model.num_experts)), ("--moe-router-topk", str(model.moe_top_k))]
-    flags.append(("--bf16",) if training.dtype in ("bf16", "fp8") else ("--fp16",))
-    if training.dtype == "fp8":
-        flags.append(("--fp8-format", "hybrid"))
-    flags.append(("--attention-backend", "flash" if training.attention == "flash" else "unfused"))
-    return ("model and precision", tuple(flags))
-
-
-def megatron_arguments(plan: Plan) -> tuple[ArgGroup, ...]:
-    """Every `pretrain_gpt.py` flag the plan decides, in titled groups."""
-    return (_parallel_group(plan), _model_group(plan.model, plan))
+            parallel.append(("--overlap-param-gather",))
+    model = model_flags(plan.model, plan.training, Dialect.MEGATRON_LM)
+    return (("parallelism, batch, recompute", tuple(parallel)), ("model and precision", model.flags)), model.unsupported
 
 
 def megatron_notes(plan: Plan) -> tuple[str, ...]:
@@ -167,15 +120,7 @@ def megatron_notes(plan: Plan) -> tuple[str, ...]:
     return tuple(notes)
 
 
-def _args_text(groups: tuple[ArgGroup, ...], header: list[str]) -> str:
-    lines = [f"# {line}" for line in header]
-    for title, flags in groups:
-        lines.append(f"# {title}")
-        lines += [" ".join(shlex.quote(token) for token in flag) for flag in flags]
-    return "\n".join(lines) + "\n"
-
-
-def launch_script(plan: Plan, groups: tuple[ArgGroup, ...], order: HostOrder, header: list[str]) -> str:
+def launch_script(plan: Plan, groups: tuple[FlagGroup, ...], order: HostOrder, header: list[str]) -> str:
     """A bash script that runs torchrun on one host; run it on every host of the hostfile."""
     config = plan.parallel
     lines = ["#!/usr/bin/env bash", *(f"# {line}" for line in header),
@@ -199,18 +144,14 @@ def launch_script(plan: Plan, groups: tuple[ArgGroup, ...], order: HostOrder, he
              'MASTER_PORT="${MASTER_PORT:-6000}"']
     if order.problem:
         lines.append(f"# WARNING: the plan's placement cannot be realised by host order: {order.problem}")
-    if config.tp > 1 or config.cp > 1:
-        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron asserts it with TP>1 or CP>1 (pre-Blackwell)")
+    if (connections := cuda_connections_line(config)) is not None:
+        lines.append(connections)
     if any(order.device_order):
         lines.append('case "$NODE_RANK" in  # GPU order per host that realises the plan\'s placement')
         lines += [f"  {rank}) export CUDA_VISIBLE_DEVICES={','.join(map(str, devices))} ;;"
                   for rank, devices in enumerate(order.device_order) if devices]
         lines.append("esac")
-    lines.append("MEGATRON_ARGS=(")
-    for title, flags in groups:
-        lines.append(f"  # {title}")
-        lines += ["  " + " ".join(shlex.quote(token) for token in flag) for flag in flags]
-    lines.append(")")
+    lines += bash_array("MEGATRON_ARGS", groups)
     data = f"--mock-data --tokenizer-type NullTokenizer --vocab-size {plan.model.vocab_size}"
     lines += [f'read -r -a DATA <<< "${{DATA_ARGS:-{data}}}"',
               f'read -r -a TRAIN <<< "${{TRAIN_ARGS:-{TRAIN_PLACEHOLDER_ARGS}}}"',
@@ -222,17 +163,13 @@ def launch_script(plan: Plan, groups: tuple[ArgGroup, ...], order: HostOrder, he
 
 def export_megatron(plan: Plan) -> ExportResult:
     """megatron_args.txt (one flag per line), launch.sh (torchrun) and hostfile for the plan."""
-    groups = megatron_arguments(plan)
+    groups, unsupported = megatron_arguments(plan)
     order = host_order(plan)
-    notes = megatron_notes(plan)
-    if order.problem:
-        notes += (f"placement not realisable by host order ({order.problem}); Megatron will use the launcher's "
-                  "default rank placement",)
-    header = [f"planner export --to megatron: {plan_summary(plan)}",
-              "rank order tp-cp-ep-dp-pp (Megatron's default): rank = tp + tp_size*(dp + dp_size*pp)",
-              *(f"NOTE: {note}" for note in notes)]
+    notes = megatron_notes(plan) + unsupported + placement_notes(order)
+    header = export_header("megatron", plan, notes,
+                           "rank order tp-cp-ep-dp-pp (Megatron's default): rank = tp + tp_size*(dp + dp_size*pp)")
     return ExportResult(
-        files={"megatron_args.txt": _args_text(groups, header),
+        files={"megatron_args.txt": args_text(groups, header),
                "launch.sh": launch_script(plan, groups, order, header),
                "hostfile": hostfile_text(order)},
         notes=notes,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from planner.config import Recompute, Schedule
-from planner.export.common import ExportResult, plan_summary, stage_units
+from planner.export.common import ExportResult, export_header, stage_units
 from planner.plan import Plan
 
 __all__ = ["SCHEDULE_NAMES", "export_torchtitan", "module_fqns", "torchtitan_toml"]
@@ -36,12 +36,12 @@ def _value(value: object) -> str:
     return json.dumps(value)
 
 
-def torchtitan_toml(plan: Plan) -> str:
-    """The [job]/[model]/[training]/[parallelism]/[activation_checkpoint] TOML for the plan."""
+def torchtitan_toml(plan: Plan, notes: tuple[str, ...] = ()) -> str:
+    """The [job]/[model]/[training]/[parallelism]/[activation_checkpoint] TOML for the plan, notes in its header."""
     config, training = plan.parallel, plan.training
     m = config.num_microbatches(training.global_batch)
     sharded = config.optimizer_sharding >= 1
-    lines = [f"# planner export --to torchtitan (v0.2.2 TOML): {plan_summary(plan)}",
+    lines = [*(f"# {line}" for line in export_header("torchtitan (v0.2.2 TOML)", plan, notes)),
              "# run: CONFIG_FILE=this.toml ./run_train.sh   (any key can be overridden as --section.key)",
              "", "[job]", f"description = {_value(f'planner plan: {plan.model.name}')}", ""]
     flavor = _MODEL_FLAVORS.get(plan.model.name)
@@ -96,4 +96,4 @@ def export_torchtitan(plan: Plan) -> ExportResult:
     if plan.parallel.sequence_parallel is False and plan.parallel.tp > 1:
         notes = ("torchtitan's tensor parallelism always shards activations along the sequence "
                  "(sequence parallel); the plan has it off",)
-    return ExportResult(files={"torchtitan.toml": torchtitan_toml(plan)}, notes=notes)
+    return ExportResult(files={"torchtitan.toml": torchtitan_toml(plan, notes)}, notes=notes)
