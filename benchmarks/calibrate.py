@@ -1,7 +1,8 @@
-"""Fit the cost model's physical constants to published runs and write profiles/calibration.yaml.
+"""Fit the cost model's physical constants to published runs; print them, or write a calibration file.
 
-    python -m benchmarks.calibrate            # fit, print the result, rewrite profiles/calibration.yaml
-    python -m benchmarks.calibrate --dry-run  # fit and print only
+    python -m benchmarks.calibrate                 # fit and print the calibration.yaml it would write
+    python -m benchmarks.calibrate --out FILE      # fit and write FILE (e.g. for `planner --calibration`)
+    python -m benchmarks.calibrate --write         # fit and rewrite the tracked profiles/calibration.yaml
 
 Data (../shared/validation copies, see benchmarks/validation_runs.py): the *fit half* of the BLOOM
 topology sweep (alternate rows; the other half is held out and reported by benchmarks/accuracy.py),
@@ -22,8 +23,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
 
@@ -43,8 +45,8 @@ from planner.plan import write_atomic
 from planner.profile.calibration import Calibration, default_calibration
 from planner.resources import load_structured_file, profiles_dir
 
-__all__ = ["BEFORE_FIX_NIC_RATIO", "FITTED", "MEMORY_FITTED", "coordinate_descent", "fit", "memory_objective",
-           "objective"]
+__all__ = ["BEFORE_FIX_NIC_RATIO", "FITTED", "MEMORY_FITTED", "coordinate_descent", "destination", "fit",
+           "memory_objective", "objective"]
 
 
 @dataclass(frozen=True)
@@ -185,10 +187,19 @@ def _previous_sources() -> dict[str, str]:
     return {k: v.get("source", "") for k, v in document["constants"].items() if isinstance(v, dict)}
 
 
-def main() -> None:
+def destination(argv: Sequence[str] | None = None) -> Path | None:
+    """Where the fitted calibration goes: `--out FILE`, the tracked profiles/calibration.yaml only when
+    `--write` asks for it, otherwise nowhere (printed), so a trial fit never edits tracked data."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dry-run", action="store_true", help="print the fit; do not rewrite the calibration")
-    args = parser.parse_args()
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--out", type=Path, help="write the fitted calibration here")
+    target.add_argument("--write", action="store_true", help="rewrite the tracked profiles/calibration.yaml")
+    args = parser.parse_args(argv)
+    return profiles_dir() / "calibration.yaml" if args.write else args.out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    path = destination(argv)
     fit_half = fit_half_runs(BEFORE_FIX_NIC_RATIO.prior)
     h100, _ = h100_runs()
     start = default_calibration().updated(**{c.name: c.prior for c in FITTED + MEMORY_FITTED})
@@ -202,14 +213,15 @@ def main() -> None:
     document = _document(result, ratio, _previous_sources(), source)
     text = ("# Efficiencies and latencies of the analytic cost model. Every constant is physical (a fraction\n"
             "# of a peak, a latency in seconds) and names the data it came from. The fitted ones are rewritten\n"
-            "# by `python -m benchmarks.calibrate` from ../shared/validation copies only. `cluster_states` are\n"
-            "# not cost-model constants: benchmarks/validation_runs.py applies them to runs of that machine state.\n"
+            "# by `python -m benchmarks.calibrate --write` from ../shared/validation copies only.\n"
+            "# `cluster_states` are not cost-model constants: benchmarks/validation_runs.py applies them to\n"
+            "# runs of that machine state.\n"
             + yaml.safe_dump(document, sort_keys=False, allow_unicode=True, width=200))
-    if args.dry_run:
-        print(text)
+    if path:
+        write_atomic(path, text)
+        print(f"wrote {path}")
     else:
-        write_atomic(profiles_dir() / "calibration.yaml", text)
-        print(f"wrote {profiles_dir() / 'calibration.yaml'}")
+        print(text)
 
 
 if __name__ == "__main__":

@@ -5,18 +5,22 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import yaml
 from click.testing import CliRunner
 
 import cli
+from benchmarks import calibrate as benchmark_calibrate
 from planner.cluster import load_cluster
 from planner.errors import PlannerError
 from planner.gpu import lookup_gpu
 from planner.model import UnitKind, load_model
 from planner.profile.analytic import AnalyticProfile, UnitSetting
 from planner.profile.calibration import default_calibration, load_calibration
+from planner.profile.fit import EfficiencyFit, fit_problems
+from planner.resources import profiles_dir
 
 TRUE = {"matmul_efficiency": 0.62, "memory_bound_efficiency": 0.55, "flash_attention_efficiency": 0.45}
 
@@ -95,3 +99,81 @@ def test_gpu_profile_with_several_entries_is_refused(tmp_path) -> None:
     cluster_file.write_text("node_groups: [{gpu_profile: two.yaml}]\n")
     with pytest.raises(PlannerError, match="must hold one entry under 'gpus'"):
         load_cluster(str(cluster_file))
+
+
+# ---- plausibility bounds -------------------------------------------------------------------------
+
+CPU_PROFILE = Path(__file__).parent.parent / "profiles" / "measured" / "tiny-llama-cpu-bf16-s128.json"
+
+
+def calibrate_cpu_profile(tmp_path, *options: str):
+    """The shipped 2-core CPU profile fitted against H100 peaks: rms error ~80 %, efficiencies 5e-5..2e-3."""
+    out = tmp_path / "h100.yaml"
+    result = CliRunner().invoke(cli.main, ["calibrate", str(CPU_PROFILE), "--gpu", "H100-80GB", "--out", str(out),
+                                           *options])
+    return result, out
+
+
+def test_implausible_fit_is_refused_with_one_line_and_nothing_written(tmp_path) -> None:
+    result, _ = calibrate_cpu_profile(tmp_path)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.count("\n") == 1
+    assert "matmul_efficiency 0.00" in result.stderr and "is outside [0.01, 1]" in result.stderr
+    assert "of the fit exceeds 25 %" in result.stderr and "--force" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_forced_fit_warns_and_records_the_warnings_in_both_files(tmp_path) -> None:
+    result, out = calibrate_cpu_profile(tmp_path, "--force")
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 4 and all("written anyway (--force)" in line for line in warnings)
+    entry = yaml.safe_load(out.read_text())["gpus"]["H100-80GB-calibrated"]
+    assert entry["matmul_efficiency"] == 0.01 and len(entry["warnings"]) == 4
+    calibration_file = tmp_path / "h100.calibration.yaml"
+    assert yaml.safe_load(calibration_file.read_text())["warnings"] == entry["warnings"]
+    assert load_calibration(calibration_file).memory_bound_efficiency == 0.01  # clipped, so it loads
+
+
+def test_clean_fit_has_no_problems_and_no_warnings_field(tmp_path) -> None:
+    result, out = calibrate(tmp_path, synthetic_profile())
+    assert result.exit_code == 0 and "warning" not in result.stderr
+    assert "warnings" not in yaml.safe_load(out.read_text())["gpus"]["H100-80GB-calibrated"]
+
+
+@pytest.mark.parametrize(("changes", "expected"), [
+    ({"rms_relative_error": 0.30}, ("rms relative error 30.0 % of the fit exceeds 25 %",)),
+    ({"memory_bound_efficiency": 1.2}, ("memory_bound_efficiency 1.2 is outside [0.01, 1]",)),
+    ({"flash_attention_efficiency": 0.009}, ("flash_attention_efficiency 0.009 is outside [0.01, 1]",)),
+    ({"rms_relative_error": 0.25, "matmul_efficiency": 1.0}, ()),
+])
+def test_fit_problems_name_the_value_and_the_bound(changes: dict, expected: tuple[str, ...]) -> None:
+    fit = replace(EfficiencyFit(0.6, 0.5, 0.4, ("matmul_efficiency", "memory_bound_efficiency",
+                                                "flash_attention_efficiency"), 36, 0.02), **changes)
+    problems = fit_problems(fit)
+    assert len(problems) == len(expected)
+    assert all(text in problem for text, problem in zip(expected, problems, strict=True))
+
+
+def test_unfitted_default_is_not_checked() -> None:
+    """An unfused profile leaves flash attention unfitted: its value is the default, not a finding."""
+    assert fit_problems(EfficiencyFit(0.6, 0.5, 5.0, ("matmul_efficiency", "memory_bound_efficiency"), 36, 0.02)) == ()
+
+
+def test_benchmark_calibrate_writes_the_tracked_file_only_with_write() -> None:
+    assert benchmark_calibrate.destination([]) is None  # prints only
+    assert benchmark_calibrate.destination(["--out", "trial.yaml"]) == Path("trial.yaml")
+    assert benchmark_calibrate.destination(["--write"]) == profiles_dir() / "calibration.yaml"
+    with pytest.raises(SystemExit):
+        benchmark_calibrate.destination(["--write", "--out", "trial.yaml"])
+
+
+def test_benchmark_calibrate_default_run_prints_and_leaves_the_tracked_file(monkeypatch, capsys, tmp_path) -> None:
+    """The 5-minute fit is replaced by its start point; everything around it runs."""
+    tracked = profiles_dir() / "calibration.yaml"
+    before = tracked.read_bytes()
+    monkeypatch.setattr(benchmark_calibrate, "fit", lambda start, bloom, h100: (start, 1.0))
+    benchmark_calibrate.main([])
+    assert "constants:" in capsys.readouterr().out and tracked.read_bytes() == before
+    benchmark_calibrate.main(["--out", str(tmp_path / "trial.yaml")])
+    assert load_calibration(tmp_path / "trial.yaml").gemm_efficiency == 1.0 and tracked.read_bytes() == before

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
-from cli import main
+from cli import load_problem, main
+from planner.errors import PlannerError
+from planner.profile.calibration import load_calibration
 from planner.resources import profiles_dir
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl"
@@ -73,3 +77,72 @@ def test_bad_calibration_file_exits_2(tmp_path) -> None:
     path.write_text("constants: {gemm_efficiency: fast}\n")
     result = CliRunner().invoke(main, ["estimate", "--calibration", str(path)])
     assert result.exit_code == 2 and "must be a number" in result.stderr
+
+
+def calibration_with(tmp_path: Path, name: str, value: float) -> Path:
+    """The shipped calibration with one constant replaced."""
+    document = yaml.safe_load((profiles_dir() / "calibration.yaml").read_text())
+    document["constants"][name]["value"] = value
+    path = tmp_path / "calibration.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+@pytest.mark.parametrize(("name", "value", "expected"), [
+    ("memory_bound_efficiency", 0.0, "memory_bound_efficiency 0 is outside [0.01, 1]"),
+    ("gemm_efficiency", 3e-5, "gemm_efficiency 3e-05 is outside [0.01, 1]"),
+    ("collective_efficiency_inter", 1.5, "collective_efficiency_inter 1.5 is outside [0.01, 1]"),
+    ("flash_attention_efficiency", math.nan, "'flash_attention_efficiency' must be a finite number >= 0, got nan"),
+    ("p2p_efficiency_intra", -0.5, "'p2p_efficiency_intra' must be a finite number >= 0, got -0.5"),
+    ("iteration_overhead_s", math.inf, "'iteration_overhead_s' must be a finite number >= 0, got inf"),
+])
+def test_implausible_calibration_file_is_refused(tmp_path: Path, name: str, value: float, expected: str) -> None:
+    path = calibration_with(tmp_path, name, value)
+    with pytest.raises(PlannerError) as error:
+        load_calibration(path)
+    assert expected in str(error.value) and str(path) in str(error.value)
+
+
+def test_zero_efficiency_calibration_exits_2_not_zero_division(tmp_path: Path) -> None:
+    path = calibration_with(tmp_path, "memory_bound_efficiency", 0)
+    result = CliRunner().invoke(main, ["estimate", "--model", "llama2-7b", "--tp", "2", "--calibration", str(path)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.count("\n") == 1 and "memory_bound_efficiency 0 is outside [0.01, 1]" in result.stderr
+
+
+def write_links_json(path: Path, diagonal_bytes_per_s: float, pair_bytes_per_s: float) -> Path:
+    path.write_text(json.dumps({"schema_version": 1, "nodes": ["node0", "node1"],
+                                "bandwidth_bytes_per_s": [[diagonal_bytes_per_s, pair_bytes_per_s],
+                                                          [pair_bytes_per_s, diagonal_bytes_per_s]],
+                                "latency_s": [[5e-6, 1e-5], [1e-5, 5e-6]]}))
+    return path
+
+
+ESTIMATE_2_NODES = ["estimate", "--model", "llama2-7b", "--cluster", "2x8xH100-80GB", "--global-batch", "64",
+                    "--seq-len", "2048", "--tp", "8", "--json"]
+
+
+def test_links_with_gloo_speed_nvlink_diagonal_warn_on_stderr(tmp_path: Path) -> None:
+    """A 0.31 GB/s diagonal (a gloo CPU probe) where the H100's NVLink is 450 GB/s."""
+    links = write_links_json(tmp_path / "LINKS.json", 0.31e9, 45e9)
+    result = CliRunner().invoke(main, [*ESTIMATE_2_NODES, "--links", str(links)])
+    assert result.exit_code in (0, 1), result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 2  # node0 and node1 diagonals; the 45 GB/s pair is 90 % of the NIC
+    assert "inside node node0 measured 0.31 GB/s" in warnings[0] and "nvlink4 (450 GB/s)" in warnings[0]
+    json.loads(result.stdout)  # stdout stays one JSON document
+
+
+def test_plausible_links_give_no_warning(tmp_path: Path) -> None:
+    links = write_links_json(tmp_path / "LINKS.json", 370e9, 45e9)
+    result = CliRunner().invoke(main, [*ESTIMATE_2_NODES, "--links", str(links)])
+    assert result.exit_code in (0, 1), result.output
+    assert "warning" not in result.stderr
+
+
+def test_load_problem_carries_link_warnings(tmp_path: Path) -> None:
+    links = write_links_json(tmp_path / "LINKS.json", 0.31e9, 0.9e9)
+    problem = load_problem("llama2-7b", "2x8xH100-80GB", 64, 2048, "bf16", "flash", None, None, links, ())
+    assert len(problem.warnings) == 3 and "between node0 and node1 measured 0.9 GB/s" in problem.warnings[1]
+    clean = load_problem("llama2-7b", "2x8xH100-80GB", 64, 2048, "bf16", "flash", None, None, None, ())
+    assert clean.warnings == ()

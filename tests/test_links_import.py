@@ -24,6 +24,7 @@ from planner.profile.links import (
     link_node_indices,
     load_links,
     normalize_collective,
+    slow_link_warnings,
     write_links,
 )
 from planner.profile.links_nccl import import_nccl_tests, parse_nccl_tests_log, read_nccl_tests_log
@@ -266,3 +267,27 @@ def test_apply_links_maps_hosts_by_position_only_on_default_names() -> None:
     assert "links node 'hostB' is not a node of cluster" in one_line(error)
     with pytest.raises(PlannerError, match=r"measures 2 nodes but cluster .* has 1"):
         apply_links(parse_shorthand("1x8xH100-80GB"), table)
+
+
+# ---- plausibility of measured links --------------------------------------------------------------
+
+def gloo_cpu_table() -> LinksTable:
+    """What `planner profile links --backend gloo` measures on CPUs: 0.31 GB/s where NVLink is nominal."""
+    return LinksTable(nodes=("node0", "node1"), bandwidth_bytes_per_s=((0.31e9, 1.2e9), (1.2e9, None)),
+                      latency_s=((5e-5, 9e-5), (9e-5, None)))
+
+
+def test_slow_measured_links_are_flagged_against_nvlink_and_nic_line_rate() -> None:
+    warnings = slow_link_warnings(parse_shorthand("2x8xH100-80GB"), gloo_cpu_table(), "LINKS.json")
+    inside, between = warnings
+    assert "inside node node0 measured 0.31 GB/s" in inside and "H100-80GB nvlink4 (450 GB/s)" in inside
+    assert "0.069 % of the nominal" in inside and "below 10 %" in inside
+    assert "between node0 and node1 measured 1.2 GB/s" in between and "NIC line rate (50 GB/s)" in between
+    assert all(w.startswith("LINKS.json: ") and "\n" not in w for w in warnings)
+
+
+def test_plausible_measured_links_give_no_warning() -> None:
+    """The nccl-tests fixtures (NVLink all_reduce 357 GB/s, sendrecv 24 GB/s) on A100 nodes (300, 25 GB/s)."""
+    table = import_nccl_tests([FIXTURES / "sendrecv_perf_2hosts.log", FIXTURES / "all_reduce_perf_8gpu_v2.19.log"])
+    assert slow_link_warnings(parse_shorthand("2x8xA100-80GB"), table, "LINKS.json") == ()
+    assert slow_link_warnings(parse_shorthand("2x8xH100-80GB"), sample_table(), "LINKS.json") == ()

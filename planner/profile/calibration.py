@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import MISSING, dataclass, fields, replace
 from functools import cache
 from pathlib import Path
@@ -9,12 +10,22 @@ from pathlib import Path
 from planner.errors import PlannerError
 from planner.resources import load_structured_file, profiles_dir
 
-__all__ = ["Calibration", "default_calibration", "load_calibration"]
+__all__ = ["EFFICIENCY_RANGE", "Calibration", "check_efficiency", "default_calibration", "load_calibration"]
+
+EFFICIENCY_RANGE = (0.01, 1.0)
+"""Plausible efficiencies, as fractions of a peak. Above 1 the spec's peak is wrong, not the kernel
+fast; below 1 % no real training kernel runs (cuBLAS on small shapes, NCCL on PCIe still reach
+several %), so such a value means a broken measurement or fit, e.g. a CPU profile fitted against a
+GPU's peaks gives 5e-5 to 2e-3, and planning with it would be fiction."""
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """Efficiencies (fractions of a peak), latencies (s) and overheads; see the YAML for each source."""
+    """Efficiencies (fractions of a peak), latencies (s) and overheads; see the YAML for each source.
+
+    Every constant whose name contains ``efficiency`` is a fraction within `EFFICIENCY_RANGE` when
+    loaded from a file; code that explores values (a fit) may construct others.
+    """
 
     memory_bound_efficiency: float
     gemm_tile: int
@@ -45,8 +56,17 @@ class Calibration:
         return replace(self, **values)
 
 
+def check_efficiency(name: str, value: float) -> str | None:
+    """Why `value` is not a plausible efficiency called `name`, or None when it lies in EFFICIENCY_RANGE."""
+    low, high = EFFICIENCY_RANGE
+    if low <= value <= high:
+        return None
+    return f"{name} {value:.3g} is outside [{low:g}, {high:g}], the plausible range of an efficiency"
+
+
 def load_calibration(path: Path) -> Calibration:
-    """Read a calibration file; every constant must be present and numeric."""
+    """Read a calibration file; every constant must be present, finite and non-negative, and every
+    efficiency plausible (`EFFICIENCY_RANGE`)."""
     document = load_structured_file(path)
     constants = document.get("constants") if isinstance(document, dict) else None
     if not isinstance(constants, dict):
@@ -59,6 +79,11 @@ def load_calibration(path: Path) -> Calibration:
         value = entry.get("value") if isinstance(entry, dict) else entry
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise PlannerError(f"{path}: constant {item.name!r} must be a number, got {value!r}")
+        if not math.isfinite(value) or value < 0:
+            raise PlannerError(f"{path}: constant {item.name!r} must be a finite number >= 0, got {value!r}")
+        problem = check_efficiency(item.name, value) if "efficiency" in item.name else None
+        if problem:
+            raise PlannerError(f"{path}: {problem}")
         values[item.name] = int(value) if item.type == "int" else float(value)
     return Calibration(**values)
 

@@ -5,6 +5,8 @@ The analytic unit time is piecewise linear in the inverse efficiencies x = (1/ma
 else is a sum. Gauss–Newton on relative residuals (every measurement counts alike, from a 50 µs
 embedding to a 50 ms block) therefore converges in a few steps once each GEMM's bound settles.
 An efficiency the profile cannot inform (flash attention in an unfused profile) keeps its default.
+A fit that breaks a stated bound (`MAX_RMS_RELATIVE_ERROR`, `EFFICIENCY_RANGE`) is named by
+`fit_problems`; the CLI refuses to write it unless forced, and the documents then carry the warnings.
 """
 
 from __future__ import annotations
@@ -18,12 +20,18 @@ from planner.errors import PlannerError
 from planner.gpu import GIB, GPUSpec
 from planner.model import UnitKind
 from planner.profile.analytic import AnalyticProfile, UnitSetting
-from planner.profile.calibration import Calibration
+from planner.profile.calibration import EFFICIENCY_RANGE, Calibration, check_efficiency
 from planner.profile.measured import MeasuredProfile
 
-__all__ = ["PARAMETERS", "EfficiencyFit", "calibration_document", "fit_efficiencies", "gpu_profile_document"]
+__all__ = ["MAX_RMS_RELATIVE_ERROR", "PARAMETERS", "EfficiencyFit", "calibration_document", "fit_efficiencies",
+           "fit_problems", "gpu_profile_document"]
 
 PARAMETERS = ("matmul_efficiency", "memory_bound_efficiency", "flash_attention_efficiency")
+MAX_RMS_RELATIVE_ERROR = 0.25
+"""Largest rms relative error of an acceptable fit. The analytic model reproduces a profile of a
+real GPU to a few per cent (its synthetic profiles exactly); a quarter off on average means the
+model's shape does not match the measurements (a CPU or throttled device, the wrong --gpu, noise),
+so the fitted efficiencies would not describe the GPU."""
 _FIELDS = ("forward_s", "backward_s", "attention_core_forward_s")
 _MAX_STEPS = 50
 
@@ -89,14 +97,38 @@ def fit_efficiencies(profile: MeasuredProfile, gpu: GPUSpec, calibration: Calibr
                          len(rows), float(np.sqrt(np.mean(residual**2))))
 
 
-def gpu_profile_document(gpu: GPUSpec, name: str, fit: EfficiencyFit, origin: str) -> dict[str, Any]:
-    """A gpus.yaml-style document with one entry: `gpu` with the fitted matmul efficiency."""
+def fit_problems(fit: EfficiencyFit) -> tuple[str, ...]:
+    """Every stated bound the fit breaks, one line each: a fitted efficiency outside EFFICIENCY_RANGE,
+    an rms relative error above MAX_RMS_RELATIVE_ERROR."""
+    problems = [f"{problem} (a forced write clips it to {_plausible(getattr(fit, name)):g})" for name in fit.fitted
+                if (problem := check_efficiency(name, getattr(fit, name)))]
+    if fit.rms_relative_error > MAX_RMS_RELATIVE_ERROR:
+        problems.append(f"rms relative error {100 * fit.rms_relative_error:.1f} % of the fit exceeds "
+                        f"{100 * MAX_RMS_RELATIVE_ERROR:.0f} %: the model does not describe these measurements")
+    return tuple(problems)
+
+
+def _plausible(efficiency: float) -> float:
+    """The efficiency clipped into EFFICIENCY_RANGE, so a forced fit still writes files that load."""
+    low, high = EFFICIENCY_RANGE
+    return min(max(efficiency, low), high)
+
+
+def _with_warnings(document: dict[str, Any], warnings: tuple[str, ...]) -> dict[str, Any]:
+    """`document` with a `warnings` list when there are any, so a forced file says what it breaks."""
+    return {**document, "warnings": list(warnings)} if warnings else document
+
+
+def gpu_profile_document(gpu: GPUSpec, name: str, fit: EfficiencyFit, origin: str,
+                         warnings: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A gpus.yaml-style document with one entry: `gpu` with the fitted matmul efficiency (clipped
+    into EFFICIENCY_RANGE) and the `warnings` a forced fit was written with."""
     entry = {
         "sm_count": gpu.sm_count,
         "peak_tflops": {dtype: value / 1e12 for dtype, value in gpu.peak_flops_per_s},
         "memory_gib": gpu.memory_bytes / GIB,
         "hbm_gbps": gpu.hbm_bandwidth_bytes_per_s / 1e9,
-        "matmul_efficiency": min(fit.matmul_efficiency, 1.0),
+        "matmul_efficiency": _plausible(fit.matmul_efficiency),
         "efficiency_source": f"planner calibrate {origin}: {fit.observations} measurements, "
                              f"rms relative error {100 * fit.rms_relative_error:.1f} %",
         "intra_node": {"link": gpu.intra_node_link, "gbps": gpu.intra_node_bandwidth_bytes_per_s / 1e9},
@@ -104,16 +136,18 @@ def gpu_profile_document(gpu: GPUSpec, name: str, fit: EfficiencyFit, origin: st
         "nic_gbps": gpu.nic_bandwidth_bytes_per_s / 1e9,
         "source": f"{gpu.name} catalog entry with matmul_efficiency fitted to {origin}",
     }
-    return {"gpus": {name: entry}}
+    return {"gpus": {name: _with_warnings(entry, warnings)}}
 
 
-def calibration_document(calibration: Calibration, fit: EfficiencyFit, origin: str) -> dict[str, Any]:
-    """A calibration.yaml-style document: every constant, the fitted ones replaced and attributed."""
+def calibration_document(calibration: Calibration, fit: EfficiencyFit, origin: str,
+                         warnings: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A calibration.yaml-style document: every constant, the fitted ones replaced (clipped into
+    EFFICIENCY_RANGE) and attributed, and the `warnings` a forced fit was written with."""
     constants = {}
     for key, value in calibration.__dict__.items():
         if key in fit.fitted and key != "matmul_efficiency":
-            constants[key] = {"value": getattr(fit, key),
+            constants[key] = {"value": _plausible(getattr(fit, key)),
                               "source": f"planner calibrate {origin} ({fit.observations} measurements)"}
         else:
             constants[key] = {"value": value, "source": "unchanged from the calibration in use"}
-    return {"schema_version": 1, "constants": constants}
+    return _with_warnings({"schema_version": 1, "constants": constants}, warnings)

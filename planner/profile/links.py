@@ -14,6 +14,9 @@ and times. Its time model is ``t(S) = α + S·f/β`` where ``f`` is the nccl-tes
 collective over n ranks (all_reduce 2(n−1)/n; all_gather, reduce_scatter, alltoall (n−1)/n;
 sendrecv, broadcast, reduce 1), so β is a bus bandwidth and α a per-operation latency (see
 `fit_latency_bandwidth`).
+
+`slow_link_warnings` flags measured links far below the nominal link they replace
+(`SLOW_LINK_FRACTION`); plan and estimate print them and carry them into their output.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,7 @@ from planner.errors import PlannerError
 __all__ = [
     "COLLECTIVES",
     "SCHEMA_VERSION",
+    "SLOW_LINK_FRACTION",
     "AlphaBeta",
     "CollectiveResult",
     "LinksTable",
@@ -46,6 +50,7 @@ __all__ = [
     "links_from_results",
     "load_links",
     "normalize_collective",
+    "slow_link_warnings",
     "write_links",
 ]
 
@@ -342,30 +347,69 @@ def link_node_indices(cluster: Cluster, links: LinksTable) -> tuple[tuple[int, .
     return tuple(range(len(links.nodes))), True
 
 
-def apply_links(cluster: Cluster, links: LinksTable) -> Cluster:
-    """`cluster` with every measured LINKS entry as a pair link (see `link_node_indices`).
+def _measured_pairs(links: LinksTable) -> Iterator[tuple[int, int, float | None, float | None]]:
+    """(i, j ≥ i, bandwidth, latency) of every LINKS pair with a measurement, None where not measured.
 
-    A pair measured in both directions takes the lower bandwidth and the higher latency; a pair
-    with only one of the two measured keeps the cluster's value for the other.
+    A pair measured in both directions takes the lower bandwidth and the higher latency.
     """
-    indices, _by_position = link_node_indices(cluster, links)
     count = len(links.nodes)
-    overrides: dict[tuple[int, int], Link] = {}
     for i in range(count):
         for j in range(i, count):
             bandwidths = [v for v in (links.bandwidth_bytes_per_s[i][j], links.bandwidth_bytes_per_s[j][i])
                           if v is not None]
             latencies = [v for v in (links.latency_s[i][j], links.latency_s[j][i]) if v is not None]
-            if not bandwidths and not latencies:
-                continue
-            a, b = indices[i], indices[j]
-            default = cluster.link(a, b)
-            overrides[(a, b)] = Link(
-                min(bandwidths) if bandwidths else default.bandwidth_bytes_per_s,
-                max(latencies) if latencies else default.latency_s,
-                "intra" if a == b else "inter",
-            )
+            if bandwidths or latencies:
+                yield i, j, min(bandwidths, default=None), max(latencies, default=None)
+
+
+def apply_links(cluster: Cluster, links: LinksTable) -> Cluster:
+    """`cluster` with every measured LINKS entry as a pair link (see `link_node_indices`).
+
+    A pair with only one of bandwidth and latency measured keeps the cluster's value for the other.
+    """
+    indices, _by_position = link_node_indices(cluster, links)
+    overrides: dict[tuple[int, int], Link] = {}
+    for i, j, bandwidth, latency in _measured_pairs(links):
+        a, b = indices[i], indices[j]
+        default = cluster.link(a, b)
+        overrides[(a, b)] = Link(
+            default.bandwidth_bytes_per_s if bandwidth is None else bandwidth,
+            default.latency_s if latency is None else latency,
+            "intra" if a == b else "inter",
+        )
     return cluster.with_pair_links(overrides)
+
+
+SLOW_LINK_FRACTION = 0.1
+"""A measured link below this fraction of the nominal link of its kind is flagged. NCCL reaches
+70–90 % of an NVLink island's or a NIC's line rate, so a tenth means the probe took another path
+(gloo over TCP, a CPU run, PCIe instead of NVLink) or the link is broken, and every plan placed on
+that number inherits the error."""
+
+
+def _nominal(cluster: Cluster, a: int, b: int) -> tuple[float, str]:
+    """The catalog bandwidth (bytes/s) of the link between two cluster nodes, and what it is."""
+    if a == b:
+        node = cluster.nodes[a]
+        return node.intra_bandwidth_bytes_per_s, f"{node.gpu.name} {node.gpu.intra_node_link}"
+    slower = min(cluster.nodes[a], cluster.nodes[b], key=lambda node: node.nic_bandwidth_bytes_per_s)
+    return slower.nic_bandwidth_bytes_per_s, f"{slower.gpu.name} NIC line rate"
+
+
+def slow_link_warnings(cluster: Cluster, links: LinksTable, origin: str) -> tuple[str, ...]:
+    """One line per measured bandwidth of `links` below SLOW_LINK_FRACTION of the nominal link of
+    `cluster` (before the links are applied) it replaces."""
+    indices, _by_position = link_node_indices(cluster, links)
+    warnings = []
+    for i, j, bandwidth, _latency in _measured_pairs(links):
+        nominal, what = _nominal(cluster, indices[i], indices[j])
+        if bandwidth is not None and bandwidth < SLOW_LINK_FRACTION * nominal:
+            where = f"inside node {links.nodes[i]}" if i == j else f"between {links.nodes[i]} and {links.nodes[j]}"
+            warnings.append(f"{origin}: link {where} measured {bandwidth / _GB:.3g} GB/s, "
+                            f"{100 * bandwidth / nominal:.2g} % of the nominal {what} ({nominal / _GB:g} GB/s), "
+                            f"below {100 * SLOW_LINK_FRACTION:g} %: re-measure it (e.g. nccl-tests) or plans "
+                            "built on it are wrong")
+    return tuple(warnings)
 
 
 # ---- measurements → table ------------------------------------------------------------------------
