@@ -20,7 +20,7 @@ import yaml
 
 from planner import InfeasibleError, PlannerError, __version__
 from planner.cluster import Cluster, catalog_cluster_names, load_cluster
-from planner.config import DTYPES, ParallelConfig, Partition, Training
+from planner.config import DTYPES, Partition, Training
 from planner.cost.estimate import Estimate, estimate
 from planner.export import TARGETS, exporter, render_stdout, write_export
 from planner.gpu import GIB, catalog_gpu_names, lookup_gpu
@@ -28,8 +28,14 @@ from planner.model import ModelSpec, catalog_model_names, load_model
 from planner.placement import default_placement
 from planner.plan import build_plan_document, load_plan, parse_plan_document, write_atomic
 from planner.profile.calibration import Calibration, default_calibration, load_calibration
-from planner.profile.fit import PARAMETERS, calibration_document, fit_efficiencies, gpu_profile_document
-from planner.profile.links import apply_links, link_node_indices, load_links, write_links
+from planner.profile.fit import (
+    PARAMETERS,
+    calibration_document,
+    fit_efficiencies,
+    fit_problems,
+    gpu_profile_document,
+)
+from planner.profile.links import apply_links, link_node_indices, load_links, slow_link_warnings, write_links
 from planner.profile.links_nccl import import_nccl_tests
 from planner.profile.links_probe import parse_sizes, run_link_probe
 from planner.profile.measure import PROFILE_DTYPES, ProfileRequest, measure_layers
@@ -42,14 +48,15 @@ from planner.render import (
     gib,
     stage_split_summary,
 )
-from planner.search.placement import heterogeneity_record, place_plans, replan, replan_record
+from planner.search.placement import replan, replan_record
+from planner.search.planning import plan
+from planner.search.space import FixedOptions, complete_config
 from planner.slowdown import apply_slowdowns, parse_slowdown
 
 DEFAULT_MODEL = "llama3-8b"
 DEFAULT_CLUSTER = "1x8xH100-80GB"
 DEFAULT_GLOBAL_BATCH = 128
 DEFAULT_SEQ_LEN = 8192
-PLACEMENT_EVALUATIONS = 300  # annealing budget of `plan` on clusters beyond exact placement (~ seconds)
 
 
 # ---- shared options ---------------------------------------------------------------------------
@@ -147,34 +154,35 @@ def handle_errors(command: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def build_training(global_batch: int, seq_len: int, dtype: str, attention: str) -> Training:
-    return Training(global_batch=global_batch, seq_len=seq_len, dtype=dtype, attention=attention,
-                    grad_bytes=2 if dtype == "fp16" else 4)
-
-
 @dataclass(frozen=True)
 class Problem:
-    """Everything `plan` and `estimate` read from their options, loaded and checked."""
+    """Everything `plan` and `estimate` read from their options, loaded and checked; `warnings` are
+    implausible measured inputs (already printed on stderr) that the output should repeat."""
 
     model: ModelSpec
     cluster: Cluster
     training: Training
     calibration: Calibration
     timer: MeasuredProfile | None
+    warnings: tuple[str, ...] = ()
 
 
 def load_problem(model_spec: str, cluster_spec: str, global_batch: int, seq_len: int, dtype: str, attention: str,
                  profile_path: Path | None, calibration_path: Path | None, links_path: Path | None,
                  slowdowns: tuple[str, ...]) -> Problem:
-    """Model, cluster (with measured links and slowdowns), training, calibration and measured profile."""
-    model, cluster = load_model(model_spec), load_cluster(cluster_spec)
-    cluster = condition_cluster(cluster, links_path, slowdowns)
-    training = build_training(global_batch, seq_len, dtype, attention)
+    """Model, cluster (with measured links and slowdowns), training, calibration and measured profile;
+    warnings about implausibly slow measured links go to stderr and into the Problem."""
+    model, nominal = load_model(model_spec), load_cluster(cluster_spec)
+    warnings = slow_link_warnings(nominal, load_links(links_path), str(links_path)) if links_path else ()
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
+    cluster = condition_cluster(nominal, links_path, slowdowns)
+    training = Training(global_batch=global_batch, seq_len=seq_len, dtype=dtype, attention=attention)
     calibration = load_calibration(calibration_path) if calibration_path else default_calibration()
     timer = None
     if profile_path:
         model, training, timer = load_profile_and_model(profile_path, model_spec, training, calibration)
-    return Problem(model, cluster, training, calibration, timer)
+    return Problem(model, cluster, training, calibration, timer, warnings)
 
 
 def shortfall_message(result: Estimate) -> str:
@@ -267,12 +275,14 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
                            calibration_path, links_path, slowdowns)
     model, cluster, training, calibration, timer = (problem.model, problem.cluster, problem.training,
                                                     problem.calibration, problem.timer)
-    config = config_from_options(parallel, cluster)
+    config = complete_config(FixedOptions.from_options(parallel), model, cluster, training)
     split = parse_partition(partition, model) if partition else None
     placement = default_placement(cluster, config)
     result = estimate(model, cluster, training, config, split, placement, timer=timer, calibration=calibration)
     echo_profile_notes(timer)
-    extra = {"profile": {"path": str(profile_path), "notes": list(timer.notes)}} if timer else {}
+    extra: dict[str, Any] = {"profile": {"path": str(profile_path), "notes": list(timer.notes)}} if timer else {}
+    if problem.warnings:
+        extra["warnings"] = list(problem.warnings)
     if slowdowns:
         replanned = replan(model, cluster, training, config, split, fixed_partition=split is not None, timer=timer,
                            calibration=calibration)
@@ -296,30 +306,6 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
     if not result.fits:
         click.echo(f"does not fit: {shortfall_message(result)}", err=True)
         sys.exit(1)
-
-
-def config_from_options(options: dict[str, Any], cluster: Cluster) -> ParallelConfig:
-    """A complete configuration for `estimate`: unspecified degrees default to 1 with dp taking the rest."""
-    tp = options.get("tp") or 1
-    pp = options.get("pp") or 1
-    dp = options.get("dp")
-    if dp is None:
-        if cluster.num_gpus % (tp * pp):
-            raise PlannerError(
-                f"tp × pp = {tp * pp} does not divide the cluster's {cluster.num_gpus} GPUs; give --dp explicitly"
-            )
-        dp = cluster.num_gpus // (tp * pp)
-    vpp = options.get("vpp") or 1
-    schedule = options.get("schedule") or ("interleaved" if vpp > 1 else "1f1b")
-    return ParallelConfig(
-        dp=dp, tp=tp, pp=pp, vpp=vpp, micro_batch=options.get("micro_batch") or 1,
-        sequence_parallel=bool(options.get("sequence_parallel")) if options.get("sequence_parallel") is not None
-        else tp > 1,
-        recompute=options.get("recompute") or "none",
-        zero_stage=options.get("zero_stage") or 0,
-        distributed_optimizer=bool(options.get("distributed_optimizer")),
-        schedule=schedule,
-    )
 
 
 def parse_partition(text: str, model: ModelSpec) -> Partition:
@@ -379,30 +365,23 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
                  export_out: Path | None, profile_path: Path | None, calibration_path: Path | None,
                  links_path: Path | None, slowdowns: tuple[str, ...], **parallel: Any) -> None:
     """Search the best parallel layouts (fixed options constrain the search) and rank them."""
-    from planner.search.search import search
-    from planner.search.space import FixedOptions
-
     problem = load_problem(model_spec, cluster_spec, global_batch, seq_len, dtype, attention, profile_path,
                            calibration_path, links_path, slowdowns)
     model, cluster, training, calibration, timer = (problem.model, problem.cluster, problem.training,
                                                     problem.calibration, problem.timer)
     unslowed = condition_cluster(load_cluster(cluster_spec), links_path, ()) if slowdowns else None
-    fixed = FixedOptions.from_options(parallel)
-    found = search(model, cluster, training, fixed, top_k, time_limit_s, timer=timer, calibration=calibration)
+    found = plan(model, cluster, training, FixedOptions.from_options(parallel), top_k, time_limit_s,
+                 unslowed=unslowed, timer=timer, calibration=calibration)
     echo_profile_notes(timer)
-    heterogeneity = None
-    if cluster.pair_links or cluster.gpu_overrides or not cluster.is_homogeneous:
-        placed = place_plans(model, cluster, training, found.plans[:1], max_evaluations=PLACEMENT_EVALUATIONS,
-                             timer=timer, calibration=calibration)
-        found = replace(found, plans=(placed[0][0], *found.plans[1:]))
-        heterogeneity = heterogeneity_record(model, cluster, training, placed, fixed=fixed, time_limit_s=time_limit_s,
-                                             unslowed=unslowed, timer=timer,
-                                             calibration=calibration)
-    documents = [build_plan_document(model, cluster, training, p.config, p.placement, p.estimate)
+    heterogeneity = found.heterogeneity
+    documents = [build_plan_document(model, cluster, training, p.config, p.placement, p.estimate,
+                                     {"split": {"optimal": p.optimal, "lower_bound_s": p.lower_bound_s}})
                  for p in found.plans]
     document = {**documents[0], "alternatives": documents[1:], "search": found.stats.as_dict()}
     if timer:
         document["profile"] = {"path": str(profile_path), "notes": list(timer.notes)}
+    if problem.warnings:
+        document["warnings"] = list(problem.warnings)
     if heterogeneity:
         document["heterogeneity"] = heterogeneity
     text = json.dumps(document, indent=2)
@@ -436,6 +415,9 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     click.echo(f"\nbest plan: {best.config.describe()}; its stage split is {100 * gain:.1f} % faster than the "
                f"uniform split ({best.uniform.iteration_time_s:.3f} s"
                f"{'' if best.uniform.fits else ', which does not fit'})")
+    gap = best.estimate.iteration_time_s / best.lower_bound_s - 1
+    click.echo("the split is proven optimal: its estimate meets the lower bound over every split" if best.optimal
+               else f"the split is within {100 * gap:.2f} % of the lower bound over every split (not proven optimal)")
     click.echo(describe_estimate(best.config, best.estimate, best.config.num_gpus))
     click.echo("\nbreakdown of one iteration")
     click.echo(format_breakdown(best.estimate))
@@ -560,10 +542,15 @@ def import_nccl_tests_command(logs: tuple[Path, ...], collective: str | None, ou
                                       "as gpu_profile).")
 @click.option("--calibration-out", type=click.Path(dir_okay=False, path_type=Path),
               help="calibration.yaml-style file for the other fitted constants  [default: OUT.calibration.yaml]")
+@click.option("--force", is_flag=True, help="Write a fit that breaks the plausibility bounds (rms error, "
+                                            "efficiency range), with warnings in the files.")
 @handle_errors
 def calibrate_command(profile_path: Path, gpu: str | None, name: str | None, out: Path,
-                      calibration_out: Path | None) -> None:
-    """Fit the analytic model's efficiencies for one GPU to a measured profile; write a GPU profile."""
+                      calibration_out: Path | None, force: bool) -> None:
+    """Fit the analytic model's efficiencies for one GPU to a measured profile; write a GPU profile.
+
+    A fit outside the stated bounds (planner.profile.fit.fit_problems) is refused unless --force.
+    """
     profile = load_measured_profile(profile_path)
     if not (gpu or profile.gpu):
         raise PlannerError(f"{profile_path} does not name its GPU type (measured on {profile.device}); "
@@ -571,10 +558,16 @@ def calibrate_command(profile_path: Path, gpu: str | None, name: str | None, out
     base = lookup_gpu(gpu or profile.gpu)
     calibration = default_calibration()
     fit = fit_efficiencies(profile, base, calibration)
+    problems = fit_problems(fit)
+    if problems and not force:
+        raise PlannerError(f"{profile_path}: {'; '.join(problems)}; nothing written (--force writes it anyway)")
+    for problem in problems:
+        click.echo(f"warning: {problem}; written anyway (--force)", err=True)
     name = name or f"{base.name}-calibrated"
     calibration_out = calibration_out or out.with_suffix(".calibration.yaml")
-    write_atomic(out, yaml.safe_dump(gpu_profile_document(base, name, fit, str(profile_path)), sort_keys=False))
-    write_atomic(calibration_out, yaml.safe_dump(calibration_document(calibration, fit, str(profile_path)),
+    write_atomic(out, yaml.safe_dump(gpu_profile_document(base, name, fit, str(profile_path), problems),
+                                     sort_keys=False))
+    write_atomic(calibration_out, yaml.safe_dump(calibration_document(calibration, fit, str(profile_path), problems),
                                                  sort_keys=False))
     rows = [(parameter, f"{getattr(fit, parameter):.4f}", "fitted" if parameter in fit.fitted else "default")
             for parameter in PARAMETERS]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from planner.cost.schedule import Schedule, schedule_of
 from planner.errors import PlannerError
 
 __all__ = ["DTYPES", "ParallelConfig", "Partition", "Recompute", "Schedule", "Training"]
@@ -28,14 +29,6 @@ class Recompute(str, Enum):
     FULL = "full"
 
 
-class Schedule(str, Enum):
-    """Pipeline schedules: GPipe (all forwards then all backwards), 1F1B, interleaved 1F1B."""
-
-    GPIPE = "gpipe"
-    ONE_F_ONE_B = "1f1b"
-    INTERLEAVED = "interleaved"
-
-
 def _positive(owner: str, name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise PlannerError(f"{owner}: {name} must be a positive integer, got {value!r}")
@@ -48,16 +41,19 @@ class Training:
     `attention` is the attention kernel: "flash" (fused, no s² activations, causal work halved)
     or "unfused" (softmax/dropout materialised, as in Megatron-LM runs before FlashAttention).
     `grad_bytes` is the per-parameter gradient size: 4 when gradients accumulate in fp32
-    (Megatron-LM's default for bf16), 2 when they stay 16-bit.
+    (Megatron-LM's default for bf16 and fp8), 2 when they stay 16-bit (its fp16 optimizer);
+    None takes that dtype's default.
     """
 
     global_batch: int = 512
     seq_len: int = 4096
     dtype: str = "bf16"
     attention: str = "flash"
-    grad_bytes: int = 4
+    grad_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        if self.grad_bytes is None:
+            object.__setattr__(self, "grad_bytes", 2 if self.dtype == "fp16" else 4)
         _positive("training", "global_batch", self.global_batch)
         _positive("training", "seq_len", self.seq_len)
         if self.dtype not in DTYPES:
@@ -113,14 +109,7 @@ class ParallelConfig:
             )
         if self.sequence_parallel and self.tp == 1:
             raise PlannerError("parallel config: sequence_parallel needs tp > 1 (Megatron-LM turns it off at tp=1)")
-        if self.schedule is Schedule.INTERLEAVED:
-            if self.pp < 2 or self.vpp < 2:
-                raise PlannerError(
-                    f"parallel config: the interleaved schedule needs pp >= 2 and vpp >= 2, got pp={self.pp} "
-                    f"vpp={self.vpp}"
-                )
-        elif self.vpp != 1:
-            raise PlannerError(f"parallel config: vpp={self.vpp} needs --schedule interleaved")
+        schedule_of(self.schedule).check(self.pp, self.vpp)
         if self.zero_stage >= 2 and self.pp > 1:
             raise PlannerError(
                 f"parallel config: ZeRO-{self.zero_stage} shards gradients across micro-batches and is not "

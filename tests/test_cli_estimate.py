@@ -53,12 +53,14 @@ def test_estimate_that_does_not_fit_exits_1_with_shortfall() -> None:
     [
         (["--model", "nope"], "unknown model 'nope'"),
         (["--cluster", "3x8"], "unknown cluster '3x8'"),
-        (["--tp", "3"], "does not divide"),
-        (["--global-batch", "100", "--tp", "1", "--micro-batch", "3"], "not divisible by micro_batch × dp"),
+        (["--tp", "3"], "--tp 3 is not allowed"),  # checked as `plan` checks it (it was accepted and exported)
+        (["--global-batch", "100", "--tp", "1", "--micro-batch", "3"], "--micro-batch 3 does not divide"),
+        (["--global-batch", "100", "--dp", "4", "--tp", "2", "--micro-batch", "10"],
+         "not divisible by micro_batch × dp"),
         (["--partition", "a,b"], "--partition 'a,b'"),
         (["--dtype", "int4"], "Invalid value for '--dtype'"),
         (["--global-batch", "0"], "global_batch must be a positive integer"),
-        (["--sequence-parallel", "--tp", "1"], "sequence_parallel needs tp > 1"),
+        (["--sequence-parallel", "--tp", "1"], "--sequence-parallel needs tp > 1"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args: list[str], message: str) -> None:

@@ -90,7 +90,7 @@ def test_cli_estimate_shows_time_with_and_without_replan():
     assert text.exit_code == 0, text.output
     assert "without re-plan" in text.output and "with re-plan" in text.output
     as_json = runner.invoke(cli.main, ["estimate", *SMALL, "--slowdown", "node1=2", "--json"])
-    record = json.loads(as_json.output)["replan"]
+    record = json.loads(as_json.stdout)["replan"]
     assert record["slowdowns"] == ["node1=2"]
     assert record["iteration_time_s_with_replan"] < record["iteration_time_s_without_replan"]
     assert sum(record["blocks_per_stage"]) == MODEL.num_layers
@@ -119,10 +119,10 @@ def _links_file(tmp_path, slow_pair: tuple[int, int], nodes: int = 4) -> str:
 
 def test_cli_links_reach_the_estimate(tmp_path):
     runner = CliRunner()
-    plain = json.loads(runner.invoke(cli.main, ["estimate", *SMALL, "--json"]).output)
+    plain = json.loads(runner.invoke(cli.main, ["estimate", *SMALL, "--json"]).stdout)
     slow = runner.invoke(cli.main, ["estimate", *SMALL, "--json", "--links", _links_file(tmp_path, (1, 2))])
     assert slow.exit_code == 0, slow.output
-    assert (json.loads(slow.output)["estimate"]["breakdown_s"]["pp_comm"]
+    assert (json.loads(slow.stdout)["estimate"]["breakdown_s"]["pp_comm"]
             > 10 * plain["estimate"]["breakdown_s"]["pp_comm"])
 
 
@@ -228,7 +228,7 @@ def test_cli_plan_places_pipelines_around_a_slow_measured_pair(tmp_path):
     args = ["plan", *SMALL, *pinned, "--top", "1", "--json", "--links", _links_file(tmp_path, (1, 2))]
     result = CliRunner().invoke(cli.main, args)
     assert result.exit_code == 0, result.output
-    document = json.loads(result.output)
+    document = json.loads(result.stdout)
     record = document["heterogeneity"]
     assert record["placed_time_s"] < 0.9 * record["rank_order_time_s"]
     names = [nodes[0] for nodes in record["stage_nodes"]]

@@ -130,3 +130,15 @@ def test_activation_memory_orders(hidden_per_head: int, heads: int, tp: int, s: 
     for sp in (False, True):
         assert act(sp, Recompute.FULL) < act(sp, Recompute.SELECTIVE) < act(sp, Recompute.NONE)
         assert act(True, Recompute.NONE) <= act(False, Recompute.NONE)
+
+
+@pytest.mark.parametrize(("schedule", "vpp"),
+                         [(Schedule.GPIPE, 1), (Schedule.ONE_F_ONE_B, 1), (Schedule.INTERLEAVED, 3)])
+@pytest.mark.parametrize("m", [1, 4, 6, 8, 24])
+def test_in_flight_microbatches_never_grow_with_the_rank(schedule, vpp, m) -> None:
+    """The search's memory bound takes the last rank's in-flight count as the least (search._bound)."""
+    config = ParallelConfig(dp=1, tp=1, pp=4, vpp=vpp, schedule=schedule)
+    if schedule is Schedule.INTERLEAVED and m % 4:
+        return
+    counts = [in_flight_microbatches(config, r, m) for r in range(4)]
+    assert counts == sorted(counts, reverse=True)

@@ -17,6 +17,7 @@ from planner.cost.schedule import (
     FORWARD,
     pipeline_time,
     rank_order,
+    schedule_of,
     simulate,
     simulated_pipeline_time,
 )
@@ -134,3 +135,40 @@ def test_estimate_uses_the_simulator_for_unbalanced_stages():
     pipeline_terms = ("compute", "recompute", "bubble", "tp_comm", "pp_comm")
     assert sum(result.breakdown_s[k] for k in pipeline_terms) == pytest.approx(detail["pipeline_simulated"])
     assert result.iteration_time_s == pytest.approx(sum(result.breakdown_s.values()))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    schedule=st.sampled_from(list(Schedule)),
+    pp=st.integers(2, 5),
+    vpp=st.integers(2, 3),
+    groups=st.integers(20, 40),
+    offset=st.integers(0, 4),
+    forward=st.lists(st.floats(0.2, 3.0), min_size=15, max_size=15),
+    backward=st.lists(st.floats(0.2, 6.0), min_size=15, max_size=15),
+)
+def test_periodic_simulation_equals_the_full_simulation(schedule, pp, vpp, groups, offset, forward, backward):
+    """The simulator's cost does not grow with m (it extrapolates whole periods); the answer is the
+    full simulation's, on uneven stages and micro-batch counts that are not a multiple of pp."""
+    v = vpp if schedule is Schedule.INTERLEAVED else 1
+    m = groups * pp + (0 if schedule is Schedule.INTERLEAVED else offset % pp)
+    f, b = forward[: pp * v], backward[: pp * v]
+    full = simulate(f, b, [0.0] * len(f), pp, m, schedule, record=False).iteration_s
+    assert simulated_pipeline_time(f, b, pp, m, schedule).total_s == pytest.approx(full, rel=1e-9)
+
+
+@pytest.mark.parametrize("schedule", list(Schedule))
+@pytest.mark.parametrize(("pp", "m"), [(4, 4), (4, 8), (4, 12), (3, 2), (2, 6)])
+def test_in_flight_memory_is_the_peak_of_the_schedules_own_order(schedule, pp, m):
+    """One definition: the activations a rank holds (cost/memory.py) are the most forwards without
+    their backward yet in the order the simulator runs."""
+    behaviour = schedule_of(schedule)
+    vpp = 2 if behaviour.chunked else 1
+    if not behaviour.runnable(pp, m):
+        return
+    for r in range(pp):
+        held = peak = 0
+        for kind, _, _ in behaviour.order(r, pp, vpp, m):
+            held += 1 if kind == FORWARD else -1
+            peak = max(peak, held)
+        assert behaviour.in_flight(r, pp, vpp, m) * vpp == peak

@@ -9,15 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.cluster import parse_shorthand
-from planner.config import ParallelConfig, Recompute, Schedule, Training
+from planner.cluster import Link, cluster_from_dict, parse_shorthand
+from planner.config import ParallelConfig, Partition, Recompute, Schedule, Training
 from planner.cost.estimate import estimate
+from planner.cost.schedule import relaxed_rank_counts
 from planner.errors import InfeasibleError
 from planner.model import load_model
 from planner.placement import default_placement
 from planner.profile.analytic import AnalyticProfile
 from planner.profile.calibration import default_calibration
-from planner.search.partition import PartitionProblem, bound_partition, fits, objective_s, relaxed_rank_counts
+from planner.search.partition import PartitionProblem, bound_partition, fits, objective_s
 from planner.search.search import _bound, _Context, _partition, _problem, _tighten, search
 from planner.search.space import FixedOptions, enumerate_configs
 from planner.slowdown import apply_slowdowns, parse_slowdown
@@ -224,3 +225,56 @@ def test_unlike_units_fall_back_to_the_ilp_and_reach_the_optimum(schedule, vpp) 
     found, how = _partition(problem, 5.0)
     assert how == "ilp" and found is not None and found.optimal
     assert found.objective_s == pytest.approx(_brute_force(problem), rel=1e-9)
+
+
+def _all_splits(layers: int, stages: int):
+    """Every contiguous split of the units (embedding, blocks, head) into non-empty stages."""
+    units = layers + 2
+    for cuts in itertools.combinations(range(1, units), stages - 1):
+        yield Partition(tuple(b - a for a, b in zip((0, *cuts), (*cuts, units), strict=True)))
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    pp=st.sampled_from([2, 3, 4]),
+    schedule=st.sampled_from([Schedule.ONE_F_ONE_B, Schedule.GPIPE]),
+    microbatches=st.sampled_from([1, 3, 8]),
+    pair_gbps=st.lists(st.floats(0.5, 50.0), min_size=6, max_size=6),
+    slow=st.sampled_from([None, "node1=2", "node2:0=3"]),
+)
+def test_the_split_called_optimal_is_the_best_split_by_brute_force_over_estimate(
+        pp, schedule, microbatches, pair_gbps, slow) -> None:
+    """One cost accounting: on uneven links and slow devices, a split the search calls optimal is
+    the best of every split by `estimate()` itself, and no split the search returns beats brute force."""
+    cluster = parse_shorthand("4x2xA100-80GB")
+    pairs = itertools.combinations(range(4), 2)
+    cluster = cluster.with_pair_links({pair: Link(gbps * 1e9, 1e-5, "inter")
+                                       for pair, gbps in zip(pairs, pair_gbps, strict=True)})
+    if slow:
+        cluster = apply_slowdowns(cluster, [parse_slowdown(slow)])
+    training = Training(global_batch=2 * microbatches, seq_len=1024)
+    fixed = FixedOptions(tp=2, pp=pp, dp=4 // pp if 4 % pp == 0 else None, micro_batch=1, schedule=schedule,
+                         recompute=Recompute.NONE, zero_stage=0, distributed_optimizer=False)
+    if fixed.dp is None:
+        return
+    found = search(SMALL, cluster, training, fixed, top_k=1).plans[0]
+    placement = found.placement
+    best = min(result.iteration_time_s for result in (
+        estimate(SMALL, cluster, training, found.config, split, placement) for split in
+        _all_splits(SMALL.num_layers, pp)) if result.fits)
+    assert found.estimate.iteration_time_s >= best * (1 - 1e-9)
+    assert found.lower_bound_s <= best * (1 + 1e-9)
+    if found.optimal:
+        assert found.estimate.iteration_time_s == pytest.approx(best, rel=2e-4)
+
+
+def test_the_issue_example_reaches_the_brute_force_split_on_slow_inter_node_links() -> None:
+    """llama3-8b, tp8/pp4 on 4×8 H100 with 1 GB/s between nodes: brute force over estimate() gives
+    (11, 6, 6, 9) at 2.460 s; the search once returned (7, 7, 7, 11) at 2.608 s and called it optimal."""
+    cluster = cluster_from_dict({"name": "slow-fabric", "node_groups": [
+        {"gpu": "H100-80GB", "nodes": 4, "gpus_per_node": 8, "inter_node_gbps": 1.0}]}, "test")
+    model = load_model("llama3-8b")
+    found = search(model, cluster, Training(global_batch=64, seq_len=4096), FixedOptions(tp=8, pp=4), top_k=1)
+    plan = found.plans[0]
+    assert plan.partition.blocks_per_stage() == (11, 6, 6, 9)
+    assert plan.estimate.iteration_time_s == pytest.approx(2.460, abs=0.01)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner.cluster import Cluster
-from planner.config import ParallelConfig, Partition, Schedule, Training
+from planner.config import ParallelConfig, Partition, Training
 from planner.cost.memory import in_flight_microbatches, model_state_bytes, recompute_working_bytes
-from planner.cost.schedule import PipelineTime, pipeline_time, simulated_pipeline_time
+from planner.cost.schedule import PipelineTime, pipeline_time, schedule_of, simulated_pipeline_time
 from planner.cost.time import (
     UnitCost,
     UnitTimer,
@@ -20,6 +20,7 @@ from planner.cost.time import (
     embedding_sync_time,
     optimizer_step_time,
     p2p_boundary_time,
+    stage_boundary_s,
     unit_costs,
 )
 from planner.errors import PlannerError
@@ -113,17 +114,11 @@ def model_flops_per_iteration(model: ModelSpec, training: Training) -> float:
     return 3 * forward
 
 
-def _unit_kind(model: ModelSpec, unit_index: int) -> UnitKind:
-    if unit_index == 0:
-        return UnitKind.EMBEDDING
-    return UnitKind.HEAD if unit_index == model.num_layers + 1 else UnitKind.BLOCK
-
-
-def _sum_costs(model: ModelSpec, costs: dict[UnitKind, UnitCost], start: int, end: int) -> dict[str, float]:
+def _sum_costs(kinds: list[UnitKind], costs: dict[UnitKind, UnitCost], start: int, end: int) -> dict[str, float]:
     totals = dict.fromkeys(("forward", "backward", "recompute", "tp_forward", "tp_backward", "activations",
                             "params"), 0.0)
-    for unit in range(start, end):
-        cost = costs[_unit_kind(model, unit)]
+    for kind in kinds[start:end]:
+        cost = costs[kind]
         totals["forward"] += cost.forward_s
         totals["backward"] += cost.backward_s
         totals["recompute"] += cost.recompute_s
@@ -154,7 +149,7 @@ def _pipeline(sums: list[dict[str, float]], p2p: list[float], stage_times: list[
     """The schedule's iteration time from the event simulator (exact for the framework's order, see
     tests/test_schedule.py for how far the closed form can be off); the closed form where the
     simulator does not apply (pp = 1, or an interleaved schedule Megatron-LM cannot run)."""
-    if config.pp == 1 or (config.schedule is Schedule.INTERLEAVED and m % config.pp):
+    if config.pp == 1 or not schedule_of(config.schedule).runnable(config.pp, m):
         return pipeline_time(stage_times, config.pp, m, config.schedule)
     forward = [s["forward"] + s["tp_forward"] + p / 2 for s, p in zip(sums, p2p, strict=True)]
     backward = [s["backward"] + s["recompute"] + s["tp_backward"] + p / 2 for s, p in zip(sums, p2p, strict=True)]
@@ -188,14 +183,12 @@ def estimate(
     rank_costs = [unit_costs(model, training, config, links.gpu[r], links.tp[r], timer, calibration)
                   for r in range(config.pp)]
     bounds = partition.bounds()
-    last_stage = len(bounds) - 1
-    # blocking send/recv occupies both ends of a boundary: a stage pays for its incoming and outgoing one
-    boundary = [p2p_boundary_time(model, training, config, links.pp[k % config.pp], calibration)
-                if k < last_stage else 0.0 for k in range(len(bounds))]
-    p2p = [boundary[k] + (boundary[k - 1] if k else 0.0) for k in range(len(bounds))]
+    boundary = [p2p_boundary_time(model, training, config, link, calibration) for link in links.pp]
+    p2p = stage_boundary_s(boundary, len(bounds))
+    kinds = [unit.kind for unit in model.units()]
     sums, stage_times = [], []
     for k, (start, end) in enumerate(bounds):
-        totals = _sum_costs(model, rank_costs[k % config.pp], start, end)
+        totals = _sum_costs(kinds, rank_costs[k % config.pp], start, end)
         sums.append(totals)
         stage_times.append(totals["forward"] + totals["backward"] + totals["recompute"]
                            + totals["tp_forward"] + totals["tp_backward"] + p2p[k])

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.config import ParallelConfig, Recompute, Schedule, Training
+from planner.config import ParallelConfig, Recompute, Training
+from planner.cost.schedule import schedule_of
 from planner.model import ModelSpec, UnitKind
 
 __all__ = [
@@ -120,19 +121,11 @@ def recompute_working_bytes(model: ModelSpec, training: Training, config: Parall
 
 
 def in_flight_microbatches(config: ParallelConfig, pp_rank: int, num_microbatches: int) -> float:
-    """Micro-batches whose activations a pipeline rank holds at its peak, per model chunk.
-
-    GPipe holds all m; 1F1B holds min(pp − rank, m) (Narayanan et al. 2021); interleaved 1F1B
-    holds (pp − rank − 1)·2 + (vpp − 1)·pp + 1 chunk-activations spread over vpp chunks
-    (Megatron-LM's warm-up count plus one), which gives Korthikanti's 1 + (p − 1)/(p·v) on rank 0.
-    """
-    p, m, v = config.pp, num_microbatches, config.vpp
-    if config.schedule is Schedule.GPIPE:
-        return float(m)
-    if config.schedule is Schedule.INTERLEAVED:
-        chunks = min((p - pp_rank - 1) * 2 + (v - 1) * p + 1, m * v)
-        return chunks / v
-    return float(min(p - pp_rank, m))
+    """Micro-batches whose activations a pipeline rank holds at its peak, per model chunk, as the
+    schedule's own order implies (GPipe: m; 1F1B: min(p − r, m), Narayanan et al. 2021;
+    interleaved: Megatron-LM's warm-up count plus one over v chunks, Korthikanti's 1 + (p − 1)/(p·v)
+    on rank 0)."""
+    return schedule_of(config.schedule).in_flight(pp_rank, config.pp, config.vpp, num_microbatches)
 
 
 @dataclass(frozen=True)

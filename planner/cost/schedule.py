@@ -1,4 +1,5 @@
-"""Pipeline schedules: iteration time of GPipe, 1F1B and interleaved 1F1B with non-uniform stages.
+"""Pipeline schedules as objects: each one's rules, order of passes, in-flight memory, closed form,
+ILP objective and lower bound live together here, so a new schedule is one class in this file.
 
 With per-micro-batch stage times τ_k (forward + backward + its p2p), the critical path of GPipe
 and 1F1B is Σ_k τ_k + (m − 1)·max_k τ_k: every micro-batch passes the slowest stage once, and
@@ -6,20 +7,47 @@ the first and last micro-batch also cross every other stage (Narayanan et al. 20
 uniform case, bubble (p − 1)/m). For interleaved 1F1B with v chunks per rank, rank r does
 R_r = Σ of its chunks per micro-batch and the bubble shrinks v-fold:
 m·max_r R_r + (Σ_r R_r − max_r R_r)/v, which is (m + (p − 1)/v)·R for uniform ranks.
-Both are linear in the stage times, so the ILP partitioner can use them as its objective.
+Both are linear in the stage times (the ILP partitioner's objective). `estimate` replays the
+framework's own order with the event simulator, whose cost does not grow with m: past a short
+prefix the schedule is periodic, so the rest is extrapolated (and checked) in whole periods.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import NamedTuple
 
-from planner.config import Schedule
+import numpy as np
+
 from planner.errors import PlannerError
 
-__all__ = ["PassEvent", "PipelineTime", "Timeline", "pipeline_time", "rank_order", "rank_times", "simulate",
-           "simulated_pipeline_time"]
+__all__ = [
+    "SCHEDULES",
+    "PassEvent",
+    "PipelineSchedule",
+    "PipelineTime",
+    "RankTerms",
+    "Schedule",
+    "Timeline",
+    "pipeline_time",
+    "rank_order",
+    "rank_times",
+    "relaxed_rank_counts",
+    "schedule_of",
+    "simulate",
+    "simulated_pipeline_time",
+]
+
+
+class Schedule(str, Enum):
+    """Pipeline schedule names (the `--schedule` values); `schedule_of` gives the behaviour."""
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
 
 
 @dataclass(frozen=True)
@@ -35,6 +63,189 @@ class PipelineTime:
         return self.total_s - self.steady_s
 
 
+@dataclass(frozen=True)
+class RankTerms:
+    """What a lower bound over stage splits needs to know of each pipeline rank, when the split
+    changes only how many (alike) blocks each rank holds: rank r's load per micro-batch is
+    fixed_s[r] + n_r·block_s[r], its forward work forward_fixed_s[r] + n_r·forward_block_s[r]."""
+
+    fixed_s: tuple[float, ...]  # its end units (embedding/head) and stage boundaries
+    block_s: tuple[float, ...]
+    lower: tuple[int, ...]  # fewest blocks the rank can hold (every stage needs a unit)
+    forward_fixed_s: tuple[float, ...]
+    forward_block_s: tuple[float, ...]
+    least_stage_s: tuple[float, ...]  # the least work a stage on the rank can have (its first unit, boundary)
+
+    @property
+    def pp(self) -> int:
+        return len(self.fixed_s)
+
+
+FORWARD, BACKWARD = "F", "B"
+
+
+class PipelineSchedule:
+    """One pipeline schedule. Subclasses state its rules, the order each rank runs its passes in,
+    the micro-batches it keeps in flight, its closed form and a lower bound valid for that order."""
+
+    kind: Schedule
+    chunked = False  # more than one model chunk per rank (vpp > 1)
+
+    def check(self, pp: int, vpp: int) -> None:
+        """Raise when (pp, vpp) is not allowed for this schedule."""
+        if vpp != 1:
+            raise PlannerError(f"parallel config: vpp={vpp} needs --schedule interleaved")
+
+    def runnable(self, pp: int, num_microbatches: int) -> bool:
+        """Whether the framework's order exists for this pipeline depth and micro-batch count."""
+        return True
+
+    def forward_table(self, pp: int, vpp: int, num_microbatches: int) -> list[tuple[int, int]]:
+        """(micro-batch, chunk) of each forward pass of a rank, in order."""
+        return [(mb, 0) for mb in range(num_microbatches)]
+
+    def warmup(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> int:
+        """Forward passes a rank runs before its first backward."""
+        raise NotImplementedError
+
+    def order(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> list[tuple[str, int, int]]:
+        """The (kind, chunk, micro-batch) passes a rank runs: warm-up forwards, then one forward and
+        one backward alternately, then the remaining backwards (Megatron-LM's order)."""
+        table = self.forward_table(pp, vpp, num_microbatches)
+        warmup = self.warmup(pp_rank, pp, vpp, num_microbatches)
+        forwards = [(FORWARD, chunk, mb) for mb, chunk in table]
+        backwards = [(BACKWARD, vpp - 1 - chunk, mb) for mb, chunk in table]
+        order = forwards[:warmup]
+        for i in range(len(table) - warmup):
+            order += [forwards[warmup + i], backwards[i]]
+        return order + backwards[len(table) - warmup:]
+
+    def in_flight(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> float:
+        """Micro-batches whose activations a rank holds at its peak, per model chunk: its warm-up
+        forwards plus the one whose backward comes next, out of all it runs."""
+        passes = num_microbatches * vpp
+        return min(self.warmup(pp_rank, pp, vpp, num_microbatches) + 1, passes) / vpp
+
+    def linear_form(self, num_microbatches: int, vpp: int) -> tuple[float, float]:
+        """(a, b) with the closed form = a·max_r R_r + b·Σ_r R_r (the ILP's objective)."""
+        return num_microbatches - 1, 1.0
+
+    def closed_form(self, rank_loads: Sequence[float], num_microbatches: int, vpp: int) -> PipelineTime:
+        """The closed-form iteration time of the pipeline part for per-rank loads R_r."""
+        slowest = max(range(len(rank_loads)), key=lambda r: (rank_loads[r], -r))
+        a, b = self.linear_form(num_microbatches, vpp)
+        total = a * rank_loads[slowest] + b * sum(rank_loads)
+        return PipelineTime(total, slowest, num_microbatches * rank_loads[slowest])
+
+    def bound_form(self, num_microbatches: int) -> tuple[float, float]:
+        """(a, b) with a·max R + b·Σ R a lower bound on the simulated time (the cheap search bound)."""
+        return num_microbatches, 0.0
+
+    def lower_bound(self, terms: RankTerms, num_microbatches: int, blocks: int) -> float:
+        """A lower bound on the simulated pipeline time over every split of `blocks` alike blocks."""
+        a, b = self.bound_form(num_microbatches)
+        return _least_linear(terms.fixed_s, terms, blocks, a, b)
+
+
+class GPipe(PipelineSchedule):
+    """All forwards, then all backwards: every micro-batch's activations stay until its backward."""
+
+    kind = Schedule.GPIPE
+
+    def warmup(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> int:
+        return num_microbatches
+
+    def bound_form(self, num_microbatches: int) -> tuple[float, float]:
+        return num_microbatches - 1, 1.0  # the closed form, which the simulator reproduces exactly
+
+
+class OneFOneB(PipelineSchedule):
+    """1F1B (PipeDream-flush): rank r warms up with p − r − 1 forwards (Narayanan et al. 2021)."""
+
+    kind = Schedule.ONE_F_ONE_B
+
+    def warmup(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> int:
+        return min(pp - pp_rank - 1, num_microbatches)
+
+    def lower_bound(self, terms: RankTerms, num_microbatches: int, blocks: int) -> float:
+        """Rank r's first backward waits for micro-batch 0's forward through every rank and its
+        backward through the later ones; until then r runs at most w_r + 1 forwards; after its last
+        backward, the earlier ranks' backward follows. So T ≥ (m − 1)·R_r + Σ R − w_r·F_r for every
+        rank (the closed form for the last rank, where w = 0; F_r: the rank's forward work),
+        minimised over blocks per rank with Σ R at its least."""
+        m, pp = num_microbatches, terms.pp
+        least_sum = sum(terms.fixed_s) + blocks * min(terms.block_s)
+        if m == 1:
+            return least_sum
+        shifted, per_block = [], []
+        for r in range(pp):
+            warmup = self.warmup(r, pp, 1, m)
+            slope = terms.block_s[r] - warmup * terms.forward_block_s[r] / (m - 1)
+            # a non-positive slope: the term is least with every block on this rank
+            shifted.append(terms.fixed_s[r] - warmup * terms.forward_fixed_s[r] / (m - 1) + blocks * min(slope, 0.0))
+            per_block.append(max(slope, 0.0))
+        relaxed = relaxed_rank_counts(shifted, per_block, terms.lower, [math.inf] * pp, blocks, 1.0, 0.0)
+        return math.inf if relaxed is None else (m - 1) * relaxed[0] + least_sum
+
+
+class Interleaved(PipelineSchedule):
+    """Interleaved 1F1B (Narayanan et al. 2021): v model chunks per rank, bubble v-fold smaller."""
+
+    kind = Schedule.INTERLEAVED
+    chunked = True
+
+    def check(self, pp: int, vpp: int) -> None:
+        if pp < 2 or vpp < 2:
+            raise PlannerError(
+                f"parallel config: the interleaved schedule needs pp >= 2 and vpp >= 2, got pp={pp} vpp={vpp}")
+
+    def runnable(self, pp: int, num_microbatches: int) -> bool:
+        return num_microbatches % pp == 0  # Megatron-LM's order deadlocks otherwise
+
+    def forward_table(self, pp: int, vpp: int, num_microbatches: int) -> list[tuple[int, int]]:
+        """Megatron-LM runs groups of pp micro-batches through chunk 0, then chunk 1, … before the
+        next group; the last group takes whatever micro-batches remain."""
+        table = []
+        for first in range(0, num_microbatches, pp):
+            members = range(first, min(first + pp, num_microbatches))
+            table += [(mb, chunk) for chunk in range(vpp) for mb in members]
+        return table
+
+    def warmup(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> int:
+        """(p − r − 1)·2 + (v − 1)·p, or every forward when m = p (Megatron-LM)."""
+        passes = num_microbatches * vpp
+        return passes if num_microbatches == pp else min((pp - pp_rank - 1) * 2 + (vpp - 1) * pp, passes)
+
+    def linear_form(self, num_microbatches: int, vpp: int) -> tuple[float, float]:
+        return num_microbatches - 1 / vpp, 1 / vpp
+
+    def lower_bound(self, terms: RankTerms, num_microbatches: int, blocks: int) -> float:
+        """Rank r starts only after micro-batch 0's forward crossed the chunk-0 stages of ranks
+        0..r−1, and its last pass is followed by those stages' backward: m·R_r + Σ_{r'<r} least
+        stage_{r'} bounds the time (folded into each rank's fixed load as /m)."""
+        m = num_microbatches
+        prefix = np.concatenate(([0.0], np.cumsum(terms.least_stage_s)[:-1]))
+        fixed = tuple(f + p / m for f, p in zip(terms.fixed_s, prefix, strict=True))
+        return _least_linear(fixed, terms, blocks, m, 0.0)
+
+
+def _least_linear(fixed_s: Sequence[float], terms: RankTerms, blocks: int, a: float, b: float) -> float:
+    """Least a·max R + b·Σ R over block counts per rank (math.inf when no count vector exists)."""
+    relaxed = relaxed_rank_counts(fixed_s, terms.block_s, terms.lower, [math.inf] * terms.pp, blocks, a, b)
+    if relaxed is None:
+        return math.inf
+    loads = [f + n * t for f, n, t in zip(fixed_s, relaxed[1], terms.block_s, strict=True)]
+    return a * max(loads) + b * sum(loads)
+
+
+SCHEDULES: dict[Schedule, PipelineSchedule] = {s.kind: s for s in (OneFOneB(), GPipe(), Interleaved())}
+
+
+def schedule_of(kind: Schedule | str) -> PipelineSchedule:
+    """The behaviour of a schedule name."""
+    return SCHEDULES[Schedule(kind)]
+
+
 def rank_times(stage_times: Sequence[float], pp: int) -> list[float]:
     """Per-micro-batch work of each pipeline rank: virtual stage k runs on rank k mod pp."""
     ranks = [0.0] * pp
@@ -45,22 +256,83 @@ def rank_times(stage_times: Sequence[float], pp: int) -> list[float]:
 
 def pipeline_time(stage_times: Sequence[float], pp: int, num_microbatches: int, schedule: Schedule) -> PipelineTime:
     """Closed-form iteration time of the pipeline part (no DP/optimizer) for non-uniform stages."""
-    ranks = rank_times(stage_times, pp)
-    vpp = len(stage_times) // pp
-    slowest = max(range(pp), key=lambda r: (ranks[r], -r))
-    steady = num_microbatches * ranks[slowest]
-    fill_drain = (sum(ranks) - ranks[slowest]) / (vpp if schedule is Schedule.INTERLEAVED else 1)
-    return PipelineTime(steady + fill_drain, slowest, steady)
+    return schedule_of(schedule).closed_form(rank_times(stage_times, pp), num_microbatches, len(stage_times) // pp)
+
+
+def rank_order(pp_rank: int, pp: int, vpp: int, num_microbatches: int,
+               schedule: Schedule) -> list[tuple[str, int, int]]:
+    """The (kind, chunk, micro-batch) passes a rank runs, in the framework's order."""
+    return schedule_of(schedule).order(pp_rank, pp, vpp, num_microbatches)
+
+
+# ---- rank-load relaxation ---------------------------------------------------------------------
+# The closed form and the bounds depend on a split only through the rank loads R_r. Relaxed to
+# "how many blocks does each rank hold" (rank r: c_r + n_r·t_r), the least value over count vectors
+# is a valid lower bound for every contiguous split, and attained when blocks are alike.
+
+
+def relaxed_rank_counts(fixed_s: Sequence[float], block_s: Sequence[float], lower: Sequence[int],
+                        upper: Sequence[float], blocks: int, a: float, b: float) -> tuple[float, list[int]] | None:
+    """Least a·max_r(c_r + n_r·t_r) + b·Σ_r(c_r + n_r·t_r) over integer n with Σ n = blocks and
+    lower_r ≤ n_r ≤ upper_r; None when no count vector exists.
+
+    For a bottleneck T, the least Σ fills the cheapest ranks first up to min(upper, ⌊(T − c)/t⌋).
+    The optimal T is one of the c_r + n·t_r, tried in increasing order until a·T + b·(least Σ
+    over all T) cannot beat the best found.
+    """
+    fixed, time_ = np.asarray(fixed_s, dtype=float), np.asarray(block_s, dtype=float)
+    lo, pp = np.asarray(lower, dtype=np.int64), len(fixed_s)
+    hi = np.minimum(np.asarray(upper, dtype=float), blocks).astype(np.int64)
+    if np.any(lo > hi) or lo.sum() > blocks or hi.sum() < blocks:
+        return None
+    cheapest = sorted(range(pp), key=lambda r: (time_[r], r))
+
+    def fill(cap: np.ndarray) -> list[int] | None:
+        if np.any(cap < lo) or cap.sum() < blocks:
+            return None
+        counts, left = lo.copy(), blocks - int(lo.sum())
+        for r in cheapest:
+            take = min(left, int(cap[r] - lo[r]))
+            counts[r] += take
+            left -= take
+            if not left:
+                break
+        return counts.tolist()
+
+    def value(counts: Sequence[int]) -> float:
+        loads = fixed + np.asarray(counts) * time_
+        return float(a * loads.max() + b * loads.sum())
+
+    least_sum = fixed.sum() + sum(fill(hi)[r] * time_[r] for r in range(pp))  # type: ignore[index]
+    values = np.unique(np.concatenate([fixed[r] + np.arange(lo[r], hi[r] + 1) * time_[r] for r in range(pp)]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        def cap_at(bottleneck: float) -> np.ndarray:
+            room = np.where(time_ > 0, np.floor((bottleneck - fixed) / np.where(time_ > 0, time_, 1) + 1e-9),
+                            np.where(fixed <= bottleneck * (1 + 1e-12), blocks, -1))
+            return np.minimum(hi, room).astype(np.int64)
+
+        low, high = 0, len(values) - 1  # binary search for the least feasible bottleneck
+        while low < high:
+            mid = (low + high) // 2
+            if fill(cap_at(values[mid])) is None:
+                low = mid + 1
+            else:
+                high = mid
+        best: tuple[float, list[int]] | None = None
+        for bottleneck in values[low:]:
+            if best is not None and a * bottleneck + b * least_sum >= best[0]:
+                break
+            counts = fill(cap_at(bottleneck))
+            if counts is not None and (best is None or value(counts) < best[0] - 1e-15):
+                best = (value(counts), counts)
+    return best
 
 
 # ---- event simulator ------------------------------------------------------------------------
-# The closed form above is what the ILP optimises. The simulator below replays the framework's
-# actual per-rank order of forward and backward passes (Megatron-LM's warm-up / steady 1F1B /
-# cool-down) with per-stage times and p2p transfers, so it sees what the closed form cannot:
-# forward/backward imbalance between stages, p2p latency on the critical path, and the exact
-# interleaved order.
-
-FORWARD, BACKWARD = "F", "B"
+# The closed form is what the ILP optimises. The simulator replays the framework's actual per-rank
+# order of forward and backward passes with per-stage times and p2p transfers, so it sees what the
+# closed form cannot: forward/backward imbalance between stages, p2p latency on the critical path,
+# and the exact interleaved order.
 
 
 class PassEvent(NamedTuple):
@@ -87,54 +359,18 @@ class Timeline:
         """The passes of one pipeline rank in execution order."""
         return sorted((e for e in self.events if e.pp_rank == pp_rank), key=lambda e: e.start_s)
 
-    def busy_s(self, pp_rank: int) -> float:
-        return sum(e.end_s - e.start_s for e in self.events if e.pp_rank == pp_rank)
-
-
-def _interleaved_table(num_microbatches: int, vpp: int, group: int) -> list[tuple[int, int]]:
-    """(micro-batch, chunk) of each virtual micro-batch in forward order: Megatron-LM runs
-    groups of `group` (= pp) micro-batches through chunk 0, then chunk 1, … before the next group;
-    the last group takes whatever micro-batches remain."""
-    table = []
-    for first in range(0, num_microbatches, group):
-        members = range(first, min(first + group, num_microbatches))
-        table += [(mb, chunk) for chunk in range(vpp) for mb in members]
-    return table
-
-
-def rank_order(pp_rank: int, pp: int, vpp: int, num_microbatches: int,
-               schedule: Schedule) -> list[tuple[str, int, int]]:
-    """The (kind, chunk, micro-batch) passes a rank runs, in the framework's order."""
-    m = num_microbatches
-    if schedule is Schedule.GPIPE:
-        return [(FORWARD, 0, i) for i in range(m)] + [(BACKWARD, 0, i) for i in range(m)]
-    if schedule is Schedule.ONE_F_ONE_B:
-        table = [(i, 0) for i in range(m)]
-        warmup = min(pp - pp_rank - 1, m)
-    else:
-        table = _interleaved_table(m, vpp, pp)
-        # Megatron-LM: (p − r − 1)·2 + (v − 1)·p warm-up forwards; all of them when m == p
-        warmup = len(table) if m == pp else min((pp - pp_rank - 1) * 2 + (vpp - 1) * pp, len(table))
-    forwards = [(FORWARD, chunk, mb) for mb, chunk in table]
-    backwards = [(BACKWARD, vpp - 1 - chunk, mb) for mb, chunk in table]
-    order = forwards[:warmup]
-    for i in range(len(table) - warmup):
-        order += [forwards[warmup + i], backwards[i]]
-    return order + backwards[len(table) - warmup:]
-
 
 def simulate(
     forward_s: Sequence[float], backward_s: Sequence[float], p2p_s: Sequence[float], pp: int,
     num_microbatches: int, schedule: Schedule, record: bool = True,
 ) -> Timeline:
-    """Event simulation of one iteration's pipeline part.
+    """Event simulation of one iteration's pipeline part, every pass of every micro-batch.
 
     `forward_s[k]` / `backward_s[k]`: time of one micro-batch's pass on virtual stage k (rank
     k mod pp, chunk k div pp); `p2p_s[k]`: one-way transfer time across the boundary k → k+1
     (the backward gradient takes the same time the other way). A pass starts when its rank is
-    free and its input has arrived; ranks follow `rank_order` strictly (no reordering), and
-    transfers overlap compute (asynchronous send/recv). `record=False` skips the per-pass events
-    (the timeline then carries the iteration time only), which is what `estimate` needs.
+    free and its input has arrived; ranks follow the schedule's order strictly (no reordering), and
+    transfers overlap compute (asynchronous send/recv). `record=False` skips the per-pass events.
     """
     stages = len(forward_s)
     if len(backward_s) != stages or len(p2p_s) < stages - 1 or stages % pp:
@@ -143,12 +379,13 @@ def simulate(
             f"got {stages}, {len(backward_s)}, {len(p2p_s)}"
         )
     vpp = stages // pp
-    if schedule is Schedule.INTERLEAVED and num_microbatches % pp:
+    behaviour = schedule_of(schedule)
+    if not behaviour.runnable(pp, num_microbatches):
         raise PlannerError(
-            f"simulate: the interleaved schedule needs micro-batches ({num_microbatches}) divisible by pp ({pp}); "
-            "Megatron-LM's order deadlocks otherwise"
+            f"simulate: the {schedule.value} schedule needs micro-batches ({num_microbatches}) divisible by pp "
+            f"({pp}); Megatron-LM's order deadlocks otherwise"
         )
-    orders = [rank_order(r, pp, vpp, num_microbatches, schedule) for r in range(pp)]
+    orders = [behaviour.order(r, pp, vpp, num_microbatches) for r in range(pp)]
     done: dict[tuple[str, int, int], float] = {}
     rank_free = [0.0] * pp
     cursor = [0] * pp
@@ -176,7 +413,7 @@ def simulate(
             woken = waiting.pop(key, None)
             if woken is not None:
                 runnable.append(woken)
-    if any(cursor[r] < len(orders[r]) for r in range(pp)):  # cannot happen for rank_order's orders
+    if any(cursor[r] < len(orders[r]) for r in range(pp)):  # cannot happen for the schedules' orders
         raise PlannerError(f"simulate: {schedule.value} order deadlocked with pp={pp}, m={num_microbatches}")
     return Timeline(max(rank_free), tuple(events))
 
@@ -200,12 +437,33 @@ def _input_ready(done: dict[tuple[str, int, int], float], kind: str, k: int, mb:
     return max(own_forward, downstream + p2p_s[k]), None
 
 
+def _periodic_iteration_s(forward_s: Sequence[float], backward_s: Sequence[float], pp: int,
+                          num_microbatches: int, schedule: Schedule) -> float:
+    """The simulated iteration time at a cost independent of m.
+
+    The order is fixed, so the simulation is a longest path in a max-plus system; past a transient
+    its time grows by the same amount every period of pp micro-batches. Three simulations at
+    m₀, m₀ + pp, m₀ + 2pp (m₀ ≡ m mod pp, past the warm-up) give that growth; when the two
+    differences agree the rest is extrapolated, else the whole iteration is simulated.
+    """
+    vpp = len(forward_s) // pp
+    zeros = [0.0] * len(forward_s)
+    start = 4 * pp * vpp + num_microbatches % pp
+    if num_microbatches <= start + 4 * pp:
+        return simulate(forward_s, backward_s, zeros, pp, num_microbatches, schedule, record=False).iteration_s
+    times = [simulate(forward_s, backward_s, zeros, pp, start + i * pp, schedule, record=False).iteration_s
+             for i in range(3)]
+    growth = times[2] - times[1]
+    if abs((times[1] - times[0]) - growth) > 1e-9 * times[2]:
+        return simulate(forward_s, backward_s, zeros, pp, num_microbatches, schedule, record=False).iteration_s
+    return times[2] + (num_microbatches - start - 2 * pp) // pp * growth
+
+
 def simulated_pipeline_time(forward_s: Sequence[float], backward_s: Sequence[float], pp: int,
                             num_microbatches: int, schedule: Schedule) -> PipelineTime:
     """`pipeline_time` from the event simulator: pass times include the stage's blocking p2p sends,
     so no separate transfer delay is added; the bottleneck is the busiest rank."""
-    timeline = simulate(forward_s, backward_s, [0.0] * len(forward_s), pp, num_microbatches, schedule,
-                        record=False)
+    total = _periodic_iteration_s(forward_s, backward_s, pp, num_microbatches, schedule)
     busy = [num_microbatches * t for t in rank_times([f + b for f, b in zip(forward_s, backward_s, strict=True)], pp)]
     slowest = max(range(pp), key=lambda r: (busy[r], -r))
-    return PipelineTime(timeline.iteration_s, slowest, busy[slowest])
+    return PipelineTime(total, slowest, busy[slowest])

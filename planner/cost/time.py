@@ -8,6 +8,7 @@ optimise the same quantities the estimate reports.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -30,6 +31,7 @@ __all__ = [
     "embedding_sync_time",
     "optimizer_step_time",
     "p2p_boundary_time",
+    "stage_boundary_s",
     "unit_costs",
 ]
 
@@ -142,6 +144,16 @@ def p2p_boundary_time(model: ModelSpec, training: Training, config: ParallelConf
     if config.p2p_scatter_gather or config.sequence_parallel:
         size /= config.tp
     return 2 * p2p_time(size, link, calibration)
+
+
+def stage_boundary_s(boundary_by_rank: Sequence[float], num_stages: int) -> list[float]:
+    """p2p time each virtual stage pays per micro-batch. Blocking send/recv occupies both ends of a
+    boundary, so a stage pays its incoming and its outgoing one; `boundary_by_rank[r]` is the
+    boundary after a stage on rank r (stage k runs on rank k mod pp). The one rule the estimate,
+    the partitioner and the search bounds all use."""
+    pp = len(boundary_by_rank)
+    return [(boundary_by_rank[k % pp] if k < num_stages - 1 else 0.0)
+            + (boundary_by_rank[(k - 1) % pp] if k else 0.0) for k in range(num_stages)]
 
 
 def embedding_sync_time(model: ModelSpec, training: Training, config: ParallelConfig, link: Link,

@@ -24,7 +24,8 @@ import numpy as np
 import pulp
 
 from planner.config import Partition, Schedule
-from planner.cost.schedule import pipeline_time
+from planner.cost.schedule import pipeline_time, relaxed_rank_counts, schedule_of
+from planner.cost.time import stage_boundary_s
 
 __all__ = [
     "PartitionProblem",
@@ -34,7 +35,6 @@ __all__ = [
     "fits",
     "ilp_partition",
     "objective_s",
-    "relaxed_rank_counts",
     "solver_name",
     "stage_times",
 ]
@@ -85,19 +85,16 @@ class PartitionResult:
 
 
 def linear_form(problem: PartitionProblem) -> tuple[float, float]:
-    """(a, b) with pipeline time = a·max_r R_r + b·Σ_r R_r — cost/schedule.py's formulas, linearised."""
-    m, v = problem.num_microbatches, problem.vpp
-    if problem.schedule is Schedule.INTERLEAVED:
-        return m - 1 / v, 1 / v
-    return m - 1, 1.0
+    """(a, b) with pipeline time = a·max_r R_r + b·Σ_r R_r — the schedule's closed form."""
+    return schedule_of(problem.schedule).linear_form(problem.num_microbatches, problem.vpp)
 
 
 def stage_times(problem: PartitionProblem, counts: Sequence[int]) -> list[float]:
+    """Per-micro-batch time of each stage: its units on its rank plus its boundaries (both ends)."""
     times, start = [], 0
-    for k, count in enumerate(counts):
-        r = k % problem.pp
-        boundary = problem.boundary_s[r] if k < len(counts) - 1 else 0.0
-        times.append(sum(problem.unit_time_s[r][start:start + count]) + boundary)
+    for k, (count, boundary) in enumerate(zip(counts, stage_boundary_s(problem.boundary_s, len(counts)),
+                                              strict=True)):
+        times.append(sum(problem.unit_time_s[k % problem.pp][start:start + count]) + boundary)
         start += count
     return times
 
@@ -117,69 +114,9 @@ def fits(problem: PartitionProblem, counts: Sequence[int]) -> bool:
 
 
 # ---- rank-load relaxation: a lower bound that usually closes the problem -------------------------
-# pipeline_time depends on the stages only through the rank loads R_r (a·max R + b·Σ R). Relax the
-# problem to "how many blocks does each rank hold": rank r's load is c_r (its fixed units and
-# boundaries) plus n_r blocks at its cheapest block time, its memory likewise. Every contiguous
-# partition maps to such a count vector, so the relaxation's optimum is a valid lower bound; when the
-# blocks on each rank are alike (always, for the search's embedding/blocks/head units), every count
-# vector is realisable by contiguous stages and the bound is attained — proven without a solver.
-
-
-def relaxed_rank_counts(fixed_s: Sequence[float], block_s: Sequence[float], lower: Sequence[int],
-                        upper: Sequence[float], blocks: int, a: float, b: float) -> tuple[float, list[int]] | None:
-    """Least a·max_r(c_r + n_r·t_r) + b·Σ_r(c_r + n_r·t_r) over integer n with Σ n = blocks and
-    lower_r ≤ n_r ≤ upper_r; None when no count vector exists.
-
-    For a bottleneck T, the least Σ fills the cheapest ranks first up to min(upper, ⌊(T − c)/t⌋).
-    The optimal T is one of the c_r + n·t_r, tried in increasing order until a·T + b·(least Σ
-    over all T) cannot beat the best found.
-    """
-    fixed, time_ = np.asarray(fixed_s, dtype=float), np.asarray(block_s, dtype=float)
-    lo, pp = np.asarray(lower, dtype=np.int64), len(fixed_s)
-    hi = np.minimum(np.asarray(upper, dtype=float), blocks).astype(np.int64)
-    if np.any(lo > hi) or lo.sum() > blocks or hi.sum() < blocks:
-        return None
-    cheapest = sorted(range(pp), key=lambda r: (time_[r], r))
-
-    def fill(cap: np.ndarray) -> list[int] | None:
-        if np.any(cap < lo) or cap.sum() < blocks:
-            return None
-        counts, left = lo.copy(), blocks - int(lo.sum())
-        for r in cheapest:
-            take = min(left, int(cap[r] - lo[r]))
-            counts[r] += take
-            left -= take
-            if not left:
-                break
-        return counts.tolist()
-
-    def value(counts: Sequence[int]) -> float:
-        loads = fixed + np.asarray(counts) * time_
-        return float(a * loads.max() + b * loads.sum())
-
-    least_sum = fixed.sum() + sum(fill(hi)[r] * time_[r] for r in range(pp))  # type: ignore[index]
-    values = np.unique(np.concatenate([fixed[r] + np.arange(lo[r], hi[r] + 1) * time_[r] for r in range(pp)]))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        def cap_at(bottleneck: float) -> np.ndarray:
-            room = np.where(time_ > 0, np.floor((bottleneck - fixed) / np.where(time_ > 0, time_, 1) + 1e-9),
-                            np.where(fixed <= bottleneck * (1 + 1e-12), blocks, -1))
-            return np.minimum(hi, room).astype(np.int64)
-
-        low, high = 0, len(values) - 1  # binary search for the least feasible bottleneck
-        while low < high:
-            mid = (low + high) // 2
-            if fill(cap_at(values[mid])) is None:
-                low = mid + 1
-            else:
-                high = mid
-        best: tuple[float, list[int]] | None = None
-        for bottleneck in values[low:]:
-            if best is not None and a * bottleneck + b * least_sum >= best[0]:
-                break
-            counts = fill(cap_at(bottleneck))
-            if counts is not None and (best is None or value(counts) < best[0] - 1e-15):
-                best = (value(counts), counts)
-    return best
+# The objective depends on the stages only through the rank loads R_r; relaxed to "how many blocks
+# does each rank hold" (cost/schedule.py `relaxed_rank_counts`), its optimum is a valid lower bound,
+# attained when the blocks on each rank are alike — then proven without a solver.
 
 
 def _rank_terms(problem: PartitionProblem) -> tuple[list[float], list[float], list[int], list[float]]:
@@ -189,7 +126,8 @@ def _rank_terms(problem: PartitionProblem) -> tuple[list[float], list[float], li
     for r in range(pp):
         first, last = r == 0, r == pp - 1
         times, memory = problem.unit_time_s[r], problem.unit_memory_bytes[r]
-        fixed.append(times[0] * first + times[n - 1] * last + (v - last) * problem.boundary_s[r])
+        fixed.append(times[0] * first + times[n - 1] * last + (v - last) * problem.boundary_s[r]
+                     + (v - first) * problem.boundary_s[r - 1])
         block.append(min(times[1:n - 1], default=0.0))
         lower.append(max(v - first - last, 0))
         room = problem.memory_budget_bytes[r] - memory[0] * first - memory[n - 1] * last
@@ -265,10 +203,11 @@ def _min_sum(problem: PartitionProblem, cap_s: float) -> tuple[float, list[int]]
     best[0] = 0.0
     choices = []
     upper = np.triu(np.ones((n + 1, n + 1), dtype=bool), 1)  # segment [i, j) with i < j
+    boundaries = stage_boundary_s(problem.boundary_s, stages)
     for k in range(stages):
         prefix_t = np.concatenate(([0.0], np.cumsum(problem.unit_time_s[k])))
         prefix_m = np.concatenate(([0.0], np.cumsum(problem.unit_memory_bytes[k])))
-        cost = prefix_t[None, :] - prefix_t[:, None] + (problem.boundary_s[k] if k < stages - 1 else 0.0)
+        cost = prefix_t[None, :] - prefix_t[:, None] + boundaries[k]
         ok = upper & (cost <= cap_s) & (prefix_m[None, :] - prefix_m[:, None] <= problem.memory_budget_bytes[k])
         total = np.where(ok, best[:, None] + cost, np.inf)
         choices.append(np.argmin(total, axis=0))
@@ -322,9 +261,9 @@ def _segment_times(problem: PartitionProblem) -> np.ndarray:
     values = []
     n, stages = problem.num_units, problem.num_stages
     rows, cols = np.triu_indices(n + 1, 1)
-    for k in range(stages):
+    for k, boundary in enumerate(stage_boundary_s(problem.boundary_s, stages)):
         prefix = np.concatenate(([0.0], np.cumsum(problem.unit_time_s[k])))
-        values.append(prefix[cols] - prefix[rows] + (problem.boundary_s[k] if k < stages - 1 else 0.0))
+        values.append(prefix[cols] - prefix[rows] + boundary)
     return np.unique(np.concatenate(values))
 
 
@@ -408,7 +347,7 @@ def ilp_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
         return None
     a, b = linear_form(problem)
     least_sum = sum(min(problem.unit_time_s[r][u] for r in range(pp)) for u in range(n))
-    least_sum += (stages - 1) * min(problem.boundary_s)
+    least_sum += sum(stage_boundary_s(problem.boundary_s, stages))
     cap = math.inf
     if upper_bound is not None:
         cap = (upper_bound.objective_s - b * least_sum) / a * (1 + 1e-9) if a > 0 else math.inf
@@ -446,6 +385,7 @@ def ilp_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
     bottleneck = model.add_variable("T", lowBound=max(least_sum / pp, largest) / unit,
                                     upBound=None if math.isinf(cap) else cap / unit)
     budgets = [budget if budget > 0 else 1.0 for budget in problem.memory_budget_bytes]
+    boundaries = stage_boundary_s(problem.boundary_s, stages)
     rank_time: list[tuple[dict, list[float]]] = [({}, [0.0]) for _ in range(pp)]
     rank_memory: list[tuple[dict, list[float]]] = [({}, [0.0]) for _ in range(pp)]
     total: tuple[dict, list[float]] = ({}, [0.0])
@@ -460,8 +400,7 @@ def ilp_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
                 add(*rank_units[r], term, sign)
                 add(*rank_time[r], term, sign * problem.unit_time_s[r][u] / unit)
                 add(*rank_memory[r], term, sign * problem.unit_memory_bytes[r][u] / budgets[r])
-        if s < stages - 1:
-            rank_time[r][1][0] += problem.boundary_s[r] / unit
+        rank_time[r][1][0] += boundaries[s] / unit
         model += pulp.LpAffineExpression(count[0], constant=count[1][0]) >= 1
     for r in range(pp):
         expr = pulp.LpAffineExpression(rank_time[r][0], constant=rank_time[r][1][0])

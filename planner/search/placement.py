@@ -16,9 +16,10 @@ GPU types and slow devices count exactly as the estimate counts them.
 
 * **exact**: when host orders number at most `exact_limit` (e.g. up to 7 nodes, or 8 nodes of which
   4 are used), every one is scored.
-* **annealing** beyond: seeded simulated annealing over swaps of two nodes, started from the better
-  of the naive rank order and the naive layout laid pipeline by pipeline along a greedy path of
-  fast links. Bounded by `max_evaluations` (deterministic for a seed) and by `time_limit_s`.
+* **annealing** beyond: seeded simulated annealing over swaps of two nodes, started from the best
+  of the naive rank order and the naive layout laid along a fast ring of nodes (a networkx TSP
+  tour by Σ 1/bandwidth, cut at its slowest hop) pipeline by pipeline or DP ring by DP ring.
+  Bounded by `max_evaluations` (deterministic for a seed) and by `time_limit_s`.
 * Either way, when per-GPU slowdowns exist, a final pass swaps slots inside nodes while that helps.
 
 The result always carries the naive rank order's time (`default_placement`), so the gain is known.
@@ -32,6 +33,9 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+
+import networkx as nx
+from networkx.algorithms import approximation
 
 from planner.cluster import Cluster
 from planner.config import ParallelConfig, Partition, Training
@@ -47,10 +51,13 @@ from planner.search.space import FixedOptions
 __all__ = [
     "PlacementResult",
     "Replan",
+    "fast_ring",
     "heterogeneity_record",
     "homogeneous_best",
     "homogeneous_subset",
     "mixed_rank_notes",
+    "node_graph",
+    "pinned_options",
     "place_plans",
     "placement_objective",
     "repartition",
@@ -202,38 +209,49 @@ def _remap(cells: Sequence[Slot], mapping: dict[int, int]) -> list[Slot]:
     return [(mapping.get(node, node), first) for node, first in cells]
 
 
-def _greedy_path(cluster: Cluster) -> list[int]:
-    """A node order walking the fastest links: nearest-neighbour paths from every start, the best kept."""
-    def hop(a: int, b: int) -> float:
-        return cluster.link(a, b).bandwidth_bytes_per_s
-
-    best_path, best_key = list(range(cluster.num_nodes)), (-math.inf, -math.inf)
-    for start in range(cluster.num_nodes):
-        path, left = [start], set(range(cluster.num_nodes)) - {start}
-        while left:
-            path.append(max(sorted(left), key=lambda n, here=path[-1]: hop(here, n)))
-            left.remove(path[-1])
-        hops = [hop(a, b) for a, b in itertools.pairwise(path)] or [math.inf]
-        key = (min(hops), sum(hops))
-        if key > best_key:
-            best_path, best_key = path, key
-    return best_path
+def node_graph(cluster: Cluster, nodes: Sequence[int]) -> nx.Graph:
+    """The complete graph of `nodes` with each pair's per-GPU link; `seconds_per_gb` = 1e9 / bandwidth."""
+    graph = nx.Graph()
+    graph.add_nodes_from(nodes)
+    for a, b in itertools.combinations(nodes, 2):
+        bandwidth = cluster.link(a, b).bandwidth_bytes_per_s
+        graph.add_edge(a, b, bandwidth_bytes_per_s=bandwidth, seconds_per_gb=1e9 / bandwidth)
+    return graph
 
 
-def _path_seed(cluster: Cluster, config: ParallelConfig, cells: list[Slot], positions: list[int]) -> list[Slot]:
-    """The naive layout with each pipeline's node positions placed consecutively along the greedy path.
+def fast_ring(cluster: Cluster, nodes: Sequence[int]) -> list[int]:
+    """A short ring through `nodes` by Σ 1/bandwidth (a TSP tour), as a path that drops its slowest hop.
 
-    Position v holds pipeline stage v // w, where w = positions per stage; positions v ≡ g (mod w)
-    form pipeline group g, which gets path nodes g·pp … g·pp + pp − 1. Needs every position to hold
-    cells of one stage only (w whole); otherwise the naive layout is returned.
+    The shortest of networkx's Christofides tour and its greedy tours from every start; both are
+    deterministic for a given cluster. Walking the path, then closing it, gives the ring back.
+    """
+    if len(nodes) < 3:
+        return list(nodes)
+    graph = node_graph(cluster, nodes)
+    tours = [approximation.christofides(graph, weight="seconds_per_gb")]
+    tours += [approximation.greedy_tsp(graph, weight="seconds_per_gb", source=n) for n in nodes]
+    tour = min(tours, key=lambda t: nx.path_weight(graph, t, "seconds_per_gb"))[:-1]
+    slowest = max(range(len(tour)), key=lambda i: graph[tour[i - 1]][tour[i]]["seconds_per_gb"])
+    return tour[slowest:] + tour[:slowest]
+
+
+def _path_seeds(cluster: Cluster, config: ParallelConfig, cells: list[Slot], positions: list[int]) -> list[list[Slot]]:
+    """The naive layout laid along a fast ring, pipeline by pipeline and DP ring by DP ring.
+
+    Position v holds pipeline stage v // w, where w = positions per stage, and pipeline group v % w.
+    Pipeline-major, group g gets path nodes g·pp … g·pp + pp − 1 (fast pipeline hops); ring-major,
+    position v gets path node v (fast DP-ring hops). Needs every position to hold cells of one stage
+    only (w whole) and nodes of one size; otherwise there are no seeds.
     """
     width, rest = divmod(len(positions), config.pp)
-    path = [n for n in _greedy_path(cluster) if cluster.nodes[n].num_gpus == cluster.nodes[positions[0]].num_gpus]
-    uniform = all(cluster.nodes[n].num_gpus == cluster.nodes[positions[0]].num_gpus for n in positions)
-    if rest or not uniform or len(path) < len(positions):
-        return cells
-    mapping = {node: path[(v % width) * config.pp + v // width] for v, node in enumerate(positions)}
-    return _remap(cells, mapping)
+    size = cluster.nodes[positions[0]].num_gpus
+    same = [n for n in range(cluster.num_nodes) if cluster.nodes[n].num_gpus == size]
+    if rest or any(cluster.nodes[n].num_gpus != size for n in positions):
+        return []
+    path = fast_ring(cluster, same)
+    by_pipeline = {node: path[(v % width) * config.pp + v // width] for v, node in enumerate(positions)}
+    by_ring = {node: path[v] for v, node in enumerate(positions)}
+    return [_remap(cells, by_pipeline), _remap(cells, by_ring)]
 
 
 def _link_pressure(cluster: Cluster, config: ParallelConfig, cells: Sequence[Slot]) -> float:
@@ -257,7 +275,7 @@ def _swap_nodes(cluster: Cluster, cells: list[Slot], rng: random.Random) -> list
 def _anneal(cluster: Cluster, config: ParallelConfig, cells: list[Slot], positions: list[int], scorer: _Scorer,
             rng: random.Random, max_evaluations: int, deadline: float) -> tuple[list[Slot], bool]:
     """Simulated annealing over node swaps with a geometric temperature schedule over the budget."""
-    current = min((cells, _path_seed(cluster, config, cells, positions)), key=lambda c: scorer(c)[0])
+    current = min([cells, *_path_seeds(cluster, config, cells, positions)], key=lambda c: scorer(c)[0])
     current_score = scorer(current)[0]
     best, best_score = current, current_score
     cooling = (_T_END / _T_START) ** (1.0 / max(max_evaluations, 1))
@@ -330,6 +348,15 @@ class Replan:
         return 1.0 - self.after.iteration_time_s / self.before.iteration_time_s
 
 
+def pinned_options(config: ParallelConfig) -> FixedOptions:
+    """Every searched dimension fixed to `config`'s: the search then only splits stages."""
+    return FixedOptions(
+        tp=config.tp, pp=config.pp, dp=config.dp, micro_batch=config.micro_batch, vpp=config.vpp,
+        recompute=config.recompute, schedule=config.schedule, zero_stage=config.zero_stage,
+        distributed_optimizer=config.distributed_optimizer, sequence_parallel=config.sequence_parallel,
+    )
+
+
 def repartition(model: ModelSpec, cluster: Cluster, training: Training, config: ParallelConfig,
                 placement: Placement, timer: UnitTimer | None = None,
                 calibration: Calibration | None = None) -> tuple[Partition, Estimate] | None:
@@ -337,13 +364,8 @@ def repartition(model: ModelSpec, cluster: Cluster, training: Training, config: 
 
     None when no split fits.
     """
-    fixed = FixedOptions(
-        tp=config.tp, pp=config.pp, dp=config.dp, micro_batch=config.micro_batch, vpp=config.vpp,
-        recompute=config.recompute, schedule=config.schedule, zero_stage=config.zero_stage,
-        distributed_optimizer=config.distributed_optimizer, sequence_parallel=config.sequence_parallel,
-    )
     try:
-        found = search(model, cluster, training, fixed, top_k=1, placement_fn=lambda _c, _k: placement,
+        found = search(model, cluster, training, pinned_options(config), top_k=1, placement_fn=lambda _c, _k: placement,
                        timer=timer, calibration=calibration)
     except InfeasibleError:
         return None

@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 
 from planner.cluster import Cluster
-from planner.config import ParallelConfig, Partition, Recompute, Schedule, Training
+from planner.config import ParallelConfig, Partition, Recompute, Training
 from planner.cost.estimate import Estimate, estimate
 from planner.cost.memory import rank_memory_model
+from planner.cost.schedule import RankTerms, schedule_of
 from planner.cost.time import (
     UnitCost,
     UnitTimer,
@@ -41,6 +42,7 @@ from planner.placement import GroupLinks, Placement, default_placement
 from planner.profile.analytic import AnalyticProfile
 from planner.profile.calibration import Calibration, default_calibration
 from planner.search.partition import (
+    GAP_REL,
     PartitionProblem,
     PartitionResult,
     bound_partition,
@@ -48,7 +50,6 @@ from planner.search.partition import (
     fits,
     ilp_partition,
     objective_s,
-    relaxed_rank_counts,
     solver_name,
 )
 from planner.search.space import FixedOptions, enumerate_configs, require_nonempty
@@ -68,7 +69,8 @@ class RankedPlan:
     placement: Placement
     estimate: Estimate
     uniform: Estimate
-    optimal: bool  # the partition was proven optimal (no solver time limit hit)
+    optimal: bool  # proven: the estimate meets a lower bound on every split's estimate for this config
+    lower_bound_s: float  # that bound (the search's, valid for `estimate` over all splits)
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ class SearchStats:
     proven_by_bound: int  # partitions whose rank-load lower bound was met: no solver needed
     cache_hits: int
     bounds_tightened: int  # bound refinements: rank-load pipeline bound, then the least DP exposure
-    time_limited: int
+    time_limited: int  # ILPs stopped by --time-limit (their best split so far is used)
     solver: str
     wall_s: float
 
@@ -126,10 +128,10 @@ class _Context:
         self.costs: dict[tuple, dict[UnitKind, UnitCost]] = {}
         self.boundaries: dict[tuple, float] = {}
         self.partitions: dict[PartitionProblem, PartitionResult | None] = {}
-        self.rank_bounds: dict[tuple, tuple[float, ...]] = {}
+        self.rank_bounds: dict[tuple, float] = {}
         self.dp_tables: dict[tuple, np.ndarray] = {}
         self.per_config: dict[tuple, tuple] = {}  # per-rank costs and boundaries per (links, setting)
-        self.terms: dict[tuple, tuple[tuple[float, ...], tuple[float, ...], tuple[int, ...]]] = {}
+        self.terms: dict[tuple, RankTerms] = {}
 
     def placed(self, config: ParallelConfig) -> tuple[Placement, GroupLinks]:
         key = (config.dp, config.tp, config.pp)
@@ -171,41 +173,30 @@ class _Context:
 
 
     def rank_terms(self, config: ParallelConfig, costs: tuple[dict[UnitKind, UnitCost], ...],
-                   boundary_s: tuple[float, ...]) -> tuple[tuple[float, ...], tuple[float, ...], tuple[int, ...]]:
-        """Per rank: fixed time per micro-batch, block time, least blocks (partition.py's relaxation).
-
-        Rank 0 holds the embedding, rank pp−1 the head, every rank vpp stages (so at least vpp blocks
-        less the ends); estimate() charges a p2p boundary at both ends of each, v − last outgoing and
-        v − first incoming."""
+                   boundary_s: tuple[float, ...]) -> RankTerms:
+        """Per rank: what a split cannot change (its end units, its stages' boundaries at both ends —
+        `stage_boundary_s`'s rule: v − last outgoing and v − first incoming), one block's time and
+        forward time, the fewest blocks (every stage needs a unit) and its least stage."""
         key = (config.pp, config.vpp, tuple(map(id, costs)), boundary_s)
         if key not in self.terms:
             pp, v = config.pp, config.vpp
-            fixed, block, lower = [], [], []
+            fixed, block, lower, forward_fixed, forward_block, least_stage = [], [], [], [], [], []
             for r, cost in enumerate(costs):
                 first, last = r == 0, r == pp - 1
-                fixed.append(cost[UnitKind.EMBEDDING].total_s * first + cost[UnitKind.HEAD].total_s * last
-                             + (v - last) * boundary_s[r] + (v - first) * boundary_s[r - 1])
+                outgoing, incoming = (v - last) * boundary_s[r], (v - first) * boundary_s[r - 1]
+                ends = cost[UnitKind.EMBEDDING].total_s * first + cost[UnitKind.HEAD].total_s * last
+                fixed.append(ends + outgoing + incoming)
                 block.append(cost[UnitKind.BLOCK].total_s)
                 lower.append(max(v - first - last, 0))
-            self.terms[key] = (tuple(fixed), tuple(block), tuple(lower))
+                forward = {kind: cost[kind].forward_s + cost[kind].tp_forward_s for kind in UnitKind}
+                # a pass carries half of each boundary it touches
+                own_p2p = ((not last) * boundary_s[r] + (not first) * boundary_s[r - 1]) / 2
+                forward_fixed.append(forward[UnitKind.EMBEDDING] * first + forward[UnitKind.HEAD] * last + own_p2p)
+                forward_block.append(forward[UnitKind.BLOCK])
+                least_stage.append(cost[UnitKind.EMBEDDING if first else UnitKind.BLOCK].total_s + boundary_s[r])
+            self.terms[key] = RankTerms(tuple(fixed), tuple(block), tuple(lower), tuple(forward_fixed),
+                                        tuple(forward_block), tuple(least_stage))
         return self.terms[key]
-
-
-def _unit_kinds(model: ModelSpec) -> list[UnitKind]:
-    return [UnitKind.EMBEDDING, *([UnitKind.BLOCK] * model.num_layers), UnitKind.HEAD]
-
-
-def _weights(config: ParallelConfig, m: int) -> tuple[float, float]:
-    """(a, b) with a·max rank load + b·Σ rank loads a lower bound on the simulated pipeline time.
-
-    GPipe: (m − 1, 1), its closed form, which the simulator reproduces exactly. Interleaved: (m, 0),
-    the bottleneck's work only (`_with_fill_and_drain` adds what is certain of the rest), because
-    its closed form can exceed the simulated order on uneven stages — a bound above a plan's
-    estimate could stop the scan before that plan. (1F1B: `_one_f_one_b_bound`.)
-    """
-    if config.schedule is Schedule.GPIPE:
-        return m - 1, 1.0
-    return m, 0.0
 
 
 def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
@@ -222,16 +213,18 @@ def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
     params = first[UnitKind.EMBEDDING].params + layers * first[UnitKind.BLOCK].params + first[UnitKind.HEAD].params
     activations = (first[UnitKind.EMBEDDING].activation_bytes + layers * first[UnitKind.BLOCK].activation_bytes
                    + first[UnitKind.HEAD].activation_bytes)
-    ranks = [rank_memory_model(model, training, config, r, m, cal.memory_overhead_bytes, cal.memory_fragmentation)
-             for r in range(config.pp)]
-    need = ranks[0].param_bytes * params + min(rank.activation_factor for rank in ranks) * activations
-    available = sum(c - rank.fixed_bytes for c, rank in zip(links.capacity_bytes, ranks, strict=True))
+    # Every rank shares the per-parameter and fixed terms; in-flight micro-batches never grow with the
+    # rank, so the last rank holds the fewest.
+    last = rank_memory_model(model, training, config, config.pp - 1, m, cal.memory_overhead_bytes,
+                             cal.memory_fragmentation)
+    need = last.param_bytes * params + last.activation_factor * activations
+    available = sum(links.capacity_bytes) - config.pp * last.fixed_bytes
     if need > available:  # rejected: no time bound needed
         return _Candidate(order, config, math.inf, need, available, costs, (), m, 0.0, 0.0)
     boundary = ctx.boundary(config, links)
-    a, b = _weights(config, m)
-    fixed, block, _ = ctx.rank_terms(config, costs, boundary)
-    least_sum = sum(fixed) + layers * min(block)
+    a, b = schedule_of(config.schedule).bound_form(m)
+    terms = ctx.rank_terms(config, costs, boundary)
+    least_sum = sum(terms.fixed_s) + layers * min(terms.block_s)
     pipeline = a * least_sum / config.pp + b * least_sum
     optimizer = min(optimizer_step_time(params / config.pp, config, gpu, cal) for gpu in set(links.gpu))
     embedding_sync = embedding_sync_time(model, training, config, links.pp[-1], cal)
@@ -251,26 +244,11 @@ def _tighten(ctx: _Context, candidate: _Candidate) -> _Candidate:
         exposed = _least_dp_exposure(ctx, config, m, costs, links)
         bound = candidate.pipeline_s + exposed + candidate.split_free_s
         return replace(candidate, time_bound_s=max(bound, candidate.time_bound_s), dp_exposed_s=exposed, refined=2)
-    a, b = _weights(config, m)
-    fixed, block, lower = ctx.rank_terms(config, costs, candidate.boundary_s)
-    if config.schedule is Schedule.ONE_F_ONE_B:
-        key = ("1f1b", fixed, block, lower, m)
-        if key not in ctx.rank_bounds:
-            ctx.rank_bounds[key] = (_one_f_one_b_bound(config, m, costs, candidate.boundary_s, fixed, block, lower,
-                                                       ctx.model.num_layers),)
-        return _refined(candidate, ctx.rank_bounds[key][0])
-    if config.schedule is Schedule.INTERLEAVED:
-        fixed = _with_fill_and_drain(fixed, costs, candidate.boundary_s, m)
-    # Alike blocks on every rank make Σ loads fixed, so the least-max loads serve every (a, b).
-    alike = len(set(block)) == 1
-    key = (fixed, block, lower, *(() if alike else (a, b)))
+    terms = ctx.rank_terms(config, costs, candidate.boundary_s)
+    key = (config.schedule, terms, m)
     if key not in ctx.rank_bounds:
-        relaxed = relaxed_rank_counts(fixed, block, lower, [math.inf] * config.pp, ctx.model.num_layers,
-                                      *((1.0, 0.0) if alike else (a, b)))
-        ctx.rank_bounds[key] = (math.inf,) if relaxed is None else tuple(
-            f + n * t for f, n, t in zip(fixed, relaxed[1], block, strict=True))
-    loads = ctx.rank_bounds[key]
-    return _refined(candidate, a * max(loads) + b * sum(loads))
+        ctx.rank_bounds[key] = schedule_of(config.schedule).lower_bound(terms, m, ctx.model.num_layers)
+    return _refined(candidate, ctx.rank_bounds[key])
 
 
 def _refined(candidate: _Candidate, pipeline_s: float) -> _Candidate:
@@ -278,49 +256,6 @@ def _refined(candidate: _Candidate, pipeline_s: float) -> _Candidate:
     bound = pipeline_s + candidate.dp_exposed_s + candidate.split_free_s
     return replace(candidate, time_bound_s=max(bound, candidate.time_bound_s), pipeline_s=pipeline_s,
                    refined=2 if candidate.config.pp == 1 else 1)
-
-
-def _one_f_one_b_bound(config: ParallelConfig, m: int, costs: tuple[dict[UnitKind, UnitCost], ...],
-                       boundary_s: tuple[float, ...], fixed: tuple[float, ...], block: tuple[float, ...],
-                       lower: tuple[int, ...], layers: int) -> float:
-    """A lower bound on Megatron-LM's 1F1B order (the event simulator), over all splits.
-
-    Rank r's first backward waits for micro-batch 0's forward through every rank and its backward
-    through the later ones; until then r runs at most w_r + 1 forwards (w_r = min(p − r − 1, m)
-    warm-up); after its last backward, the earlier ranks' backward follows. So
-    T ≥ (m − 1)·R_r + Σ R − w_r·F_r for every rank (the closed form for the last rank, where
-    w = 0; F_r: the rank's forward work). Minimised over blocks per rank with Σ R at its least.
-    """
-    least_sum = sum(fixed) + layers * min(block)
-    if m == 1:
-        return least_sum
-    pp = config.pp
-    shifted, per_block = [], []
-    for r, cost in enumerate(costs):
-        first, last, warmup = r == 0, r == pp - 1, min(pp - r - 1, m)
-        forward = [cost[kind].forward_s + cost[kind].tp_forward_s
-                   for kind in (UnitKind.EMBEDDING, UnitKind.BLOCK, UnitKind.HEAD)]
-        p2p = ((not last) * boundary_s[r] + (not first) * boundary_s[r - 1]) / 2  # a pass carries half of each
-        own = forward[0] * first + forward[2] * last + p2p
-        slope = block[r] - warmup * forward[1] / (m - 1)
-        # a non-positive slope: the term is least with every block on this rank
-        shifted.append(fixed[r] - warmup * own / (m - 1) + layers * min(slope, 0.0))
-        per_block.append(max(slope, 0.0))
-    relaxed = relaxed_rank_counts(shifted, per_block, lower, [math.inf] * pp, layers, 1.0, 0.0)
-    return math.inf if relaxed is None else (m - 1) * relaxed[0] + least_sum
-
-
-def _with_fill_and_drain(fixed: tuple[float, ...], costs: tuple[dict[UnitKind, UnitCost], ...],
-                         boundary_s: tuple[float, ...], m: int) -> tuple[float, ...]:
-    """Interleaved: rank r starts only after micro-batch 0's forward crossed the chunk-0 stages of
-    ranks 0..r−1, and its last pass (chunk 0's backward of the last micro-batch) is followed by
-    those stages' backward; each such stage holds at least its first unit (the embedding) or one block,
-    and its boundary. So m·R_r + Σ_{r'<r} least stage_{r'} bounds the time: folded into c_r as /m."""
-    out, prefix = [], 0.0
-    for r, cost in enumerate(costs):
-        out.append(fixed[r] + prefix / m)
-        prefix += cost[UnitKind.EMBEDDING if r == 0 else UnitKind.BLOCK].total_s + boundary_s[r]
-    return tuple(out)
 
 
 def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tuple[dict[UnitKind, UnitCost], ...],
@@ -383,7 +318,7 @@ def _problem(ctx: _Context, candidate: _Candidate) -> PartitionProblem:
     """The partition problem of a candidate: per-rank unit times and memory, budgets."""
     config, cal, m = candidate.config, ctx.calibration, candidate.num_microbatches
     _, links = ctx.placed(config)
-    kinds = _unit_kinds(ctx.model)
+    kinds = [unit.kind for unit in ctx.model.units()]
     times, memories, budgets = [], [], []
     for r, costs in enumerate(candidate.rank_costs):
         rank = rank_memory_model(ctx.model, ctx.training, config, r, m, cal.memory_overhead_bytes,
@@ -407,7 +342,7 @@ def _partition(problem: PartitionProblem, time_limit_s: float) -> tuple[Partitio
         return relaxed, "bound"
     if math.isinf(lower_s):
         return None, "none"
-    if problem.schedule is Schedule.INTERLEAVED:
+    if schedule_of(problem.schedule).chunked:
         uniform = Partition.uniform(problem.num_units - 2, problem.num_stages).unit_counts
         known = [found for found in (relaxed, PartitionResult(Partition(uniform), objective_s(problem, uniform),
                                                                False, "uniform") if fits(problem, uniform) else None)
@@ -470,13 +405,13 @@ def search(
         else:
             found, how = _partition(problem, time_limit_s)
             ilps += how == "ilp"
+            limited += how == "ilp" and found is not None and not found.optimal
             proven += how == "bound"
             ctx.partitions[problem] = found
         plan = _evaluate(ctx, candidate, found)
         if plan is None:
             rejected.append(candidate)
             continue
-        limited += not plan.optimal
         plans.append(plan)
         plans.sort(key=_rank_key)
         del plans[top_k:]
@@ -497,25 +432,31 @@ def _rank_key(plan: RankedPlan) -> tuple:
 
 
 def _evaluate(ctx: _Context, candidate: _Candidate, found: PartitionResult | None) -> RankedPlan | None:
-    """Estimate the partitioned plan and the uniform split; keep the faster one that fits."""
-    config = candidate.config
+    """Estimate the partitioned plan and the uniform split and keep the faster one that fits. It is
+    claimed optimal only when its estimate meets the candidate's lower bound — a bound valid for
+    `estimate` over every split (simulated schedule, DP exposure, optimizer), so the claim is proven
+    against what `estimate` reports, not against the partitioner's closed form."""
     if found is None:  # no split fits the partition problem's memory model, the uniform one included
         return None
+    config = candidate.config
     placement, links = ctx.placed(config)
-    args = (ctx.model, ctx.cluster, ctx.training, config)
+
+    def evaluate(partition: Partition) -> Estimate:
+        return estimate(ctx.model, ctx.cluster, ctx.training, config, partition, placement, ctx.timer,
+                        ctx.calibration, links)
+
     even = Partition.uniform(ctx.model.num_layers, config.num_virtual_stages)
-    uniform = estimate(*args, even, placement, ctx.timer, ctx.calibration, links)
-    best: tuple[Partition, Estimate, bool] | None = None
-    if found is not None:
-        result = (uniform if found.partition == even
-                  else estimate(*args, found.partition, placement, ctx.timer, ctx.calibration, links))
+    uniform = evaluate(even)
+    start = [(even, uniform)] if uniform.fits else []
+    if found.partition != even:
+        result = evaluate(found.partition)
         if result.fits:
-            best = (found.partition, result, found.optimal)
-    if uniform.fits and (best is None or uniform.iteration_time_s < best[1].iteration_time_s):
-        best = (even, uniform, found.optimal if found else True)
-    if best is None:
+            start.append((found.partition, result))
+    if not start:
         return None
-    return RankedPlan(config, best[0], placement, best[1], uniform, best[2])
+    partition, result = min(start, key=lambda pair: pair[1].iteration_time_s)
+    proven = bool(result.iteration_time_s <= candidate.time_bound_s * (1 + GAP_REL))
+    return RankedPlan(config, partition, placement, result, uniform, proven, candidate.time_bound_s)
 
 
 def _infeasible_message(ctx: _Context, rejected: list[_Candidate]) -> str:

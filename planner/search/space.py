@@ -12,6 +12,7 @@ on whenever tp > 1 (Megatron-LM's recommended setting) unless the user fixes it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,8 @@ from planner.config import ParallelConfig, Recompute, Schedule, Training
 from planner.errors import PlannerError
 from planner.model import ModelSpec
 
-__all__ = ["MAX_SEARCHED_VPP", "FixedOptions", "degree_triples", "enumerate_configs", "require_nonempty"]
+__all__ = ["MAX_SEARCHED_VPP", "FixedOptions", "complete_config", "degree_triples", "enumerate_configs",
+           "require_nonempty"]
 
 # Larger vpp only adds p2p traffic for a bubble already ≤ 1/8 of the 1F1B one; users may fix more.
 MAX_SEARCHED_VPP = 8
@@ -56,7 +58,9 @@ class FixedOptions:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n in increasing order, in O(√n) (a global batch may be 10⁸ sequences)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def _tp_allowed(tp: int, model: ModelSpec, cluster: Cluster) -> str | None:
@@ -148,12 +152,38 @@ def _sharding_options(pp: int, dp: int, fixed: FixedOptions) -> list[tuple[int, 
     return options
 
 
+def _sequence_parallel(fixed: FixedOptions, tp: int) -> bool:
+    """Sequence parallelism: on whenever tp > 1 (Megatron-LM's recommended setting) unless fixed."""
+    return tp > 1 if fixed.sequence_parallel is None else fixed.sequence_parallel and tp > 1
+
+
+def complete_config(fixed: FixedOptions, model: ModelSpec, cluster: Cluster, training: Training) -> ParallelConfig:
+    """The one configuration `estimate` evaluates from what the user fixed, checked like the search's:
+    unspecified degrees default to 1 with dp taking the remaining GPUs, the defaults of the search
+    (1F1B, or interleaved when vpp > 1; sequence parallelism with tp > 1; no recompute or sharding)."""
+    _check_fixed(model, cluster, training, fixed)
+    tp, pp = fixed.tp or 1, fixed.pp or 1
+    dp = fixed.dp
+    if dp is None:
+        if cluster.num_gpus % (tp * pp):
+            raise PlannerError(
+                f"tp × pp = {tp * pp} does not divide the cluster's {cluster.num_gpus} GPUs; give --dp explicitly")
+        dp = cluster.num_gpus // (tp * pp)
+    vpp = fixed.vpp or 1
+    return ParallelConfig(
+        dp=dp, tp=tp, pp=pp, vpp=vpp, micro_batch=fixed.micro_batch or 1,
+        sequence_parallel=_sequence_parallel(fixed, tp), recompute=fixed.recompute or Recompute.NONE,
+        zero_stage=fixed.zero_stage or 0, distributed_optimizer=bool(fixed.distributed_optimizer),
+        schedule=fixed.schedule or (Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B),
+    )
+
+
 def enumerate_configs(model: ModelSpec, cluster: Cluster, training: Training,
                       fixed: FixedOptions = FixedOptions()) -> Iterator[ParallelConfig]:
     """Every valid configuration in a fixed, deterministic order."""
     recomputes = [fixed.recompute] if fixed.recompute else list(Recompute)
     for dp, tp, pp in degree_triples(model, cluster, training, fixed):
-        sp = tp > 1 if fixed.sequence_parallel is None else fixed.sequence_parallel and tp > 1
+        sp = _sequence_parallel(fixed, tp)
         for micro_batch in _divisors(training.global_batch // dp):
             if fixed.micro_batch not in (None, micro_batch):
                 continue
