@@ -43,10 +43,10 @@ from planner.profile.measured import MeasuredProfile, bind_to_model, load_measur
 from planner.render import (
     describe_estimate,
     format_breakdown,
+    format_ranked,
     format_stages,
     format_table,
-    gib,
-    stage_split_summary,
+    ranked_frame,
 )
 from planner.search.placement import replan, replan_record
 from planner.search.planning import plan
@@ -353,6 +353,8 @@ def export_document(document: dict[str, Any], target: str, out: Path | None) -> 
               help="Seconds per stage-partition ILP; on expiry the best split found so far is used.")
 @click.option("--json", "as_json", is_flag=True, help="Print the best plan JSON (with alternatives) only.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the best plan JSON here.")
+@click.option("--csv", "csv_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the ranked plans (one row each, SI units, breakdown included) as CSV here.")
 @click.option("--export", "export_target", type=click.Choice(TARGETS), help="Also export the best plan's launch files.")
 @click.option("--export-out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the --export files  [default: ./TARGET-launch]")
@@ -361,7 +363,8 @@ def export_document(document: dict[str, Any], target: str, out: Path | None) -> 
 @cluster_condition_options
 @handle_errors
 def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len: int, dtype: str, attention: str,
-                 top_k: int, time_limit_s: float, as_json: bool, out: Path | None, export_target: str | None,
+                 top_k: int, time_limit_s: float, as_json: bool, out: Path | None, csv_out: Path | None,
+                 export_target: str | None,
                  export_out: Path | None, profile_path: Path | None, calibration_path: Path | None,
                  links_path: Path | None, slowdowns: tuple[str, ...], **parallel: Any) -> None:
     """Search the best parallel layouts (fixed options constrain the search) and rank them."""
@@ -385,8 +388,11 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     if heterogeneity:
         document["heterogeneity"] = heterogeneity
     text = json.dumps(document, indent=2)
+    frame = ranked_frame(found.plans)
     if out:
         write_atomic(out, text + "\n")
+    if csv_out:
+        write_atomic(csv_out, frame.to_csv(index=False))
     if export_target:
         export_document(document, export_target, export_out)
     if as_json:
@@ -394,16 +400,7 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
         return
     click.echo(f"{model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {global_batch}, "
                f"sequence {training.seq_len}, {training.dtype}")
-    rows = []
-    for rank, p in enumerate(found.plans, 1):
-        c, e = p.config, p.estimate
-        sharding = "dist-opt" if c.distributed_optimizer else f"zero{c.zero_stage}"
-        rows.append((rank, f"{c.dp}/{c.tp}/{c.pp}/{c.vpp}", c.micro_batch, e.num_microbatches, c.recompute.value,
-                     sharding, c.schedule.value, stage_split_summary(e), f"{e.iteration_time_s:.3f} s",
-                     f"{e.tokens_per_s:,.0f}", f"{100 * e.mfu:.1f} %",
-                     f"{gib(e.peak_memory_bytes)} / {gib(e.stages[0].memory.capacity)}"))
-    click.echo(format_table(("#", "dp/tp/pp/vpp", "mb", "#mb", "recompute", "ZeRO", "schedule", "stages",
-                             "time/iter", "tokens/s", "MFU", "peak / capacity"), rows))
+    click.echo(format_ranked(frame))
     stats = found.stats
     click.echo(f"\nsearched {stats.configurations} configurations in {stats.wall_s:.2f} s: "
                f"{stats.pruned_memory} pruned by the memory bound, {stats.pruned_time} by the time bound, "

@@ -12,10 +12,11 @@ the other node (LINKS.json measures exactly this with p2p probes).
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cache, cached_property
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -184,10 +185,6 @@ class Cluster:
             latency = max(latency, hop.latency_s)
         return Link(bandwidth, latency, "inter")
 
-    def p2p_link(self, a: GpuId, b: GpuId) -> Link:
-        """Point-to-point path between two GPUs."""
-        return self.link(a[0], b[0])
-
     # ---- derived clusters -----------------------------------------------------------------
     def with_pair_links(self, links: dict[tuple[int, int], Link]) -> Cluster:
         merged = dict(self.pair_links)
@@ -201,30 +198,17 @@ class Cluster:
         return replace(self, nodes=tuple(nodes))
 
     # ---- graph view -----------------------------------------------------------------------
-    @cached_property
-    def graph(self) -> nx.Graph:
-        """GPUs, per-node switches and the fabric as a networkx graph with bandwidth/latency edges."""
+    def node_graph(self, nodes: Sequence[int] | None = None) -> nx.Graph:
+        """The nodes (all, or `nodes`) as a complete networkx graph whose edges carry each pair's
+        per-GPU link (measured pair links included) and `seconds_per_gb` = 1e9 / bandwidth, the
+        weight placement's ring and path orders minimise."""
+        chosen = range(self.num_nodes) if nodes is None else nodes
         graph = nx.Graph(name=self.name)
-        graph.add_node("fabric", kind="fabric")
-        for n, node in enumerate(self.nodes):
-            switch = ("switch", n)
-            graph.add_node(switch, kind="switch", node=node.name)
-            for g in range(node.num_gpus):
-                graph.add_node((n, g), kind="gpu", gpu=node.gpu.name, node=node.name)
-                graph.add_edge(
-                    (n, g), switch, bandwidth_bytes_per_s=node.intra_bandwidth_bytes_per_s,
-                    latency_s=self.intra_latency_s,
-                )
-            graph.add_edge(
-                switch, "fabric", bandwidth_bytes_per_s=node.nic_bandwidth_bytes_per_s * node.num_gpus,
-                latency_s=self.inter_latency_s / 2,
-            )
-        for (a, b), link in self.pair_links.items():
-            if a != b:
-                graph.add_edge(
-                    ("switch", a), ("switch", b), bandwidth_bytes_per_s=link.bandwidth_bytes_per_s,
-                    latency_s=link.latency_s, measured=True,
-                )
+        graph.add_nodes_from((n, {"name": self.nodes[n].name}) for n in chosen)
+        for a, b in itertools.combinations(chosen, 2):
+            link = self.link(a, b)
+            graph.add_edge(a, b, bandwidth_bytes_per_s=link.bandwidth_bytes_per_s, latency_s=link.latency_s,
+                           seconds_per_gb=1e9 / link.bandwidth_bytes_per_s)
         return graph
 
 

@@ -7,7 +7,7 @@ are exact (they reproduce the published counts of Llama 3, Mixtral and Narayanan
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum
 from functools import cache
 from pathlib import Path
@@ -41,10 +41,6 @@ class Unit:
     kind: UnitKind
     index: int = 0
     num_parameters: int = 0
-
-    @property
-    def label(self) -> str:
-        return f"block{self.index}" if self.kind is UnitKind.BLOCK else self.kind.value
 
 
 @dataclass(frozen=True)
@@ -192,9 +188,6 @@ class ModelSpec:
         """The fields a planner model file holds (also the plan JSON's model section, plus counts)."""
         return {k: v for k, v in self.__dict__.items() if k != "source"}
 
-    def with_layers(self, num_layers: int) -> ModelSpec:
-        """The same architecture with another depth (used by sweeps that vary NLAYERS)."""
-        return replace(self, num_layers=num_layers)
 
 
 # ---- catalog and file loading ----------------------------------------------------------------

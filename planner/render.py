@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pandas as pd
+
 from planner.config import ParallelConfig
 from planner.cost.estimate import BREAKDOWN_KEYS, Estimate
 from planner.gpu import GIB
+from planner.search.search import RankedPlan
 
-__all__ = ["format_breakdown", "format_stages", "format_table", "gib", "stage_split_summary"]
+__all__ = ["format_breakdown", "format_ranked", "format_stages", "format_table", "gib", "ranked_frame",
+           "stage_split_summary"]
 
 
 def gib(num_bytes: float) -> str:
@@ -22,6 +26,33 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in cells]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(lines)
+
+
+def ranked_frame(plans: Sequence[RankedPlan]) -> pd.DataFrame:
+    """The ranked plans as one row each, in SI units: what `plan` prints and what `--csv` writes."""
+    rows = []
+    for rank, plan in enumerate(plans, 1):
+        c, e = plan.config, plan.estimate
+        rows.append({
+            "rank": rank, "dp": c.dp, "tp": c.tp, "pp": c.pp, "vpp": c.vpp, "micro_batch": c.micro_batch,
+            "num_microbatches": e.num_microbatches, "recompute": c.recompute.value,
+            "sharding": "dist-opt" if c.distributed_optimizer else f"zero{c.zero_stage}",
+            "sequence_parallel": c.sequence_parallel, "schedule": c.schedule.value, "stages": stage_split_summary(e),
+            "iteration_time_s": e.iteration_time_s, "tokens_per_s": e.tokens_per_s, "mfu": e.mfu,
+            "peak_memory_bytes": e.peak_memory_bytes, "capacity_bytes": e.stages[0].memory.capacity,
+            "split_optimal": plan.optimal, "split_lower_bound_s": plan.lower_bound_s,
+            **{f"{key}_s": e.breakdown_s[key] for key in BREAKDOWN_KEYS},
+        })
+    return pd.DataFrame(rows)
+
+
+def format_ranked(frame: pd.DataFrame) -> str:
+    """The ranked-plans table of `planner plan`."""
+    rows = [(r.rank, f"{r.dp}/{r.tp}/{r.pp}/{r.vpp}", r.micro_batch, r.num_microbatches, r.recompute, r.sharding,
+             r.schedule, r.stages, f"{r.iteration_time_s:.3f} s", f"{r.tokens_per_s:,.0f}", f"{100 * r.mfu:.1f} %",
+             f"{gib(r.peak_memory_bytes)} / {gib(r.capacity_bytes)}") for r in frame.itertuples()]
+    return format_table(("#", "dp/tp/pp/vpp", "mb", "#mb", "recompute", "ZeRO", "schedule", "stages", "time/iter",
+                         "tokens/s", "MFU", "peak / capacity"), rows)
 
 
 def format_breakdown(result: Estimate) -> str:

@@ -6,7 +6,6 @@ sits at the repository root. Every loader of shipped data goes through here.
 
 from __future__ import annotations
 
-import csv
 import json
 from functools import cache
 from pathlib import Path
@@ -16,7 +15,7 @@ import yaml
 
 from planner.errors import PlannerError
 
-__all__ = ["load_csv_rows", "load_structured_file", "profiles_dir"]
+__all__ = ["load_structured_file", "profiles_dir"]
 
 
 @cache
@@ -46,9 +45,3 @@ def load_structured_file(path: Path) -> Any:
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         first_line = str(exc).splitlines()[0]
         raise PlannerError(f"{path} is not valid {path.suffix.lstrip('.').upper() or 'YAML'}: {first_line}") from None
-
-
-def load_csv_rows(name: str) -> list[dict[str, str]]:
-    """Rows of a shipped CSV file under ``profiles/``, as dictionaries of strings."""
-    with (profiles_dir() / name).open(newline="") as handle:
-        return list(csv.DictReader(handle))

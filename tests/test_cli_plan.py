@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 from click.testing import CliRunner
 
 from cli import main
@@ -73,3 +74,23 @@ def test_plan_bad_fixed_option_exits_2_with_one_line() -> None:
         result = run("plan", *SMALL, *args)
         assert result.exit_code == 2, (args, result.stdout, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_plan_csv_has_one_row_per_ranked_plan_matching_the_json(tmp_path) -> None:
+    """--csv writes the ranked candidates (the DataFrame behind the table) with the JSON's numbers."""
+    csv_path = tmp_path / "ranked.csv"
+    result = run("plan", *SMALL, "--top", "3", "--json", "--csv", str(csv_path))
+    assert result.exit_code == 0, result.stderr
+    document = json.loads(result.stdout)
+    frame = pd.read_csv(csv_path)
+    assert list(frame["rank"]) == [1, 2, 3]
+    plans = [document, *document["alternatives"]]
+    assert list(frame["iteration_time_s"]) == [p["estimate"]["iteration_time_s"] for p in plans]
+    assert list(frame["split_optimal"]) == [p["split"]["optimal"] for p in plans]
+    assert {"dp", "tp", "pp", "mfu", "peak_memory_bytes", "dp_comm_s"} <= set(frame.columns)
+
+
+def test_plan_csv_into_a_missing_directory_exits_2_and_writes_nothing(tmp_path) -> None:
+    result = run("plan", *SMALL, "--top", "1", "--csv", str(tmp_path / "missing" / "ranked.csv"))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert not (tmp_path / "missing").exists()

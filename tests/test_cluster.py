@@ -31,7 +31,9 @@ def test_shorthand() -> None:
     cluster = parse_shorthand("16x8xH100-80GB")
     assert (cluster.num_nodes, cluster.gpus_per_node, cluster.num_gpus) == (16, 8, 128)
     assert cluster.gpu.name == "H100-80GB"
-    assert len(cluster.graph) == 16 * 8 + 16 + 1  # GPUs, one switch per node, the fabric
+    graph = cluster.node_graph()
+    assert graph.number_of_nodes() == 16 and graph.number_of_edges() == 16 * 15 // 2
+    assert graph[0][1]["bandwidth_bytes_per_s"] == cluster.link(0, 1).bandwidth_bytes_per_s
 
 
 @pytest.mark.parametrize("text", ["16x8", "0x8xH100-80GB", "axbxc"])

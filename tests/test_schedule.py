@@ -172,3 +172,14 @@ def test_in_flight_memory_is_the_peak_of_the_schedules_own_order(schedule, pp, m
             held += 1 if kind == FORWARD else -1
             peak = max(peak, held)
         assert behaviour.in_flight(r, pp, vpp, m) * vpp == peak
+
+
+@pytest.mark.parametrize("schedule", list(Schedule))
+def test_ten_million_microbatches_cost_what_a_few_hundred_do(schedule):
+    """A global batch of 10⁸ sequences used to hang the planner: the simulated time of uniform
+    stages is still exactly (m + (p − 1)/v)(f + b) at m = 10⁷."""
+    pp, m = 4, 10_000_000
+    v = 2 if schedule_of(schedule).chunked else 1
+    f, b = 1.0 / v, 2.0 / v
+    total = simulated_pipeline_time([f] * (pp * v), [b] * (pp * v), pp, m, schedule).total_s
+    assert total == pytest.approx((m + (pp - 1) / v) * 3.0, rel=1e-12)

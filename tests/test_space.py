@@ -8,7 +8,7 @@ from planner.cluster import load_cluster
 from planner.config import Schedule, Training
 from planner.errors import PlannerError
 from planner.model import load_model
-from planner.search.space import FixedOptions, enumerate_configs, require_nonempty
+from planner.search.space import FixedOptions, _divisors, enumerate_configs, require_nonempty
 
 
 def _space(fixed: FixedOptions | None = None, batch: int = 32):
@@ -47,3 +47,10 @@ def test_nothing_left_names_the_fixed_options() -> None:
     assert _space(fixed) == []
     with pytest.raises(PlannerError, match="fixed options: dp=16, micro_batch=4"):
         require_nonempty([], load_model("llama3-8b"), load_cluster("2x8xH100-80GB"), Training(32, 4096), fixed)
+
+
+def test_a_global_batch_of_a_hundred_million_enumerates_its_divisors_quickly() -> None:
+    """Micro-batch sizes are the divisors of the per-replica batch, found in O(√n) (10⁸ used to hang)."""
+    divisors = _divisors(100_000_000)
+    assert divisors == sorted(divisors) and len(divisors) == 81
+    assert all(100_000_000 % d == 0 for d in divisors) and divisors[0] == 1 and divisors[-1] == 100_000_000

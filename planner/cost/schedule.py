@@ -14,6 +14,7 @@ prefix the schedule is periodic, so the rest is extrapolated (and checked) in wh
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -137,6 +138,11 @@ class PipelineSchedule:
         total = a * rank_loads[slowest] + b * sum(rank_loads)
         return PipelineTime(total, slowest, num_microbatches * rank_loads[slowest])
 
+    def growth_s(self, forward_s: Sequence[float], backward_s: Sequence[float], pp: int) -> float:
+        """What each further micro-batch adds to the simulated time once it is periodic: the busiest
+        rank's work per micro-batch (its own forward–backward cycle is the critical one)."""
+        return max(rank_times([f + b for f, b in zip(forward_s, backward_s, strict=True)], pp))
+
     def bound_form(self, num_microbatches: int) -> tuple[float, float]:
         """(a, b) with a·max R + b·Σ R a lower bound on the simulated time (the cheap search bound)."""
         return num_microbatches, 0.0
@@ -154,6 +160,10 @@ class GPipe(PipelineSchedule):
 
     def warmup(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> int:
         return num_microbatches
+
+    def growth_s(self, forward_s: Sequence[float], backward_s: Sequence[float], pp: int) -> float:
+        """All forwards, then all backwards: the slowest forward stage, then the slowest backward one."""
+        return max(forward_s) + max(backward_s)
 
     def bound_form(self, num_microbatches: int) -> tuple[float, float]:
         return num_microbatches - 1, 1.0  # the closed form, which the simulator reproduces exactly
@@ -439,24 +449,25 @@ def _input_ready(done: dict[tuple[str, int, int], float], kind: str, k: int, mb:
 
 def _periodic_iteration_s(forward_s: Sequence[float], backward_s: Sequence[float], pp: int,
                           num_microbatches: int, schedule: Schedule) -> float:
-    """The simulated iteration time at a cost independent of m.
+    """The simulated iteration time at a cost that does not grow with m.
 
-    The order is fixed, so the simulation is a longest path in a max-plus system; past a transient
-    its time grows by the same amount every period of pp micro-batches. Three simulations at
-    m₀, m₀ + pp, m₀ + 2pp (m₀ ≡ m mod pp, past the warm-up) give that growth; when the two
-    differences agree the rest is extrapolated, else the whole iteration is simulated.
+    The order is fixed, so the simulation is a longest path in a max-plus system: past a transient
+    every further micro-batch adds the schedule's `growth_s` (its critical cycle). Simulations at
+    m₀, m₀ + pp, m₀ + 2pp (m₀ ≡ m mod pp) that grow by exactly that show the transient is over and
+    the rest is extrapolated; otherwise m₀ doubles, and a transient as long as m is simulated whole.
     """
+    behaviour = schedule_of(schedule)
     vpp = len(forward_s) // pp
     zeros = [0.0] * len(forward_s)
-    start = 4 * pp * vpp + num_microbatches % pp
-    if num_microbatches <= start + 4 * pp:
-        return simulate(forward_s, backward_s, zeros, pp, num_microbatches, schedule, record=False).iteration_s
-    times = [simulate(forward_s, backward_s, zeros, pp, start + i * pp, schedule, record=False).iteration_s
-             for i in range(3)]
-    growth = times[2] - times[1]
-    if abs((times[1] - times[0]) - growth) > 1e-9 * times[2]:
-        return simulate(forward_s, backward_s, zeros, pp, num_microbatches, schedule, record=False).iteration_s
-    return times[2] + (num_microbatches - start - 2 * pp) // pp * growth
+    growth = behaviour.growth_s(forward_s, backward_s, pp)
+    base = 4 * pp * vpp
+    while (start := base + num_microbatches % pp) + 2 * pp < num_microbatches:
+        times = [simulate(forward_s, backward_s, zeros, pp, start + i * pp, schedule, record=False).iteration_s
+                 for i in range(3)]
+        if all(abs(b - a - pp * growth) <= 1e-9 * b for a, b in itertools.pairwise(times)):
+            return times[2] + (num_microbatches - start - 2 * pp) * growth
+        base *= 2
+    return simulate(forward_s, backward_s, zeros, pp, num_microbatches, schedule, record=False).iteration_s
 
 
 def simulated_pipeline_time(forward_s: Sequence[float], backward_s: Sequence[float], pp: int,

@@ -56,7 +56,6 @@ __all__ = [
     "homogeneous_best",
     "homogeneous_subset",
     "mixed_rank_notes",
-    "node_graph",
     "pinned_options",
     "place_plans",
     "placement_objective",
@@ -209,16 +208,6 @@ def _remap(cells: Sequence[Slot], mapping: dict[int, int]) -> list[Slot]:
     return [(mapping.get(node, node), first) for node, first in cells]
 
 
-def node_graph(cluster: Cluster, nodes: Sequence[int]) -> nx.Graph:
-    """The complete graph of `nodes` with each pair's per-GPU link; `seconds_per_gb` = 1e9 / bandwidth."""
-    graph = nx.Graph()
-    graph.add_nodes_from(nodes)
-    for a, b in itertools.combinations(nodes, 2):
-        bandwidth = cluster.link(a, b).bandwidth_bytes_per_s
-        graph.add_edge(a, b, bandwidth_bytes_per_s=bandwidth, seconds_per_gb=1e9 / bandwidth)
-    return graph
-
-
 def fast_ring(cluster: Cluster, nodes: Sequence[int]) -> list[int]:
     """A short ring through `nodes` by Σ 1/bandwidth (a TSP tour), as a path that drops its slowest hop.
 
@@ -227,7 +216,7 @@ def fast_ring(cluster: Cluster, nodes: Sequence[int]) -> list[int]:
     """
     if len(nodes) < 3:
         return list(nodes)
-    graph = node_graph(cluster, nodes)
+    graph = cluster.node_graph(nodes)
     tours = [approximation.christofides(graph, weight="seconds_per_gb")]
     tours += [approximation.greedy_tsp(graph, weight="seconds_per_gb", source=n) for n in nodes]
     tour = min(tours, key=lambda t: nx.path_weight(graph, t, "seconds_per_gb"))[:-1]

@@ -459,9 +459,16 @@ def _evaluate(ctx: _Context, candidate: _Candidate, found: PartitionResult | Non
     return RankedPlan(config, partition, placement, result, uniform, proven, candidate.time_bound_s)
 
 
+def _closeness(candidate: _Candidate) -> tuple[bool, float, int]:
+    """How far a candidate is from fitting: need over what its GPUs can hold; one whose fixed bytes
+    alone exceed the GPUs (nothing left for states) comes after every other."""
+    need, available = candidate.memory_need_bytes, candidate.memory_available_bytes
+    return (available <= 0, need / available if available > 0 else need - available, candidate.order)
+
+
 def _infeasible_message(ctx: _Context, rejected: list[_Candidate]) -> str:
     """The configuration closest to fitting and its tightest stage under the uniform split."""
-    closest = min(rejected, key=lambda c: (c.memory_need_bytes / c.memory_available_bytes, c.order))
+    closest = min(rejected, key=_closeness)
     placement, _ = ctx.placed(closest.config)
     result = estimate(ctx.model, ctx.cluster, ctx.training, closest.config, None, placement, ctx.timer,
                       ctx.calibration)
