@@ -26,6 +26,17 @@ row does not state is a documented fact about the framework or the run family, w
   whenever tp > 1, no activation recompute, interleaved 1F1B when vp > 1. Iteration time =
   gbs · seq / (tokens/s/GPU · GPUs). Rows with cp > 1 (not modelled) or model architectures
   planner cannot express (Nemotron's squared-ReLU MLP) are reported as skipped.
+* Narayanan et al. 2021 Table 2, "ZeRO-3 without model parallelism" rows (DeepSpeed ZeRO-3 on
+  Selene, DGX A100 80GB with 8× HDR 200 Gb/s per node): GPT-3 175B (Table 1's 96 layers, h 12288,
+  96 heads) and 530B (105 layers, h 20480, 128 heads), seq 2048, vocab 51200, fp16, unfused
+  attention, full activation recompute (the paper's runs all checkpoint activations), dp = GPUs.
+  Iteration time = eq. 3's FLOPs per iteration (they count the recompute) / (TFLOP/s × GPUs).
+* llm-foundry MPT FSDP runs (mosaicml/llm-foundry scripts/train/benchmarking, Composer + PyTorch
+  FSDP1 FULL_SHARD over all GPUs): MPT is MHA, FFN 4h, GELU, LayerNorm and linears without bias,
+  ALiBi, tied embeddings, vocab 50368, no dropout, FlashAttention (triton); activation
+  checkpointing = full recompute; nodes of 8 A100 with 8× 200 Gb/s RoCE (the "1600 Gbps" of the
+  table headings). mp_mode PURE reduces gradients in bf16, DEFAULT (amp_bf16) in fp32 (Composer's
+  FSDP mixed-precision presets). Iteration time = global-batch tokens / (tokens/s/GPU × GPUs).
 """
 
 from __future__ import annotations
@@ -57,6 +68,8 @@ __all__ = [
     "bloom_runs",
     "h100_runs",
     "korthikanti_layer_rows",
+    "llmfoundry_runs",
+    "narayanan_zero3_runs",
     "predict",
     "predict_layer",
     "shipped_before_fix_nic_ratio",
@@ -69,6 +82,8 @@ BLOOM_FILE = "bloom176b_topology_sweep_chronicles.csv"
 NEMO_FILE = "nemo_2407_h100_fp8_pretraining.csv"
 BRIDGE_FILE = "megatron_bridge_2511_h100_dense.csv"
 TABLE4_FILE = "korthikanti2022_table4_layer_time_22b.csv"
+NARAYANAN_FILE = "narayanan2021_table2_zero3_vs_ptdp.csv"
+LLMFOUNDRY_FILE = "llmfoundry_mpt_fsdp_a100.csv"
 
 BLOOM_SEQ_LEN = 2048
 # cluster state of the BLOOM rows logged before Jean Zay's PCIe/NUMA fix (key in calibration.yaml)
@@ -243,6 +258,68 @@ def h100_runs() -> tuple[tuple[Run, ...], tuple[str, ...]]:
         runs.append(Run(file, label, model, load_cluster(f"{nodes}x8xH100-80GB"), training, config, iteration,
                         None, f"{file}: {name} ({row['source'][:60]}…)"))
     return tuple(runs), tuple(skipped)
+
+
+# ---- ZeRO-3 / FSDP runs -------------------------------------------------------------------------
+_NARAYANAN_MODELS = {174.6: (96, 12288, 96), 529.6: (105, 20480, 128)}  # Narayanan et al. 2021 Table 1
+NARAYANAN_SEQ_LEN, NARAYANAN_VOCAB = 2048, 51200
+
+
+def narayanan_eq3_flops(model: ModelSpec, batch: int, seq_len: int) -> float:
+    """FLOPs per iteration with activation recompute, Narayanan et al. 2021 eq. 3: 96·B·s·l·h²·(1 + s/6h + V/16lh)."""
+    layers, h = model.num_layers, model.hidden_size
+    return 96 * batch * seq_len * layers * h**2 * (1 + seq_len / (6 * h) + model.vocab_size / (16 * layers * h))
+
+
+def narayanan_zero3_runs() -> tuple[Run, ...]:
+    """Narayanan et al. 2021 Table 2, ZeRO-3 rows: DeepSpeed ZeRO-3 data parallelism over every GPU."""
+    runs = []
+    for _, row in pd.read_csv(DATA / NARAYANAN_FILE).iterrows():
+        if not str(row["scheme"]).startswith("ZeRO-3"):
+            continue
+        layers, hidden, heads = _NARAYANAN_MODELS[float(row["params_billion"])]
+        model = ModelSpec(name=f"gpt-{row['params_billion']}b", num_layers=layers, hidden_size=hidden,
+                          num_attention_heads=heads, ffn_hidden_size=4 * hidden, vocab_size=NARAYANAN_VOCAB,
+                          activation="gelu", normalization="layernorm", position_embedding="learned",
+                          tie_embeddings=True, linear_bias=True, dropout=True, source="Narayanan et al. 2021 Table 1")
+        gpus, batch = int(row["num_gpus"]), int(row["batch_size"])
+        training = Training(global_batch=batch, seq_len=NARAYANAN_SEQ_LEN, dtype="fp16", attention="unfused")
+        config = ParallelConfig(dp=gpus, tp=1, pp=1, micro_batch=int(row["microbatch_size"]), zero_stage=3,
+                                recompute=Recompute.FULL)
+        iteration = narayanan_eq3_flops(model, batch, NARAYANAN_SEQ_LEN) / (float(row["achieved_tflops_per_gpu"])
+                                                                           * 1e12 * gpus)
+        runs.append(Run(NARAYANAN_FILE, f"{model.name} {gpus}xA100 {config.describe()}", model,
+                        load_cluster(f"{gpus // 8}x8xA100-80GB"), training, config, iteration, None,
+                        f"{NARAYANAN_FILE}: {row['source'][:40]}…"))
+    return tuple(runs)
+
+
+LLMFOUNDRY_VOCAB = 50368
+LLMFOUNDRY_GPUS_PER_NODE = 8
+
+
+def llmfoundry_runs() -> tuple[Run, ...]:
+    """llm-foundry MPT runs with PyTorch FSDP FULL_SHARD (ZeRO-3) over all GPUs of 8-GPU A100 nodes."""
+    runs = []
+    for _, row in pd.read_csv(DATA / LLMFOUNDRY_FILE).iterrows():
+        hidden, gpus = int(row["hidden"]), int(row["num_gpus"])
+        model = ModelSpec(name=str(row["model"]).lower(), num_layers=int(row["layers"]), hidden_size=hidden,
+                          num_attention_heads=int(row["heads"]), ffn_hidden_size=int(row["ffn_hidden"]),
+                          vocab_size=LLMFOUNDRY_VOCAB, max_position_embeddings=int(row["seq_len"]), activation="gelu",
+                          normalization="layernorm", position_embedding="alibi", tie_embeddings=True,
+                          source=f"mosaicml/llm-foundry yamls ({row['model']})")
+        training = Training(global_batch=int(row["global_batch_seqs"]), seq_len=int(row["seq_len"]), dtype="bf16",
+                            attention="flash", grad_bytes=2 if "mp_mode=PURE" in str(row["other_flags"]) else 4)
+        recompute = Recompute.FULL if str(row["activation_checkpointing"]).startswith("yes") else Recompute.NONE
+        config = ParallelConfig(dp=gpus, tp=1, pp=1, micro_batch=int(row["micro_batch"]), zero_stage=3,
+                                recompute=recompute)
+        iteration = float(row["global_batch_tokens"]) / (float(row["tokens_per_sec_per_gpu"]) * gpus)
+        gpu = "A100-80GB" if str(row["gpu_memory"]) == "80GB" else "A100-40GB"
+        cluster = load_cluster(f"{max(gpus // LLMFOUNDRY_GPUS_PER_NODE, 1)}x{LLMFOUNDRY_GPUS_PER_NODE}x{gpu}")
+        runs.append(Run(LLMFOUNDRY_FILE, f"row{row['row_id']} {row['model']} s{training.seq_len} {gpus}x{gpu} "
+                        f"{config.describe()}", model, cluster, training, config, iteration, None,
+                        f"{LLMFOUNDRY_FILE} row_id {row['row_id']}"))
+    return tuple(runs)
 
 
 # ---- Korthikanti Table 4 -----------------------------------------------------------------------

@@ -15,6 +15,8 @@ from benchmarks.validation_runs import (
     bloom_runs,
     h100_runs,
     korthikanti_layer_rows,
+    llmfoundry_runs,
+    narayanan_zero3_runs,
     predict_layer,
     shipped_before_fix_nic_ratio,
     split_fit_hold,
@@ -72,6 +74,23 @@ def test_h100_runs():
               for run, _, e in run_errors(runs, default_calibration())}
     assert score(list(errors.values())).mape <= 0.091
     assert abs(errors["GPT3-175B@128"]) <= 0.02 and abs(errors["LLAMA3_70B@64"]) <= 0.11
+
+
+def test_llmfoundry_fsdp_runs():
+    """139 PyTorch FSDP FULL_SHARD runs (ZeRO-3) of MPT on 8–128 A100: the issue's target, MAPE ≤ 10 %."""
+    errors = [e for *_, e in run_errors(llmfoundry_runs(), default_calibration())]
+    assert len(errors) == 139
+    assert score(errors).mape <= 0.091
+
+
+def test_narayanan_zero3_rows_are_no_longer_free_but_still_too_fast():
+    """Narayanan Table 2's DeepSpeed ZeRO-3 rows. The issue's target (each within 15 %) is NOT met: the
+    NCCL-ring model over the node's 8 NICs is 32–76 % too fast (see README "Accuracy"); this bounds the
+    regression and checks the one trend it gets right, 175B at 384 GPUs is the least wrong."""
+    errors = {run.config.dp: e for run, _, e in run_errors(narayanan_zero3_runs(), default_calibration())}
+    assert len(errors) == 6
+    assert score(list(errors.values())).mape <= 0.57
+    assert -0.33 <= errors[384] < 0
 
 
 def test_shipped_calibration_is_physical_and_inside_the_fit_bounds():

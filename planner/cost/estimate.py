@@ -205,10 +205,8 @@ def estimate(
         other = calibration.memory_overhead_bytes + calibration.memory_fragmentation * tensors
         memories.append(MemoryBreakdown(states.weights, states.gradients, states.optimizer, activations, other,
                                         float(links.capacity_bytes[r])))
-        last_backward = sum(sums[k]["backward"] + sums[k]["recompute"] for k in mine)
-        first_forward = sum(sums[k]["forward"] for k in mine)
-        dp_time = data_parallel_time(params, training, config, links.dp[r], calibration, last_backward,
-                                     first_forward, m)
+        units = [rank_costs[r][kind] for k in mine for kind in kinds[bounds[k][0]:bounds[k][1]]]
+        dp_time = data_parallel_time(units, training, config, links.dp[r], calibration, m)
         dp_exposed.append(dp_time.exposed_s)
         optimizer.append(optimizer_step_time(params, config, links.gpu[r], calibration))
 

@@ -1,6 +1,7 @@
 """Per-unit and per-stage time of one configuration: compute, recompute and tensor-parallel
 communication per micro-batch; pipeline p2p per stage boundary; data-parallel gradient
-reduction with the overlap Megatron-LM achieves; the optimizer step.
+reduction with the overlap Megatron-LM achieves, and ZeRO-2/3 / FSDP collectives per unit and
+micro-batch with prefetch overlap; the optimizer step.
 
 Everything here is linear in the units a stage holds, which is what lets the ILP partitioner
 optimise the same quantities the estimate reports.
@@ -23,6 +24,7 @@ from planner.profile.calibration import Calibration
 
 __all__ = [
     "OPTIMIZER_BYTES_PER_PARAM",
+    "PARAM_BYTES",
     "ActivationSource",
     "DataParallelTime",
     "UnitCost",
@@ -38,6 +40,9 @@ __all__ = [
 # Adam step per local parameter: read fp32 param, grad, momentum, variance (16 B), write param,
 # momentum, variance (12 B) and the 16-bit model copy (2 B).
 OPTIMIZER_BYTES_PER_PARAM = 30
+# Bytes per parameter of the weights ZeRO / FSDP all-gathers: the 16-bit model copy (fp16/bf16; FSDP's
+# mixed-precision param_dtype, DeepSpeed's fp16 partitions).
+PARAM_BYTES = 2
 # All-reduce-equivalents of the b·s·h activation each unit's TP collectives move per micro-batch
 # (Narayanan et al. 2021 §3.2: a block does 2 all-reduces forward and 2 backward; with sequence
 # parallelism each becomes an all-gather + reduce-scatter of the same volume, Korthikanti §4.2.2).
@@ -175,38 +180,75 @@ class DataParallelTime:
 
 
 def data_parallel_time(
-    params: float, training: Training, config: ParallelConfig, link: Link, calibration: Calibration,
-    last_backward_s: float, first_forward_s: float, num_microbatches: int,
+    units: Sequence[UnitCost], training: Training, config: ParallelConfig, link: Link, calibration: Calibration,
+    num_microbatches: int,
 ) -> DataParallelTime:
-    """DP traffic for `params` local parameters and how much of it the schedule cannot hide.
+    """DP traffic of one pipeline rank holding `units` (in execution order) and how much the schedule cannot hide.
 
     Plain DP all-reduces gradients once per iteration; the distributed optimizer / ZeRO-1
-    reduce-scatters gradients and all-gathers updated 16-bit weights; ZeRO-2 reduce-scatters
-    every micro-batch and ZeRO-3 also all-gathers weights for each forward and backward.
-    Megatron's overlap_grad_reduce hides the reduction behind the last micro-batch's backward;
-    overlap_param_gather hides the all-gather behind the first forward.
+    reduce-scatters gradients and all-gathers the updated 16-bit weights (Megatron's
+    overlap_grad_reduce hides the reduction behind the last micro-batch's backward,
+    overlap_param_gather the all-gather behind the first forward). ZeRO-2/3 collectives are per
+    unit and per micro-batch (`_sharded_microbatch_s`); ZeRO-2 all-gathers the updated weights
+    once per iteration like ZeRO-1.
     """
     dp = config.dp
     if dp == 1:
         return DataParallelTime(0.0, 0.0)
+    params = sum(unit.params for unit in units)
     grads = params * training.grad_bytes
-    weights = params * 2
     sharding = config.optimizer_sharding
     if sharding == 0:
         reduce_s = all_reduce_time(grads, dp, link, calibration)
-        return DataParallelTime(reduce_s, _exposed(reduce_s, last_backward_s, config.overlap_grad_reduce))
+        last_backward = sum(unit.backward_s + unit.recompute_s for unit in units)
+        return DataParallelTime(reduce_s, _exposed(reduce_s, last_backward, config.overlap_grad_reduce))
+    gather_s = all_gather_time(params * PARAM_BYTES, dp, link, calibration) if sharding < 3 else 0.0
+    gather_exposed = _exposed(gather_s, sum(unit.forward_s for unit in units), config.overlap_param_gather)
     if sharding == 1:
         reduce_s = reduce_scatter_time(grads, dp, link, calibration)
-        gather_s = all_gather_time(weights, dp, link, calibration)
-        exposed = _exposed(reduce_s, last_backward_s, config.overlap_grad_reduce)
-        exposed += _exposed(gather_s, first_forward_s, config.overlap_param_gather)
+        last_backward = sum(unit.backward_s + unit.recompute_s for unit in units)
+        exposed = _exposed(reduce_s, last_backward, config.overlap_grad_reduce) + gather_exposed
         return DataParallelTime(reduce_s + gather_s, exposed)
-    per_microbatch = reduce_scatter_time(grads, dp, link, calibration)
-    if sharding == 3:
-        per_microbatch += 2 * all_gather_time(weights, dp, link, calibration)
-    window = last_backward_s + first_forward_s
-    return DataParallelTime(num_microbatches * per_microbatch,
-                            num_microbatches * _exposed(per_microbatch, window, True))
+    total, exposed = _sharded_microbatch_s(units, training, config, link, calibration)
+    return DataParallelTime(num_microbatches * total + gather_s, num_microbatches * exposed + gather_exposed)
+
+
+def _sharded_microbatch_s(units: Sequence[UnitCost], training: Training, config: ParallelConfig, link: Link,
+                          calibration: Calibration) -> tuple[float, float]:
+    """(total, exposed) seconds of one micro-batch's ZeRO-2/3 collectives, one per FSDP unit and pass.
+
+    The wrapping unit is one model unit (a transformer block; FSDP's auto-wrap policy, DeepSpeed's
+    per-module fetch). ZeRO-3 all-gathers a unit's 16-bit weights before its forward and again
+    before its backward (FSDP FULL_SHARD / reshard_after_forward, DeepSpeed stage 3); a full
+    recompute runs inside that backward with the weights gathered for it, so it adds hiding
+    compute, not traffic: 2 all-gathers + 1 reduce-scatter = 3× the parameter bytes per
+    micro-batch, 1.5× DP's all-reduce (Rajbhandari et al. 2020 §7.2.2). Gradients are
+    reduce-scattered per unit after its backward in every micro-batch (DeepSpeed stages 2/3 and
+    FSDP without `no_sync`, the default of Composer and torchtitan; `no_sync` would reduce once
+    per iteration at the memory of unsharded gradients). Each collective is a ring over the dp
+    ranks with its own (dp − 1)·α latency, and prefetch hides it only behind the compute of the
+    neighbouring unit (`_prefetch_exposed_s`).
+    """
+    dp = config.dp
+    gathers = [all_gather_time(unit.params * PARAM_BYTES, dp, link, calibration) if config.optimizer_sharding == 3
+               else 0.0 for unit in units]
+    reduces = [reduce_scatter_time(unit.params * training.grad_bytes, dp, link, calibration) for unit in units]
+    forward = _prefetch_exposed_s(gathers, [0.0] * len(units), [unit.forward_s for unit in units])
+    backward = _prefetch_exposed_s(gathers[::-1], reduces[::-1],
+                                   [unit.backward_s + unit.recompute_s for unit in reversed(units)])
+    return 2 * sum(gathers) + sum(reduces), forward + backward
+
+
+def _prefetch_exposed_s(leading: Sequence[float], trailing: Sequence[float], compute: Sequence[float]) -> float:
+    """Communication a pass over units cannot hide. While unit i computes, the network carries unit
+    i+1's prefetched leading collective (its all-gather) and unit i−1's trailing one (its
+    reduce-scatter); what exceeds unit i's compute is exposed, as are the first gather and the last reduce."""
+    count = len(compute)
+    exposed = leading[0] + trailing[-1]
+    for i in range(count):
+        comm = (leading[i + 1] if i + 1 < count else 0.0) + (trailing[i - 1] if i else 0.0)
+        exposed += max(0.0, comm - compute[i])
+    return exposed
 
 
 def _exposed(comm_s: float, hiding_s: float, overlapped: bool) -> float:

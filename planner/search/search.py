@@ -262,8 +262,8 @@ def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tup
                        links: GroupLinks) -> float:
     """Least max over ranks of the DP traffic the schedule exposes, over all blocks-per-rank counts.
 
-    A rank's exposure depends on its parameters (traffic) and its first forward / last backward
-    (hiding), all fixed by how many blocks it holds; so g_r(n) is tabulated per kind of rank, and
+    A rank's exposure depends on its units' parameters (traffic) and compute (hiding), all fixed
+    by how many blocks it holds; so g_r(n) is tabulated per kind of rank, and
     the least threshold E with Σ_r min{n: g_r(n) ≤ E} ≤ blocks ≤ Σ_r max{n: g_r(n) ≤ E} is a lower
     bound (exact when each {n: g_r(n) ≤ E} is an interval, a relaxation otherwise).
     """
@@ -277,16 +277,11 @@ def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tup
                config.overlap_grad_reduce, config.overlap_param_gather, m if config.optimizer_sharding >= 2 else 0)
         if key not in ctx.dp_tables:
             cost = costs[ranks[0]]
-            ends = [kind for kind, on in ((UnitKind.EMBEDDING, first), (UnitKind.HEAD, last)) if on]
             block = cost[UnitKind.BLOCK]
             table = np.full(layers + 1, np.inf)
             for n in range(layers if pp == 1 else max(v - first - last, 0), layers + 1):
-                units = [cost[kind] for kind in ends]
-                params = sum(u.params for u in units) + n * block.params
-                backward = sum(u.backward_s + u.recompute_s for u in units) + n * (block.backward_s + block.recompute_s)
-                forward = sum(u.forward_s for u in units) + n * block.forward_s
-                table[n] = data_parallel_time(params, ctx.training, config, dp_link, ctx.calibration, backward,
-                                              forward, m).exposed_s
+                units = [cost[UnitKind.EMBEDDING]] * first + [block] * n + [cost[UnitKind.HEAD]] * last
+                table[n] = data_parallel_time(units, ctx.training, config, dp_link, ctx.calibration, m).exposed_s
             ctx.dp_tables[key] = table
         tables.append(ctx.dp_tables[key])
         weights.append(len(ranks))

@@ -1,0 +1,99 @@
+"""ZeRO-2/3 / FSDP time model (planner/cost/time.py `data_parallel_time`): traffic, latency, prefetch overlap."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.cluster import Link
+from planner.config import ParallelConfig, Recompute, Training
+from planner.cost.comm import all_reduce_time
+from planner.cost.time import PARAM_BYTES, UnitCost, data_parallel_time
+from planner.profile.calibration import default_calibration
+
+CALIBRATION = default_calibration()
+TRAINING = Training(global_batch=1024, seq_len=2048, dtype="fp16")  # 16-bit gradients: same bytes as the weights
+PARAMS = 1e9  # per unit
+
+
+def _unit(compute_s: float, params: float = PARAMS) -> UnitCost:
+    return UnitCost(forward_s=compute_s, backward_s=2 * compute_s, recompute_s=0.0, tp_forward_s=0.0,
+                    tp_backward_s=0.0, activation_bytes=0.0, params=params)
+
+
+def _zero(stage: int, dp: int, micro_batch: int = 1) -> ParallelConfig:
+    return ParallelConfig(dp=dp, tp=1, pp=1, micro_batch=micro_batch, zero_stage=stage)
+
+
+def test_zero3_moves_three_times_the_parameter_bytes_per_micro_batch():
+    """Rajbhandari et al. 2020 §7.2.2: ZeRO-3 moves 3Ψ per step (2 all-gathers + 1 reduce-scatter),
+    1.5× plain DP's 2Ψ all-reduce; with no latency the ring time is exactly proportional to bytes."""
+    link = Link(100e9, 0.0, "inter")
+    units, dp = [_unit(0.1)] * 10, 64
+    config = _zero(3, dp)
+    m = config.num_microbatches(TRAINING.global_batch)
+    total = data_parallel_time(units, TRAINING, config, link, CALIBRATION, m).total_s
+    bandwidth = link.bandwidth_bytes_per_s * CALIBRATION.collective_efficiency("inter")
+    assert total == pytest.approx(m * 3 * 10 * PARAMS * PARAM_BYTES * (dp - 1) / dp / bandwidth)
+    plain = all_reduce_time(10 * PARAMS * TRAINING.grad_bytes, dp, link, CALIBRATION)
+    assert total / m == pytest.approx(1.5 * plain)
+
+
+def test_zero3_exposure_grows_with_dp_through_per_collective_latency():
+    """Each of the 3 collectives per unit pays (dp − 1)·α; with compute just covering the bandwidth term,
+    what large dp adds is exposed."""
+    link = Link(100e9, 20e-6, "inter")
+    units = [_unit(0.02, params=1e8)] * 32
+    exposed = [data_parallel_time(units, TRAINING, _zero(3, dp), link, CALIBRATION, 1).exposed_s
+               for dp in (8, 64, 512)]
+    assert exposed[0] < exposed[1] < exposed[2]
+    no_latency = Link(100e9, 0.0, "inter")
+    flat = [data_parallel_time(units, TRAINING, _zero(3, dp), no_latency, CALIBRATION, 1).exposed_s
+            for dp in (64, 512)]
+    assert exposed[2] - exposed[1] > 5 * (flat[1] - flat[0])
+
+
+def test_zero3_exposure_shrinks_as_compute_per_unit_grows():
+    """Prefetch hides a unit's collective only behind its neighbour's compute: more compute, less exposed,
+    down to the first all-gather and the last reduce-scatter, which nothing hides."""
+    link = Link(25e9, 10e-6, "inter")
+    exposed = [data_parallel_time([_unit(c)] * 16, TRAINING, _zero(3, 64), link, CALIBRATION, 1).exposed_s
+               for c in (0.01, 0.05, 0.2, 1.0)]
+    assert exposed == sorted(exposed, reverse=True) and exposed[0] > exposed[-1]
+    first_and_last = data_parallel_time([_unit(1.0)], TRAINING, _zero(3, 64), link, CALIBRATION, 1)
+    assert exposed[-1] == pytest.approx(first_and_last.exposed_s)
+
+
+def test_full_recompute_hides_but_does_not_add_zero3_traffic():
+    """The recomputed forward runs inside its unit's backward with the weights gathered for that backward."""
+    link = Link(25e9, 10e-6, "inter")
+    plain = [_unit(0.01)] * 8
+    recomputed = [UnitCost(0.01, 0.02, 0.01, 0.0, 0.0, 0.0, PARAMS)] * 8
+    config = ParallelConfig(dp=64, tp=1, pp=1, zero_stage=3, recompute=Recompute.FULL)
+    a = data_parallel_time(plain, TRAINING, config, link, CALIBRATION, 1)
+    b = data_parallel_time(recomputed, TRAINING, config, link, CALIBRATION, 1)
+    assert a.total_s == b.total_s and b.exposed_s < a.exposed_s
+
+
+def test_zero2_reduces_every_micro_batch_and_gathers_weights_once():
+    link = Link(25e9, 0.0, "inter")
+    units = [_unit(0.0)] * 4
+    one, four = (data_parallel_time(units, TRAINING, _zero(2, 64), link, CALIBRATION, m).total_s for m in (1, 4))
+    bandwidth = link.bandwidth_bytes_per_s * CALIBRATION.collective_efficiency("inter")
+    per_microbatch = 4 * PARAMS * TRAINING.grad_bytes * 63 / 64 / bandwidth
+    assert four - one == pytest.approx(3 * per_microbatch)
+
+
+def test_estimate_charges_zero3_at_scale():
+    """The issue's case: GPT-3 175B, pure ZeRO-3 over 1536 A100s at micro-batch 1 is no longer free, and
+    its exposed DP time grows as dp doubles while the compute that hides it halves."""
+    from planner.cluster import load_cluster
+    from planner.cost.estimate import estimate
+    from planner.model import load_model
+
+    model = load_model("gpt3-175b")
+    training = Training(global_batch=1536, seq_len=2048, dtype="fp16", attention="unfused")
+    exposed = []
+    for dp, micro_batch in ((384, 4), (1536, 1)):
+        config = ParallelConfig(dp=dp, tp=1, pp=1, micro_batch=micro_batch, zero_stage=3, recompute=Recompute.FULL)
+        exposed.append(estimate(model, load_cluster(f"{dp // 8}x8xA100-80GB"), training, config).breakdown_s["dp_comm"])
+    assert 0 < exposed[0] < exposed[1]
