@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -24,9 +25,10 @@ from planner.config import DTYPES, Partition, Training
 from planner.cost.estimate import Estimate, estimate
 from planner.export import TARGETS, exporter, render_stdout, write_export
 from planner.gpu import GIB, catalog_gpu_names, lookup_gpu
+from planner.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN
 from planner.model import ModelSpec, catalog_model_names, load_model
 from planner.placement import default_placement
-from planner.plan import build_plan_document, load_plan, parse_plan_document, write_atomic
+from planner.plan import LISTED_RANKS_MAX, build_plan_document, load_plan, parse_plan_document, write_atomic
 from planner.profile.calibration import Calibration, default_calibration, load_calibration
 from planner.profile.fit import (
     PARAMETERS,
@@ -59,6 +61,16 @@ DEFAULT_GLOBAL_BATCH = 128
 DEFAULT_SEQ_LEN = 8192
 
 
+class FiniteRange(click.FloatRange):
+    """click's FloatRange, which lets NaN and infinity through its bounds, without them."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 # ---- shared options ---------------------------------------------------------------------------
 
 def problem_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -68,9 +80,10 @@ def problem_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Catalog name, HF config.json, or planner model/plan file."),
         click.option("--cluster", "cluster_spec", default=DEFAULT_CLUSTER, show_default=True,
                      help="Preset name, YAML/JSON cluster file, or NODESxGPUSxGPU (e.g. 16x8xH100-80GB)."),
-        click.option("--global-batch", type=int, default=DEFAULT_GLOBAL_BATCH, show_default=True,
-                     help="Sequences per iteration."),
-        click.option("--seq-len", type=int, default=DEFAULT_SEQ_LEN, show_default=True, help="Tokens per sequence."),
+        click.option("--global-batch", type=click.IntRange(1, MAX_GLOBAL_BATCH), default=DEFAULT_GLOBAL_BATCH,
+                     show_default=True, help="Sequences per iteration."),
+        click.option("--seq-len", type=click.IntRange(1, MAX_SEQ_LEN), default=DEFAULT_SEQ_LEN, show_default=True,
+                     help="Tokens per sequence."),
         click.option("--dtype", type=click.Choice(DTYPES), default="bf16", show_default=True),
         click.option("--attention", type=click.Choice(["flash", "unfused"]), default="flash", show_default=True,
                      help="Attention kernel: FlashAttention, or unfused softmax (pre-2022 Megatron runs)."),
@@ -96,6 +109,9 @@ def parallel_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Megatron-LM distributed optimizer (shards optimizer states like ZeRO-1)."),
         click.option("--sequence-parallel/--no-sequence-parallel", default=None,
                      help="Megatron-LM sequence parallelism (needs tp > 1)."),
+        click.option("--tp-comm-overlap/--no-tp-comm-overlap", default=None,
+                     help="Overlap the sequence-parallel collectives with their GEMMs (Megatron-LM "
+                          "--tp-comm-overlap, torchtitan async TP; needs sequence parallelism)."),
     ]
     for option in reversed(options):
         command = option(command)
@@ -197,10 +213,36 @@ def shortfall_message(result: Estimate) -> str:
 
 # ---- commands ---------------------------------------------------------------------------------
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class OneLineErrors(click.Group):
+    """The root group: click's usage errors (bad option, missing argument, bad value) become one line
+    `error: ...` with exit 2, like every other input error, instead of click's three-line usage block."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.pop("standalone_mode", None)
+        try:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as exc:  # a bare group: its help is the answer
+            click.echo(exc.ctx.get_help() if exc.ctx else exc.format_message(), err=True)
+            sys.exit(2)
+        except click.ClickException as exc:
+            click.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
+            sys.exit(2)
+        except click.Abort:
+            click.echo("error: aborted", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="planner")
 def main() -> None:
     """planner: find the parallel layout for training a large model on a GPU cluster."""
+
+
+def placement_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--placement auto|full`: whether the plan JSON lists every rank even above LISTED_RANKS_MAX ranks."""
+    return click.option("--placement", "placement_detail", type=click.Choice(["auto", "full"]), default="auto",
+                        show_default=True, help=f"Plan JSON placement: per-rank table up to {LISTED_RANKS_MAX} "
+                                                "ranks and runs of ranks always (auto), or every rank (full).")(command)
 
 
 def cluster_condition_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -261,11 +303,13 @@ def echo_heterogeneity(record: dict[str, Any]) -> None:
 @cluster_condition_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan JSON document only.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the plan JSON here.")
+@placement_option
 @handle_errors
 def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len: int, dtype: str,
                      attention: str, partition: str | None, profile_path: Path | None,
                      calibration_path: Path | None, links_path: Path | None,
-                     slowdowns: tuple[str, ...], as_json: bool, out: Path | None, **parallel: Any) -> None:
+                     slowdowns: tuple[str, ...], as_json: bool, out: Path | None, placement_detail: str,
+                     **parallel: Any) -> None:
     """Estimate time and memory of one fully given configuration, with its breakdown.
 
     With --slowdown it also re-plans placement (and, unless --partition is given, the stage split)
@@ -287,7 +331,8 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
         replanned = replan(model, cluster, training, config, split, fixed_partition=split is not None, timer=timer,
                            calibration=calibration)
         extra["replan"] = {"slowdowns": list(slowdowns), **replan_record(cluster, config, replanned)}
-    document = build_plan_document(model, cluster, training, config, placement, result, extra)
+    document = build_plan_document(model, cluster, training, config, placement, result, extra,
+                                   full_placement=placement_detail == "full")
     text = json.dumps(document, indent=2)
     if out:
         write_atomic(out, text + "\n")
@@ -322,12 +367,14 @@ def parse_partition(text: str, model: ModelSpec) -> Partition:
               help="Framework to export to: " + ", ".join(TARGETS) + ".")
 @click.option("--out", type=click.Path(path_type=Path),
               help="Directory to write the files into (created if missing); default: print them.")
+@click.option("--force", is_flag=True,
+              help="Overwrite files in --out that an earlier export did not write or that were edited since.")
 @handle_errors
-def export_command(plan_path: Path, target: str, out: Path | None) -> None:
-    """Turn a plan file into launch files: Megatron-LM flags + torchrun script, ds_config.json, torchtitan TOML."""
+def export_command(plan_path: Path, target: str, out: Path | None, force: bool) -> None:
+    """Turn a plan file into launch files: framework flags or config, torchrun.sh and slurm.sbatch for its cluster."""
     result = exporter(target)(load_plan(plan_path))
     if out:
-        for path in write_export(result, out):
+        for path in write_export(result, out, force):
             click.echo(f"wrote {path}")
     else:
         click.echo(render_stdout(result), nl=False)
@@ -348,8 +395,10 @@ def export_document(document: dict[str, Any], target: str, out: Path | None) -> 
 @main.command("plan")
 @problem_options
 @parallel_options
-@click.option("--top", "top_k", type=int, default=5, show_default=True, help="How many plans to list.")
-@click.option("--time-limit", "time_limit_s", type=float, default=1.0, show_default=True,
+@click.option("--top", "top_k", type=click.IntRange(1, 1000), default=5, show_default=True,
+              help="How many plans to list.")
+@click.option("--time-limit", "time_limit_s", type=FiniteRange(0, 3600, min_open=True), default=1.0,
+              show_default=True,
               help="Seconds per stage-partition ILP; on expiry the best split found so far is used.")
 @click.option("--json", "as_json", is_flag=True, help="Print the best plan JSON (with alternatives) only.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the best plan JSON here.")
@@ -361,24 +410,28 @@ def export_document(document: dict[str, Any], target: str, out: Path | None) -> 
 @profile_option
 @calibration_option
 @cluster_condition_options
+@placement_option
 @handle_errors
 def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len: int, dtype: str, attention: str,
                  top_k: int, time_limit_s: float, as_json: bool, out: Path | None, csv_out: Path | None,
                  export_target: str | None,
                  export_out: Path | None, profile_path: Path | None, calibration_path: Path | None,
-                 links_path: Path | None, slowdowns: tuple[str, ...], **parallel: Any) -> None:
+                 links_path: Path | None, slowdowns: tuple[str, ...], placement_detail: str,
+                 **parallel: Any) -> None:
     """Search the best parallel layouts (fixed options constrain the search) and rank them."""
     problem = load_problem(model_spec, cluster_spec, global_batch, seq_len, dtype, attention, profile_path,
                            calibration_path, links_path, slowdowns)
     model, cluster, training, calibration, timer = (problem.model, problem.cluster, problem.training,
                                                     problem.calibration, problem.timer)
     unslowed = condition_cluster(load_cluster(cluster_spec), links_path, ()) if slowdowns else None
-    found = plan(model, cluster, training, FixedOptions.from_options(parallel), top_k, time_limit_s,
+    found = plan(model, cluster, training, FixedOptions.from_options(parallel).runnable_by(export_target), top_k,
+                 time_limit_s,
                  unslowed=unslowed, timer=timer, calibration=calibration)
     echo_profile_notes(timer)
     heterogeneity = found.heterogeneity
     documents = [build_plan_document(model, cluster, training, p.config, p.placement, p.estimate,
-                                     {"split": {"optimal": p.optimal, "lower_bound_s": p.lower_bound_s}})
+                                     {"split": {"optimal": p.optimal, "lower_bound_s": p.lower_bound_s}},
+                                     full_placement=placement_detail == "full")
                  for p in found.plans]
     document = {**documents[0], "alternatives": documents[1:], "search": found.stats.as_dict()}
     if timer:
@@ -468,10 +521,12 @@ def profile_group() -> None:
 
 @profile_group.command("layers")
 @click.option("--model", "model_spec", required=True, help="Catalog name, HF config.json, or planner model file.")
-@click.option("--tp", "tps", type=int, multiple=True, help="TP degree(s) to measure at  [default: 1]")
-@click.option("--micro-batch", "micro_batches", type=int, multiple=True,
+@click.option("--tp", "tps", type=click.IntRange(min=1), multiple=True,
+              help="TP degree(s) to measure at  [default: 1]")
+@click.option("--micro-batch", "micro_batches", type=click.IntRange(min=1), multiple=True,
               help="Micro-batch size(s) to measure (repeat the option)  [default: 1]")
-@click.option("--seq-len", type=int, default=2048, show_default=True, help="Tokens per sequence.")
+@click.option("--seq-len", type=click.IntRange(1, MAX_SEQ_LEN), default=2048, show_default=True,
+              help="Tokens per sequence.")
 @click.option("--dtype", type=click.Choice(PROFILE_DTYPES), default="bf16", show_default=True)
 @click.option("--attention", type=click.Choice(["flash", "unfused"]), default="flash", show_default=True)
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)

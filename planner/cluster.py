@@ -13,6 +13,7 @@ the other node (LINKS.json measures exactly this with p2p probes).
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -24,6 +25,7 @@ import networkx as nx
 
 from planner.errors import PlannerError
 from planner.gpu import GPUSpec, gpu_from_dict, lookup_gpu
+from planner.limits import MAX_GPUS
 from planner.resources import load_structured_file, profiles_dir
 
 __all__ = [
@@ -244,6 +246,7 @@ def parse_shorthand(text: str) -> Cluster:
     nodes, per_node, gpu_name = int(match[1]), int(match[2]), match[3]
     if nodes < 1 or per_node < 1:
         raise PlannerError(f"cluster {text!r}: node count and GPUs per node must be at least 1")
+    _check_size(nodes * per_node, f"cluster {text!r}")
     gpu = lookup_gpu(gpu_name)
     return uniform_cluster(f"{nodes}x{per_node}x{gpu.name}", gpu, nodes, per_node)
 
@@ -252,8 +255,8 @@ def _number(data: dict[str, Any], key: str, origin: str, default: float | None =
     value = data.get(key, default)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise PlannerError(f"{origin}: '{key}' must be a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise PlannerError(f"{origin}: '{key}' must be a positive number (finite), got {value!r}")
     return float(value)
 
 
@@ -271,6 +274,7 @@ def cluster_from_dict(data: dict[str, Any], origin: str) -> Cluster:
     if not isinstance(groups, list):
         raise PlannerError(f"{origin}: 'node_groups' must be a list")
     nodes: list[Node] = []
+    total = 0
     for position, group in enumerate(groups):
         where = f"{origin}: node group {position}"
         gpu = _group_gpu(group, origin, where)
@@ -279,11 +283,13 @@ def cluster_from_dict(data: dict[str, Any], origin: str) -> Cluster:
         for key, value in (("nodes", count), ("gpus_per_node", per_node)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PlannerError(f"{where}: '{key}' must be a positive integer, got {value!r}")
+        total += count * per_node
+        _check_size(total, origin)
         intra = _number(group, "intra_node_gbps", where, gpu.intra_node_bandwidth_bytes_per_s / _GB)
         nic = _number(group, "inter_node_gbps", where, gpu.nic_bandwidth_bytes_per_s / _GB)
         names = group.get("names") or [f"node{len(nodes) + i}" for i in range(count)]
-        if len(names) != count:
-            raise PlannerError(f"{where}: {len(names)} names given for {count} nodes")
+        if not isinstance(names, list) or len(names) != count or not all(isinstance(n, (str, int)) for n in names):
+            raise PlannerError(f"{where}: 'names' must be a list of {count} node names, got {names!r:.80}")
         nodes.extend(Node(str(n), gpu, per_node, intra * _GB, nic * _GB) for n in names)
     cluster = Cluster(
         name=str(data.get("name", Path(origin).stem)),
@@ -292,6 +298,8 @@ def cluster_from_dict(data: dict[str, Any], origin: str) -> Cluster:
         inter_latency_s=_number(data, "inter_node_latency_us", origin, DEFAULT_INTER_NODE_LATENCY_S * 1e6) / 1e6,
     )
     overrides: dict[tuple[int, int], Link] = {}
+    if not isinstance(data.get("links") or [], list):
+        raise PlannerError(f"{origin}: 'links' must be a list of {{nodes: [a, b], gbps, latency_us}}")
     for position, entry in enumerate(data.get("links") or []):
         where = f"{origin}: links[{position}]"
         pair = entry.get("nodes") if isinstance(entry, dict) else None
@@ -304,6 +312,12 @@ def cluster_from_dict(data: dict[str, Any], origin: str) -> Cluster:
         latency = _number(entry, "latency_us", where, cluster.inter_latency_s * 1e6)
         overrides[(a, b)] = Link(bandwidth * _GB, latency / 1e6, "intra" if a == b else "inter")
     return cluster.with_pair_links(overrides) if overrides else cluster
+
+
+def _check_size(num_gpus: int, origin: str) -> None:
+    """Refuse a cluster above the stated scale limit before any node of it is built."""
+    if num_gpus > MAX_GPUS:
+        raise PlannerError(f"{origin}: {num_gpus:,} GPUs exceeds planner's limit of {MAX_GPUS:,} GPUs per cluster")
 
 
 def _group_gpu(group: Any, origin: str, where: str) -> GPUSpec:

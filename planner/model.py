@@ -7,13 +7,15 @@ are exact (they reproduce the published counts of Llama 3, Mixtral and Narayanan
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from planner.errors import PlannerError
+from planner.limits import MAX_LAYERS, MAX_MODEL_WIDTH, MAX_SEQ_LEN
 from planner.resources import load_structured_file, profiles_dir
 
 __all__ = [
@@ -70,13 +72,14 @@ class ModelSpec:
     num_experts: int = 1
     moe_top_k: int = 1
     dropout: bool = False
+    rope_theta: float = 10000.0  # RoPE base (HF rope_theta): Llama 3's 500000 changes the model, not its cost
+    rope_scaling: str | None = None  # HF rope_scaling type: "llama3" (Llama 3.1), "linear", "yarn", …; None: none
+    rope_scaling_factor: float = 1.0
+    sliding_window: int | None = None  # tokens a query attends to (Mistral 7B v0.1: 4096); None: full causal
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise PlannerError(f"model {self.name!r}: {name} must be a positive integer, got {value!r}")
+        _check_fields(self)
         if self.num_key_value_heads is None:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
         if self.head_dim is None:
@@ -190,6 +193,31 @@ class ModelSpec:
 
 
 
+_FIELD_LIMITS = {"num_layers": MAX_LAYERS, "max_position_embeddings": MAX_SEQ_LEN}
+
+
+def _check_fields(spec: ModelSpec) -> None:
+    """Every field has its annotated type (a bool is no integer, a float is finite and positive) and every
+    count lies in 1..its limit (planner.limits), so a bad model file fails here in one line, not later."""
+    where = f"model {spec.name!r}" + (f" ({spec.source})" if spec.source else "")
+    for item in fields(spec):
+        value, kind = getattr(spec, item.name), str(item.type)
+        if value is None and "None" in kind:
+            continue
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if kind.startswith("int"):
+            limit = _FIELD_LIMITS.get(item.name, MAX_MODEL_WIDTH)
+            ok, allowed = number and isinstance(value, int) and 1 <= value <= limit, f"an integer in 1..{limit:,}"
+        elif kind.startswith("float"):
+            ok, allowed = number and math.isfinite(value) and value > 0, "a finite positive number"
+        elif kind.startswith("bool"):
+            ok, allowed = isinstance(value, bool), "true or false"
+        else:
+            ok, allowed = isinstance(value, str), "a string"
+        if not ok:
+            raise PlannerError(f"{where}: {item.name} must be {allowed}, got {value!r}")
+
+
 # ---- catalog and file loading ----------------------------------------------------------------
 
 _MODEL_FIELDS = set(ModelSpec.__dataclass_fields__) - {"source"}
@@ -219,6 +247,11 @@ def _catalog() -> dict[str, dict[str, Any]]:
 
 def catalog_model_names() -> list[str]:
     return list(_catalog())
+
+
+def _optional_int(config: dict[str, Any], key: str, path: Path) -> int | None:
+    """`config[key]` when it is a positive integer, None when absent or null."""
+    return None if config.get(key) is None else _require_int(config, key, path)
 
 
 def _require_int(config: dict[str, Any], key: str, path: Path) -> int:
@@ -270,14 +303,15 @@ def model_from_hf_config(config: dict[str, Any], path: Path, name: str | None = 
             activation="gelu",
             normalization="layernorm",
             position_embedding="rope",
+            rope_theta=float(config.get("rotary_emb_base", config.get("rope_theta", 10000.0))),
             tie_embeddings=config.get("tie_word_embeddings", False),
             linear_bias=True,
             dropout=bool(config.get("hidden_dropout", 0.0) or config.get("attention_dropout", 0.0)),
             source=str(path),
         )
     heads = _require_int(config, "num_attention_heads", path)
-    num_experts = config.get("num_local_experts") or config.get("num_experts") or 1
-    ffn = config.get("moe_intermediate_size") if num_experts > 1 and "moe_intermediate_size" in config else None
+    num_experts = _optional_int(config, "num_local_experts", path) or _optional_int(config, "num_experts", path) or 1
+    ffn = _optional_int(config, "moe_intermediate_size", path) if num_experts > 1 else None
     return ModelSpec(
         name=name,
         num_layers=_require_int(config, "num_hidden_layers", path),
@@ -293,8 +327,21 @@ def model_from_hf_config(config: dict[str, Any], path: Path, name: str | None = 
         num_experts=num_experts,
         moe_top_k=config.get("num_experts_per_tok", 1) if num_experts > 1 else 1,
         dropout=bool(config.get("attention_dropout", 0.0)),
+        **_hf_rope_and_window(config),
         source=str(path),
     )
+
+
+def _hf_rope_and_window(config: dict[str, Any]) -> dict[str, Any]:
+    """RoPE base and scaling and the sliding window of a llama-like HF config (Qwen2 sets a window it never uses)."""
+    scaling = config.get("rope_scaling") or {}
+    window = config.get("sliding_window") if config.get("use_sliding_window", True) else None
+    return {
+        "rope_theta": float(config.get("rope_theta", 10000.0)),
+        "rope_scaling": scaling.get("rope_type") or scaling.get("type") if scaling else None,
+        "rope_scaling_factor": float(scaling.get("factor", 1.0)) if scaling else 1.0,
+        "sliding_window": window or None,
+    }
 
 
 def load_model(spec: str) -> ModelSpec:
@@ -311,7 +358,10 @@ def load_model(spec: str) -> ModelSpec:
     if not isinstance(document, dict):
         raise PlannerError(f"{path}: expected a mapping of model fields, got {type(document).__name__}")
     if "model_type" in document:
-        return model_from_hf_config(document, path)
+        try:
+            return model_from_hf_config(document, path)
+        except (TypeError, ValueError, AttributeError) as exc:  # a field of the wrong type, e.g. rope_scaling: 2
+            raise PlannerError(f"{path}: a field has the wrong type ({exc})") from None
     if isinstance(document.get("model"), dict):  # a plan or profile file carries its model
         document = {k: v for k, v in document["model"].items() if k in _MODEL_FIELDS}
     return model_from_dict(document, str(path))

@@ -7,9 +7,8 @@ batch divides into micro-batches. Loading a file that breaks any of these is a P
 
 from __future__ import annotations
 
+import itertools
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,15 @@ from planner.cost.estimate import Estimate
 from planner.errors import PlannerError
 from planner.model import ModelSpec, model_from_dict
 from planner.placement import Placement, rank_coordinates
+from planner.resources import parse_json, write_atomic
 
-__all__ = ["SCHEMA_VERSION", "Plan", "build_plan_document", "load_plan", "parse_plan_document", "write_atomic"]
+__all__ = ["LISTED_RANKS_MAX", "SCHEMA_VERSION", "Plan", "build_plan_document", "load_plan", "parse_plan_document",
+           "placement_runs", "write_atomic"]
 
 SCHEMA_VERSION = 1
+LISTED_RANKS_MAX = 1024
+"""Up to this many ranks a plan lists every rank (`placement.ranks`); above, only `placement.runs` unless
+asked (`--placement full`), so that a plan's size follows its structure, not the cluster's size."""
 
 
 @dataclass(frozen=True)
@@ -44,9 +48,10 @@ class Plan:
 
 def build_plan_document(
     model: ModelSpec, cluster: Cluster, training: Training, config: ParallelConfig, placement: Placement,
-    result: Estimate, extra: dict[str, Any] | None = None,
+    result: Estimate, extra: dict[str, Any] | None = None, full_placement: bool = False,
 ) -> dict[str, Any]:
-    """The plan JSON document for an estimated configuration."""
+    """The plan JSON document for an estimated configuration; the per-rank placement table is listed up
+    to LISTED_RANKS_MAX ranks or when `full_placement` asks for it, its runs always."""
     m = result.num_microbatches
     document: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -55,13 +60,16 @@ def build_plan_document(
             "name": cluster.name, "num_nodes": cluster.num_nodes, "gpus_per_node": cluster.gpus_per_node,
             "gpu": cluster.gpu_label, "num_gpus": cluster.num_gpus,
             "nodes": [node.name for node in cluster.nodes],
+            **({} if len({n.num_gpus for n in cluster.nodes}) == 1 else
+               {"node_gpus": [node.num_gpus for node in cluster.nodes]}),
         },
         "training": {"global_batch": training.global_batch, "seq_len": training.seq_len,
                      "dtype": training.dtype, "attention": training.attention},
         "parallelism": {
             "dp": config.dp, "tp": config.tp, "pp": config.pp, "vpp": config.vpp, "cp": config.cp,
             "micro_batch": config.micro_batch, "num_microbatches": m,
-            "sequence_parallel": config.sequence_parallel, "recompute": config.recompute.value,
+            "sequence_parallel": config.sequence_parallel, "tp_comm_overlap": config.tp_comm_overlap,
+            "recompute": config.recompute.value,
             "zero_stage": config.zero_stage, "distributed_optimizer": config.distributed_optimizer,
             "schedule": config.schedule.value, "overlap_grad_reduce": config.overlap_grad_reduce,
             "overlap_param_gather": config.overlap_param_gather,
@@ -77,11 +85,12 @@ def build_plan_document(
         ],
         "placement": {
             "order": "tp-cp-ep-dp-pp",
-            "ranks": [
+            "runs": placement_runs(cluster, placement),
+            **({"ranks": [
                 dict(zip(("rank", "node", "gpu_index", "dp", "pp", "tp"),
                          (rank, cluster.nodes[gpu[0]].name, gpu[1], *rank_coordinates(config, rank)), strict=True))
                 for rank, gpu in enumerate(placement.gpus)
-            ],
+            ]} if full_placement or config.num_gpus <= LISTED_RANKS_MAX else {}),
         },
         "estimate": {
             "iteration_time_s": result.iteration_time_s, "tokens_per_s": result.tokens_per_s,
@@ -93,6 +102,22 @@ def build_plan_document(
     if extra:
         document.update(extra)
     return document
+
+
+def placement_runs(cluster: Cluster, placement: Placement) -> list[dict[str, Any]]:
+    """The placement as runs: `count` consecutive ranks from `rank` on consecutive GPUs in cluster order
+    (node by node) from (`node`, `gpu_index`); rank order on an ordinary cluster is one run."""
+    offsets = list(itertools.accumulate((node.num_gpus for node in cluster.nodes), initial=0))
+    runs: list[dict[str, Any]] = []
+    previous = -2
+    for rank, (node, gpu) in enumerate(placement.gpus):
+        position = offsets[node] + gpu
+        if position == previous + 1:
+            runs[-1]["count"] += 1
+        else:
+            runs.append({"rank": rank, "count": 1, "node": cluster.nodes[node].name, "gpu_index": gpu})
+        previous = position
+    return runs
 
 
 def _require(mapping: Any, key: str, where: str) -> Any:
@@ -126,15 +151,16 @@ def parse_plan_document(document: Any, origin: str = "plan file") -> Plan:
             dp=_require(par, "dp", "parallelism"), tp=_require(par, "tp", "parallelism"),
             pp=_require(par, "pp", "parallelism"), vpp=par.get("vpp", 1), cp=par.get("cp", 1),
             micro_batch=_require(par, "micro_batch", "parallelism"),
-            sequence_parallel=bool(par.get("sequence_parallel", False)),
+            sequence_parallel=_flag(par, "sequence_parallel", False, origin),
+            tp_comm_overlap=_flag(par, "tp_comm_overlap", False, origin),
             recompute=Recompute(par.get("recompute", "none")),
             zero_stage=par.get("zero_stage", 0),
-            distributed_optimizer=bool(par.get("distributed_optimizer", False)),
+            distributed_optimizer=_flag(par, "distributed_optimizer", False, origin),
             schedule=Schedule(par.get("schedule", "1f1b")),
-            overlap_grad_reduce=bool(par.get("overlap_grad_reduce", True)),
-            overlap_param_gather=bool(par.get("overlap_param_gather", False)),
+            overlap_grad_reduce=_flag(par, "overlap_grad_reduce", True, origin),
+            overlap_param_gather=_flag(par, "overlap_param_gather", False, origin),
         )
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:
         raise PlannerError(f"{origin}: {exc}") from None
     m = config.num_microbatches(training.global_batch)
     if par.get("num_microbatches", m) != m:
@@ -145,7 +171,78 @@ def parse_plan_document(document: Any, origin: str = "plan file") -> Plan:
             f"{origin}: dp·tp·pp·cp = {config.num_gpus} exceeds the cluster's {cluster['num_gpus']} GPUs"
         )
     partition = _partition_from_stages(_require(document, "stages", ""), model, config, origin)
+    placement = document.get("placement")
+    if placement is not None:
+        document = {**document, "placement": _checked_placement(placement, cluster, config, origin)}
     return Plan(model, cluster, training, config, partition, document)
+
+
+def _flag(section: dict[str, Any], key: str, default: bool, origin: str) -> bool:
+    value = section.get(key, default)
+    if not isinstance(value, bool):
+        raise PlannerError(f"{origin}: parallelism.{key} must be true or false, got {value!r}")
+    return value
+
+
+def _node_sizes(cluster: Any, origin: str) -> dict[str, int]:
+    """GPUs per node name, from the plan's cluster section (`node_gpus` when nodes differ in size)."""
+    names = cluster.get("nodes") if isinstance(cluster, dict) else None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise PlannerError(f"{origin}: cluster.nodes must list the node names to check the placement against")
+    sizes = cluster.get("node_gpus", [cluster.get("gpus_per_node")] * len(names))
+    if (not isinstance(sizes, list) or len(sizes) != len(names)
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes)):
+        raise PlannerError(f"{origin}: cluster.gpus_per_node (or node_gpus) must give each node's GPU count")
+    return dict(zip(names, sizes, strict=True))
+
+
+def _checked_placement(placement: Any, cluster: Any, config: ParallelConfig, origin: str) -> dict[str, Any]:
+    """The placement section with `ranks` (expanded from `runs` when only those are listed), every rank
+    0..world-1 exactly once on a GPU that exists on the plan's cluster, no GPU used twice."""
+    if not isinstance(placement, dict):
+        raise PlannerError(f"{origin}: 'placement' must be an object")
+    sizes, world = _node_sizes(cluster, origin), config.num_gpus
+    ranks = placement.get("ranks")
+    if ranks is None and "runs" in placement:
+        ranks = _expand_runs(placement["runs"], list(sizes.items()), config, origin)
+    if not isinstance(ranks, list) or len(ranks) != world:
+        raise PlannerError(f"{origin}: placement.ranks must list ranks 0..{world - 1} once each")
+    seen_ranks, seen_gpus = set(), set()
+    for entry in ranks:
+        rank = entry.get("rank") if isinstance(entry, dict) else None
+        node, gpu = (entry.get("node"), entry.get("gpu_index")) if isinstance(entry, dict) else (None, None)
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world or rank in seen_ranks:
+            raise PlannerError(f"{origin}: placement.ranks must list ranks 0..{world - 1} once each, got {rank!r}")
+        if node not in sizes:
+            raise PlannerError(f"{origin}: placement rank {rank} is on node {node!r}, which the cluster lacks")
+        if not isinstance(gpu, int) or isinstance(gpu, bool) or not 0 <= gpu < sizes[node]:
+            raise PlannerError(f"{origin}: placement rank {rank} has gpu_index {gpu!r}; node {node} has GPUs "
+                               f"0..{sizes[node] - 1}")
+        if (node, gpu) in seen_gpus:
+            raise PlannerError(f"{origin}: placement puts two ranks on GPU {gpu} of node {node}")
+        seen_ranks.add(rank)
+        seen_gpus.add((node, gpu))
+    return {**placement, "ranks": ranks}
+
+
+def _expand_runs(runs: Any, nodes: list[tuple[str, int]], config: ParallelConfig, origin: str) -> list[dict]:
+    """Per-rank entries from `placement.runs`: each run puts `count` consecutive ranks from `rank` on
+    consecutive GPUs in cluster order (node by node) from (`node`, `gpu_index`)."""
+    order = [(name, g) for name, size in nodes for g in range(size)]
+    position = {gpu: i for i, gpu in enumerate(order)}
+    ranks: list[dict[str, Any]] = []
+    for run in runs if isinstance(runs, list) else [None]:
+        start = position.get((run.get("node"), run.get("gpu_index"))) if isinstance(run, dict) else None
+        count = run.get("count") if isinstance(run, dict) else None
+        if (start is None or not isinstance(count, int) or isinstance(count, bool) or count < 1
+                or start + count > len(order) or run.get("rank") != len(ranks)):
+            raise PlannerError(f"{origin}: placement.runs entry {run!r} is not a run of ranks on the cluster's "
+                               f"GPUs continuing from rank {len(ranks)}")
+        for offset in range(count):
+            rank = len(ranks)
+            ranks.append(dict(zip(("rank", "node", "gpu_index", "dp", "pp", "tp"),
+                                  (rank, *order[start + offset], *rank_coordinates(config, rank)), strict=True)))
+    return ranks
 
 
 def _partition_from_stages(stages: Any, model: ModelSpec, config: ParallelConfig, origin: str) -> Partition:
@@ -164,15 +261,14 @@ def _partition_from_stages(stages: Any, model: ModelSpec, config: ParallelConfig
                 f"{origin}: stages[{position}].blocks is {blocks!r}; stages must cover blocks "
                 f"0..{model.num_layers - 1} once, in order (expected to start at {expected_start})"
             )
-        units = blocks[1] - blocks[0]
-        units += 1 if stage.get("embedding", position == 0) else 0
-        units += 1 if stage.get("head", position == len(stages) - 1) else 0
-        counts.append(units)
+        for key, expected in (("embedding", position == 0), ("head", position == len(stages) - 1)):
+            if stage.get(key, expected) is not expected:
+                raise PlannerError(f"{origin}: stages[{position}].{key} is {stage[key]!r}; the embedding must be on "
+                                   "the first stage only and the head on the last only")
+        counts.append(blocks[1] - blocks[0] + (position == 0) + (position == len(stages) - 1))
         expected_start = blocks[1]
     if expected_start != model.num_layers:
         raise PlannerError(f"{origin}: stages cover blocks 0..{expected_start - 1}, model has {model.num_layers}")
-    if not stages[0].get("embedding", True) or not stages[-1].get("head", True):
-        raise PlannerError(f"{origin}: the embedding must be on the first stage and the head on the last")
     return Partition(tuple(counts))
 
 
@@ -186,23 +282,7 @@ def load_plan(path: Path) -> Plan:
     if not text.strip():
         raise PlannerError(f"plan file {path} is empty")
     try:
-        document = json.loads(text)
+        document = parse_json(text, f"plan file {path}")
     except json.JSONDecodeError as exc:
         raise PlannerError(f"plan file {path} is not valid JSON (truncated?): {exc.msg} at line {exc.lineno}") from None
     return parse_plan_document(document, f"plan file {path}")
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` via a temporary file in the same directory, so no half-written file remains."""
-    path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    if not directory.is_dir():
-        raise PlannerError(f"cannot write {path}: directory {directory} does not exist")
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as stream:
-            stream.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

@@ -1,12 +1,19 @@
-"""Locates and reads the data files shipped in ``profiles/`` (GPU catalog, models, calibration).
+"""File boundaries: the data files shipped in ``profiles/``, parsing of every file a user gives, and
+the one atomic writer of every output.
 
 Installed, ``profiles/`` lives inside the package (``planner/profiles``); in a source checkout it
-sits at the repository root. Every loader of shipped data goes through here.
+sits at the repository root. Every loader of shipped data goes through here. Every parsed document
+is checked for shape before any loader sees it (`check_tree`: nesting depth, finite numbers), and
+every output goes through `write_atomic`, which replaces only regular files.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
+import stat
+import tempfile
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -15,7 +22,11 @@ import yaml
 
 from planner.errors import PlannerError
 
-__all__ = ["load_structured_file", "profiles_dir"]
+__all__ = ["MAX_DEPTH", "check_tree", "load_structured_file", "parse_json", "profiles_dir", "write_atomic"]
+
+MAX_DEPTH = 32
+"""Deepest nesting of lists and mappings any input file may have; planner's own files need 6, and a
+limit well under Python's recursion limit keeps every later walk of the document safe."""
 
 
 @cache
@@ -40,8 +51,90 @@ def load_structured_file(path: Path) -> Any:
         raise PlannerError(f"{path} is empty")
     try:
         if path.suffix.lower() == ".json":
-            return json.loads(text)
-        return yaml.safe_load(text)
+            return parse_json(text, str(path))
+        return check_tree(_parse_yaml(text, str(path)), str(path))
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         first_line = str(exc).splitlines()[0]
         raise PlannerError(f"{path} is not valid {path.suffix.lstrip('.').upper() or 'YAML'}: {first_line}") from None
+
+
+def _parse_yaml(text: str, origin: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except RecursionError:
+        raise PlannerError(f"{origin}: nested deeper than {MAX_DEPTH} levels") from None
+
+
+def parse_json(text: str, origin: str) -> Any:
+    """JSON text checked by `check_tree`; a syntax error stays a JSONDecodeError for the caller to word."""
+    try:
+        document = json.loads(text)
+    except RecursionError:
+        raise PlannerError(f"{origin}: nested deeper than {MAX_DEPTH} levels") from None
+    return check_tree(document, origin)
+
+
+def check_tree(document: Any, origin: str) -> Any:
+    """`document` unchanged when it nests at most MAX_DEPTH deep and every number in it is finite;
+    walked without recursion, so no later code meets a structure that could exhaust the stack."""
+    pending: list[tuple[Any, str, int]] = [(document, "", 0)]
+    while pending:
+        value, where, depth = pending.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise PlannerError(f"{origin}: {where or 'the document'} is {value}; numbers must be finite")
+        children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, child in children:
+            if depth >= MAX_DEPTH:
+                raise PlannerError(f"{origin}: nested deeper than {MAX_DEPTH} levels (at {where or 'the top'})")
+            name = f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}".lstrip(".")
+            pending.append((child, name, depth + 1))
+    return document
+
+
+def _output_target(path: Path) -> tuple[Path, int]:
+    """The regular file to replace for `path` (a symlink's target) and the mode to give it; devices,
+    directories, FIFOs, sockets and dangling links are refused, as curl refuses to write over a device."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        parent = path.parent
+        if not parent.is_dir():
+            raise PlannerError(f"cannot write {path}: directory {parent} does not exist") from None
+        umask = os.umask(0)
+        os.umask(umask)
+        return path, 0o666 & ~umask
+    except OSError as exc:
+        raise PlannerError(f"cannot write {path}: {exc.strerror}") from None
+    target = path
+    if stat.S_ISLNK(info.st_mode):
+        try:
+            target = path.resolve(strict=True)
+            info = target.stat()
+        except (OSError, RuntimeError):
+            raise PlannerError(f"cannot write {path}: a symlink to a missing file; refusing to follow it") from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file (a device, FIFO or socket)"
+        raise PlannerError(f"refusing to write {path}: it is {kind}; give a regular file or a new path")
+    return target, stat.S_IMODE(info.st_mode)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace the regular file `path` (or create it) with `text` atomically, keeping its mode (a new file
+    gets the umask's), writing through a symlink to its target, and leaving no temporary file behind on
+    any exit Python sees (errors, KeyboardInterrupt)."""
+    target, mode = _output_target(Path(path))
+    try:
+        handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise PlannerError(f"cannot write {path}: {exc.strerror} (directory {target.parent})") from None
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, target)
+    except OSError as exc:
+        raise PlannerError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        Path(temporary).unlink(missing_ok=True)

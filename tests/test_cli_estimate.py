@@ -59,7 +59,7 @@ def test_estimate_that_does_not_fit_exits_1_with_shortfall() -> None:
          "not divisible by micro_batch × dp"),
         (["--partition", "a,b"], "--partition 'a,b'"),
         (["--dtype", "int4"], "Invalid value for '--dtype'"),
-        (["--global-batch", "0"], "global_batch must be a positive integer"),
+        (["--global-batch", "0"], "Invalid value for '--global-batch': 0 is not in the range 1<=x<=1000000000"),
         (["--sequence-parallel", "--tp", "1"], "--sequence-parallel needs tp > 1"),
     ],
 )

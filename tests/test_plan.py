@@ -59,7 +59,7 @@ def mutate(document: dict, path: list, value) -> dict:
         (["parallelism", "schedule"], "zigzag", "'zigzag' is not a valid Schedule"),
         (["stages", 1, "blocks"], [4, 7], "stages\\[1\\].blocks is \\[4, 7\\]"),
         (["stages"], [], "'stages' must be a non-empty list"),
-        (["model", "hidden_size"], -5, "hidden_size must be a positive integer"),
+        (["model", "hidden_size"], -5, "hidden_size must be an integer in 1.."),
         (["cluster", "num_gpus"], 8, "exceeds the cluster's 8 GPUs"),
     ],
 )

@@ -25,7 +25,6 @@ import json
 import math
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ import numpy as np
 
 from planner.cluster import Cluster, Link
 from planner.errors import PlannerError
+from planner.resources import parse_json, write_atomic
 
 __all__ = [
     "COLLECTIVES",
@@ -282,23 +282,7 @@ def _as_matrix(rows: Sequence[Sequence[Any]]) -> Matrix:
 
 def write_links(path: str | os.PathLike[str], links: LinksTable) -> None:
     """Write LINKS.json atomically (temporary file in the same directory, then rename)."""
-    _write_atomic(Path(path), json.dumps(links.to_dict(), indent=2, allow_nan=False) + "\n")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    directory = path.parent if str(path.parent) else Path(".")
-    if not directory.is_dir():
-        raise PlannerError(f"cannot write {path}: directory {directory} does not exist")
-    descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    write_atomic(Path(path), json.dumps(links.to_dict(), indent=2, allow_nan=False) + "\n")
 
 
 def load_links(path: str | os.PathLike[str]) -> LinksTable:
@@ -311,7 +295,7 @@ def load_links(path: str | os.PathLike[str]) -> LinksTable:
     except (OSError, UnicodeDecodeError) as exc:
         raise PlannerError(f"cannot read links file {path}: {exc}") from None
     try:
-        data = json.loads(text)
+        data = parse_json(text, str(path))
     except json.JSONDecodeError as exc:
         raise PlannerError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
     return LinksTable.from_dict(data, str(path))
