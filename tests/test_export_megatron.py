@@ -75,7 +75,7 @@ def check_megatron_rules(plan: Plan, files: dict[str, str]) -> dict[str, list[st
         assert "--recompute-num-layers" not in args and "--recompute-method" not in args
     if "--overlap-param-gather" in args:
         assert "--use-distributed-optimizer" in args and "--overlap-grad-reduce" in args
-    launch = files["launch.sh"]
+    launch = files["torchrun.sh"]
     assert ("export CUDA_DEVICE_MAX_CONNECTIONS=1" in launch) == (tp > 1)
     assert f"--nproc-per-node {plan.document['cluster']['gpus_per_node']}" in launch
     # round trip: the split Megatron builds is the plan's
@@ -107,7 +107,7 @@ def test_export_follows_megatron_rules_and_round_trips(name):
     plan = make_plan(**PLANS[name])
     files = export_megatron(plan).files
     args = check_megatron_rules(plan, files)
-    subprocess.run(["bash", "-n"], input=files["launch.sh"], text=True, check=True)
+    subprocess.run(["bash", "-n"], input=files["torchrun.sh"], text=True, check=True)
     assert int(args["--num-layers"][0]) == plan.model.num_layers
 
 

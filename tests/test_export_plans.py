@@ -13,7 +13,8 @@ import cli
 from planner.cluster import load_cluster
 from planner.config import ParallelConfig, Partition, Training
 from planner.cost.estimate import estimate
-from planner.export import TARGETS, export_plan
+from planner.errors import PlannerError
+from planner.export import MANIFEST, TARGETS, export_plan
 from planner.export.common import host_order
 from planner.model import load_model
 from planner.placement import default_placement
@@ -97,7 +98,7 @@ def test_swapped_nodes_and_permuted_gpus_are_realised_by_host_order_and_visible_
     assert order.hosts == ("node1", "node0") and order.problem is None
     assert order.device_order[0] == (7, 6, 5, 4, 3, 2, 1, 0)
     assert realised(document) == placed(document)
-    launch = export_plan(parse_plan_document(document), "megatron").files["launch.sh"]
+    launch = export_plan(parse_plan_document(document), "megatron").files["torchrun.sh"]
     assert "0) export CUDA_VISIBLE_DEVICES=7,6,5,4,3,2,1,0 ;;" in launch
 
 
@@ -109,7 +110,7 @@ def test_interleaved_nodes_cannot_be_realised_and_the_output_says_so():
     assert host_order(plan).problem is not None
     result = export_plan(plan, "megatron")
     assert any("placement not realisable" in note for note in result.notes)
-    assert "WARNING" in result.files["hostfile"] and "WARNING" in result.files["launch.sh"]
+    assert "WARNING" in result.files["hostfile"] and "WARNING" in result.files["torchrun.sh"]
 
 
 # ---- CLI --------------------------------------------------------------------------------------
@@ -121,11 +122,10 @@ def test_export_writes_every_file_into_the_directory(tmp_path, target):
     result = invoke("export", str(plan_path), "--to", target, "--out", str(out))
     assert result.exit_code == 0, result.output
     expected = export_plan(parse_plan_document(json.loads(plan_path.read_text())), target).files
-    assert sorted(p.name for p in out.iterdir()) == sorted(expected)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*expected, MANIFEST])
     for name, text in expected.items():
         assert (out / name).read_text() == text
-    if "launch.sh" in expected:
-        assert (out / "launch.sh").stat().st_mode & 0o111
+        assert bool((out / name).stat().st_mode & 0o111) == name.endswith((".sh", ".sbatch"))
 
 
 def test_export_without_out_prints_the_files(tmp_path):
@@ -188,11 +188,34 @@ def _plan_has_export() -> bool:
 
 @pytest.mark.skipif(not _plan_has_export(), reason="`planner plan --export` is not in this cli.py")
 def test_plan_export_writes_the_best_plans_files_and_keeps_json_stdout_clean(tmp_path):
-    out = tmp_path / "titan"
+    out = tmp_path / "megatron"
     result = CliRunner().invoke(cli.main, ["plan", "--model", "tiny-llama", "--cluster", "1x4xH100-80GB",
-                                           "--global-batch", "16", "--seq-len", "512", "--export", "torchtitan",
+                                           "--global-batch", "16", "--seq-len", "512", "--export", "megatron",
                                            "--export-out", str(out), "--json"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    expected = export_plan(parse_plan_document(document), "torchtitan").files
-    assert {p.name: p.read_text() for p in out.iterdir()} == expected
+    expected = export_plan(parse_plan_document(document), "megatron").files
+    assert {p.name: p.read_text() for p in out.iterdir() if p.name != MANIFEST} == expected
+
+
+def test_tp_comm_overlap_is_exported_by_the_targets_that_run_it_and_refused_by_deepspeed():
+    """Plan = launch: Megatron-LM gets --tp-comm-overlap, torchtitan async TP under compile, and
+    Megatron-DeepSpeed (no such overlap) refuses rather than dropping it."""
+    plan = make_plan(sequence_parallel=True, tp_comm_overlap=True)
+    assert plan.parallel.tp_comm_overlap  # the plan file keeps it
+    args = parse_flags(export_plan(plan, "megatron").files["megatron_args.txt"])
+    assert "--tp-comm-overlap" in args and "--sequence-parallel" in args
+    toml = export_plan(plan, "torchtitan").files["torchtitan.toml"]
+    assert "enable_async_tensor_parallel = true" in toml and "[compile]" in toml
+    with pytest.raises(PlannerError, match="--no-tp-comm-overlap"):
+        export_plan(plan, "deepspeed")
+    plain = make_plan(sequence_parallel=True)
+    assert "--tp-comm-overlap" not in parse_flags(export_plan(plain, "megatron").files["megatron_args.txt"])
+
+
+def test_plan_export_deepspeed_plans_only_what_megatron_deepspeed_runs(tmp_path):
+    result = CliRunner().invoke(cli.main, ["plan", "--model", "tiny-llama", "--cluster", "1x4xH100-80GB",
+                                           "--global-batch", "16", "--seq-len", "512", "--tp", "2", "--export",
+                                           "deepspeed", "--export-out", str(tmp_path / "ds"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["parallelism"]["tp_comm_overlap"] is False

@@ -6,6 +6,8 @@ atomically, so a failed export leaves no partial output behind.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +18,9 @@ from planner.export.megatron import export_megatron
 from planner.export.torchtitan import export_torchtitan
 from planner.plan import Plan, write_atomic
 
-__all__ = ["TARGETS", "ExportResult", "export_plan", "exporter", "render_stdout", "write_export"]
+__all__ = ["MANIFEST", "TARGETS", "ExportResult", "export_plan", "exporter", "render_stdout", "write_export"]
+
+MANIFEST = ".planner-export.json"  # what the last export into a directory wrote, so that a re-export may replace it
 
 _EXPORTERS: dict[str, Callable[[Plan], ExportResult]] = {
     "megatron": export_megatron,
@@ -38,21 +42,60 @@ def export_plan(plan: Plan, target: str) -> ExportResult:
     return exporter(target)(plan)
 
 
-def write_export(result: ExportResult, directory: Path) -> list[Path]:
-    """Write every file into `directory` (created if its parent exists); launch scripts are made executable."""
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _manifest(directory: Path) -> dict[str, str]:
+    """name → sha256 of each file the last export into `directory` wrote (empty when there is none)."""
+    try:
+        files = json.loads((directory / MANIFEST).read_text()).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {str(name): str(digest) for name, digest in files.items()} if isinstance(files, dict) else {}
+
+
+def _ours(path: Path, manifest: dict[str, str]) -> bool:
+    """Whether `path` is a file an earlier export wrote and nobody has edited since."""
+    try:
+        return manifest.get(path.name) == _digest(path.read_text())
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def write_export(result: ExportResult, directory: Path, force: bool = False) -> list[Path]:
+    """Write every file into `directory` (created if its parent exists); launch scripts are made executable.
+
+    A file already there is overwritten only if an earlier export wrote it unchanged (MANIFEST keeps their
+    digests) or with `force`; files of an earlier export that this one no longer writes are removed likewise.
+    Everything is checked before anything is written.
+    """
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise PlannerError(f"--out {directory} exists and is not a directory")
     if not directory.parent.is_dir():
         raise PlannerError(f"cannot write into {directory}: directory {directory.parent} does not exist")
+    manifest = _manifest(directory)
+    for name in result.files:
+        path = directory / name
+        if path.exists() and not force and not _ours(path, manifest):
+            raise PlannerError(f"{path} exists and was not written by planner export (or was edited since); "
+                               "move it away or pass --force to `planner export` to overwrite it")
+    stale = [directory / name for name in manifest if name not in result.files]
     directory.mkdir(exist_ok=True)
+    for path in stale:
+        if path.is_file() and (force or _ours(path, manifest)):
+            path.unlink()
     written = []
     for name, text in result.files.items():
         path = directory / name
         write_atomic(path, text)
-        if name.endswith(".sh"):
+        if name.endswith((".sh", ".sbatch")):
             path.chmod(0o755)
         written.append(path)
+    manifest_text = json.dumps({"written_by": "planner export",
+                                "files": {name: _digest(text) for name, text in result.files.items()}}, indent=2)
+    write_atomic(directory / MANIFEST, manifest_text + "\n")
     return written
 
 

@@ -9,6 +9,7 @@ order, by setting CUDA_VISIBLE_DEVICES on that node.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from planner.cluster import Cluster, load_cluster, uniform_cluster
@@ -25,8 +26,10 @@ __all__ = [
     "HostOrder",
     "estimate_split",
     "export_header",
+    "host_files",
     "host_order",
     "hostfile_text",
+    "hosts_named",
     "placement_notes",
     "plan_summary",
     "rebuild_cluster",
@@ -34,6 +37,7 @@ __all__ = [
 ]
 
 
+_GENERATED_NODE = re.compile(r"node\d+")  # planner's names for the nodes of a cluster given by shape
 # Launch scripts' default optimiser/schedule flags (Megatron names), overridable with TRAIN_ARGS.
 TRAIN_PLACEHOLDER_ARGS = ("--train-iters 100 --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine --lr-warmup-iters 10 "
                           "--weight-decay 0.1 --clip-grad 1.0 --adam-beta1 0.9 --adam-beta2 0.95 --log-interval 1")
@@ -115,15 +119,27 @@ def host_order(plan: Plan) -> HostOrder:
     return HostOrder(tuple(hosts), nproc, order)
 
 
+def hosts_named(order: HostOrder) -> bool:
+    """Whether the plan's cluster names its hosts (a cluster file), not the generated node0, node1, …"""
+    return any(not _GENERATED_NODE.fullmatch(host) for host in order.hosts)
+
+
 def hostfile_text(order: HostOrder) -> str:
     """`host slots=N` lines in node-rank order (the DeepSpeed/MPI hostfile format)."""
     lines = ["# hosts in node-rank order: global rank = node_rank * slots + local_rank"]
+    if not hosts_named(order):
+        lines.append("# the plan's cluster does not name its hosts: replace these names with yours, in this order")
     if order.problem:
         lines.append(f"# WARNING: the plan's placement cannot be realised by host order: {order.problem}")
     for host, devices in zip(order.hosts, order.device_order, strict=True):
         note = f"  # CUDA_VISIBLE_DEVICES={','.join(map(str, devices))}" if devices else ""
         lines.append(f"{host} slots={order.nproc_per_node}{note}")
     return "\n".join(lines) + "\n"
+
+
+def host_files(order: HostOrder) -> dict[str, str]:
+    """`hostfile` when the plan spans several nodes; one node needs none (launchers then run locally)."""
+    return {"hostfile": hostfile_text(order)} if len(order.hosts) > 1 else {}
 
 
 def placement_notes(order: HostOrder) -> tuple[str, ...]:

@@ -19,10 +19,11 @@ from planner.errors import PlannerError
 from planner.export.common import (
     TRAIN_PLACEHOLDER_ARGS,
     ExportResult,
+    HostOrder,
     estimate_split,
     export_header,
+    host_files,
     host_order,
-    hostfile_text,
     placement_notes,
 )
 from planner.export.flags import (
@@ -35,7 +36,9 @@ from planner.export.flags import (
     cuda_connections_line,
     model_flags,
     parallel_flags,
+    pretrain_placeholders,
 )
+from planner.export.launch import SLURM, TORCHRUN, Program, slurm_script, torchrun_script
 from planner.model import ModelSpec, UnitKind
 from planner.plan import Plan
 
@@ -45,6 +48,7 @@ __all__ = [
     "deepspeed_config",
     "export_deepspeed",
     "megatron_deepspeed_arguments",
+    "megatron_deepspeed_program",
     "method_split",
     "partition_balanced",
     "partition_options",
@@ -52,6 +56,7 @@ __all__ = [
 ]
 
 DS_CONFIG = "ds_config.json"
+DEEPSPEED_LAUNCHER = "deepspeed.sh"
 # Megatron-DeepSpeed's GPTModelPipe hard-codes the last one.
 PARTITION_METHODS = ("uniform", "parameters", "type:transformer")
 
@@ -175,6 +180,12 @@ def megatron_deepspeed_arguments(plan: Plan, zero: int) -> tuple[tuple[FlagGroup
     """Megatron-DeepSpeed flags in titled groups (the Megatron ones it shares, then its DeepSpeed switches),
     and what it has no flag for."""
     config = plan.parallel
+    if config.cp > 1:
+        raise PlannerError(f"the plan uses context parallelism (cp={config.cp}), which Megatron-DeepSpeed does not "
+                           "implement (its --ds-sequence-parallel-size is Ulysses); export to megatron or torchtitan")
+    if config.tp_comm_overlap:
+        raise PlannerError("the plan overlaps TP communication with its GEMMs, which Megatron-DeepSpeed does not "
+                           "implement; plan again with --no-tp-comm-overlap, or export to megatron or torchtitan")
     deepspeed: list[Flag] = []
     if config.recompute is Recompute.FULL:
         deepspeed.append(("--deepspeed-activation-checkpointing",))
@@ -231,27 +242,43 @@ def _split(blocks: tuple[int, ...]) -> str:
     return ",".join(map(str, blocks))
 
 
-def launch_script(plan: Plan, groups: tuple[FlagGroup, ...], header: list[str], num_hosts: int, slots: int) -> str:
-    """A bash script that starts every host of the hostfile with the deepspeed launcher."""
+def megatron_deepspeed_program(plan: Plan, groups: tuple[FlagGroup, ...]) -> Program:
+    """Megatron-DeepSpeed's `pretrain_gpt.py` with the plan's flags, then the user's data, checkpoint and schedule."""
+    setup = ('MEGATRON_DS="${MEGATRON_DS:-$PWD}"',
+             *bash_array("MEGATRON_DS_ARGS", groups, {DS_CONFIG: f'"$HERE/{DS_CONFIG}"'}),
+             'read -r -a DATA <<< "$DATA_ARGS"', 'read -r -a CHECKPOINT <<< "$CHECKPOINT_ARGS"',
+             f'read -r -a TRAIN <<< "${{TRAIN_ARGS:-{TRAIN_PLACEHOLDER_ARGS}}}"')
+    return Program(setup, '"$MEGATRON_DS/pretrain_gpt.py" "${MEGATRON_DS_ARGS[@]}" "${DATA[@]}" "${CHECKPOINT[@]}" '
+                          '"${TRAIN[@]}"',
+                   pretrain_placeholders(plan.model),
+                   ("MEGATRON_DS: a Megatron-DeepSpeed checkout (default: the current directory); TRAIN_ARGS: the "
+                    "optimiser and schedule (default below)",))
+
+
+def deepspeed_launcher_script(program: Program, header: list[str], environment: tuple[str, ...],
+                              order: HostOrder) -> str:
+    """`deepspeed.sh`: the deepspeed launcher, run once; over ssh to every hostfile host, or locally on one node."""
+    multi_node = len(order.hosts) > 1
+    where = ('--hostfile "$HERE/hostfile" --master_addr "${MASTER_ADDR:-$(awk \'!/^#/ && NF {print $1; exit}\' '
+             f'"$HERE/hostfile")}}" --num_nodes {len(order.hosts)}') if multi_node else "--num_nodes 1"
     lines = ["#!/usr/bin/env bash", *(f"# {line}" for line in header),
-             "# Run once, on the first host: the deepspeed launcher starts every host of ./hostfile over ssh.",
-             "# MEGATRON_DS: a Megatron-DeepSpeed checkout; DATA_ARGS, TRAIN_ARGS: your data and schedule.",
+             ("# Run once, on the first host of ./hostfile: the deepspeed launcher starts every host over "
+              "pdsh/ssh." if multi_node else "# Run on the node: one node needs no hostfile."),
+             f"# Without ssh between nodes use {TORCHRUN} or {SLURM}. Extra arguments go to pretrain_gpt.py.",
+             *(f"# {line}" for line in program.about),
+             *(f"# {p.name}: {p.what}" for p in program.placeholders),
              "set -euo pipefail",
              'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
-             'MEGATRON_DS="${MEGATRON_DS:-$PWD}"']
-    if (connections := cuda_connections_line(plan.parallel)) is not None:
-        lines.append(connections)
-    lines += bash_array("MEGATRON_DS_ARGS", groups, {DS_CONFIG: f'"$HERE/{DS_CONFIG}"'})
-    lines += [f'# the model has a {plan.model.vocab_size}-entry vocabulary; DATA_ARGS names your data and tokenizer',
-              'read -r -a DATA <<< "${DATA_ARGS:?set DATA_ARGS: --data-path ... --tokenizer-type ...}"',
-              f'read -r -a TRAIN <<< "${{TRAIN_ARGS:-{TRAIN_PLACEHOLDER_ARGS}}}"',
-              f'exec deepspeed --hostfile "$HERE/hostfile" --num_nodes {num_hosts} --num_gpus {slots} \\',
-              '  "$MEGATRON_DS/pretrain_gpt.py" "${MEGATRON_DS_ARGS[@]}" "${DATA[@]}" "${TRAIN[@]}"']
+             *(p.check_line() for p in program.placeholders),
+             *environment, *program.setup,
+             f"exec deepspeed {where} --num_gpus {order.nproc_per_node} --master_port \"${{MASTER_PORT:-29500}}\" \\",
+             f'  {program.command} "$@"']
     return "\n".join(lines) + "\n"
 
 
 def export_deepspeed(plan: Plan) -> ExportResult:
-    """ds_config.json, megatron_deepspeed_args.txt, launch.sh and hostfile, plus split/cost notes."""
+    """ds_config.json, megatron_deepspeed_args.txt, deepspeed.sh, torchrun.sh, slurm.sbatch and (several nodes)
+    hostfile, plus split/cost notes."""
     document = deepspeed_config(plan)
     groups, unsupported = megatron_deepspeed_arguments(plan, document["zero_optimization"]["stage"])
     order = host_order(plan)
@@ -260,10 +287,11 @@ def export_deepspeed(plan: Plan) -> ExportResult:
         notes += ("the plan uses GPUs in a non-default order on some hosts; the deepspeed launcher ignores "
                   "CUDA_VISIBLE_DEVICES from the hostfile comments (use --include host:gpus)",)
     header = export_header("deepspeed", plan, notes)
-    return ExportResult(
-        files={DS_CONFIG: json.dumps(document, indent=2) + "\n",
-               "megatron_deepspeed_args.txt": args_text(groups, header),
-               "launch.sh": launch_script(plan, groups, header, len(order.hosts), order.nproc_per_node),
-               "hostfile": hostfile_text(order)},
-        notes=notes,
-    )
+    program = megatron_deepspeed_program(plan, groups)
+    environment = tuple(line for line in (cuda_connections_line(plan.parallel),) if line)
+    files = {DS_CONFIG: json.dumps(document, indent=2) + "\n",
+             "megatron_deepspeed_args.txt": args_text(groups, header),
+             DEEPSPEED_LAUNCHER: deepspeed_launcher_script(program, header, environment, order),
+             TORCHRUN: torchrun_script(order, header, program, environment),
+             SLURM: slurm_script(plan, order, header)}
+    return ExportResult(files=files | host_files(order), notes=notes)

@@ -14,6 +14,7 @@ from enum import Enum
 
 from planner.config import ParallelConfig, Recompute, Training
 from planner.errors import PlannerError
+from planner.export.launch import Placeholder
 from planner.model import ModelSpec
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "cuda_connections_line",
     "model_flags",
     "parallel_flags",
+    "pretrain_placeholders",
 ]
 
 Flag = tuple[str, ...]
@@ -82,6 +84,16 @@ def model_flags(model: ModelSpec, training: Training, dialect: Dialect) -> Model
         flags.append(("--position-embedding-type", "rope" if rope else "learned_absolute"))
     elif rope:
         flags += [("--use-rotary-position-embeddings",), ("--no-position-embedding",)]
+    if rope:
+        rope_flags, rope_unsupported = _rope_flags(model, dialect)
+        flags += rope_flags
+        unsupported += rope_unsupported
+    if model.sliding_window and lm:
+        # (left, right) tokens besides the query's own; HF's sliding_window counts the query too.
+        flags.append(("--window-size", f"{model.sliding_window - 1},0"))
+    elif model.sliding_window:
+        unsupported.append(f"{dialect.value} has no sliding-window attention; the model attends to the whole "
+                           f"sequence instead of {model.sliding_window} tokens")
     if not model.tie_embeddings:
         flags.append(("--untie-embeddings-and-output-weights",))
     if not model.linear_bias:
@@ -113,6 +125,24 @@ def model_flags(model: ModelSpec, training: Training, dialect: Dialect) -> Model
     return ModelFlags(tuple(flags), tuple(unsupported))
 
 
+def _rope_flags(model: ModelSpec, dialect: Dialect) -> tuple[list[Flag], list[str]]:
+    """RoPE base and scaling as `dialect` flags (both parsers take the base as an integer), and what it cannot set."""
+    lm = dialect is Dialect.MEGATRON_LM
+    if model.rope_theta != int(model.rope_theta):
+        raise PlannerError(f"model {model.name!r}: rope_theta {model.rope_theta} is not an integer, which "
+                           f"{dialect.value}'s parser requires")
+    flags: list[Flag] = [("--rotary-base" if lm else "--rotary-position-embeddings-theta", str(int(model.rope_theta)))]
+    factor = model.rope_scaling_factor
+    if model.rope_scaling is None:
+        return flags, []
+    if lm and model.rope_scaling == "llama3":
+        return [*flags, ("--use-rope-scaling",), ("--rope-scaling-factor", f"{factor:g}")], []
+    if lm and model.rope_scaling == "linear" and factor == int(factor):
+        return [*flags, ("--rotary-seq-len-interpolation-factor", str(int(factor)))], []
+    return flags, [f"{dialect.value} has no flag for {model.rope_scaling!r} RoPE scaling (factor {factor:g}); "
+                   "the model is built without it"]
+
+
 def parallel_flags(config: ParallelConfig, global_batch: int, split: tuple[Flag, ...] = ()) -> tuple[Flag, ...]:
     """Degrees, the stage split, batch and recompute: the flags both parsers spell alike."""
     flags: list[Flag] = [("--tensor-model-parallel-size", str(config.tp)),
@@ -134,6 +164,15 @@ def cuda_connections_line(config: ParallelConfig) -> str | None:
     if config.tp > 1 or config.cp > 1:
         return "export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron asserts it with TP>1 or CP>1 (pre-Blackwell)"
     return None
+
+
+def pretrain_placeholders(model: ModelSpec) -> tuple[Placeholder, ...]:
+    """Data, tokenizer and checkpoint flags of `pretrain_gpt.py` that only the user can name (no mock data)."""
+    return (Placeholder("DATA_ARGS", "data and tokenizer flags, e.g. --data-path /data/corpus_text_document "
+                        "--tokenizer-type HuggingFaceTokenizer --tokenizer-model /models/tokenizer (a tokenizer "
+                        f"of {model.vocab_size} entries)"),
+            Placeholder("CHECKPOINT_ARGS", "e.g. --save /ckpt/run --load /ckpt/run --save-interval 1000 "
+                        "(CHECKPOINT_ARGS= to train without checkpoints)", may_be_empty=True))
 
 
 def _shell(flag: Flag, verbatim: dict[str, str]) -> str:

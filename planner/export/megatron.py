@@ -16,10 +16,9 @@ from planner.errors import PlannerError
 from planner.export.common import (
     TRAIN_PLACEHOLDER_ARGS,
     ExportResult,
-    HostOrder,
     export_header,
+    host_files,
     host_order,
-    hostfile_text,
     placement_notes,
     stage_units,
 )
@@ -32,10 +31,13 @@ from planner.export.flags import (
     cuda_connections_line,
     model_flags,
     parallel_flags,
+    pretrain_placeholders,
 )
+from planner.export.launch import SLURM, TORCHRUN, Program, slurm_script, torchrun_script
 from planner.plan import Plan
 
-__all__ = ["export_megatron", "layout_string", "megatron_arguments", "parse_layout", "split_arguments"]
+__all__ = ["export_megatron", "layout_string", "megatron_arguments", "megatron_program", "parse_layout",
+           "split_arguments"]
 
 _REPEAT_GROUP = re.compile(r"\(([^()]*)\)\*(\d+)")
 _REPEAT_TOKEN = re.compile(r"([EtmL])\*(\d+)")
@@ -94,6 +96,10 @@ def megatron_arguments(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
     """Every `pretrain_gpt.py` flag the plan decides, in titled groups, and what Megatron-LM has no flag for."""
     config = plan.parallel
     parallel = list(parallel_flags(config, plan.training.global_batch, split_arguments(plan)))
+    if config.cp > 1:
+        parallel.append(("--context-parallel-size", str(config.cp)))
+    if config.tp_comm_overlap:
+        parallel.append(("--tp-comm-overlap",))  # Transformer Engine userbuffers; asserts --sequence-parallel
     distributed_optimizer = config.optimizer_sharding >= 1
     if distributed_optimizer:
         parallel.append(("--use-distributed-optimizer",))
@@ -120,57 +126,27 @@ def megatron_notes(plan: Plan) -> tuple[str, ...]:
     return tuple(notes)
 
 
-def launch_script(plan: Plan, groups: tuple[FlagGroup, ...], order: HostOrder, header: list[str]) -> str:
-    """A bash script that runs torchrun on one host; run it on every host of the hostfile."""
-    config = plan.parallel
-    lines = ["#!/usr/bin/env bash", *(f"# {line}" for line in header),
-             "# Run on every host listed in ./hostfile (line i = node rank i); set NODE_RANK where hostnames",
-             "# differ from the plan's node names. MEGATRON_LM: a Megatron-LM checkout; DATA_ARGS, TRAIN_ARGS:",
-             "# override the placeholders below with your data, tokenizer and schedule.",
-             "set -euo pipefail",
-             'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
-             'HOSTFILE="${HOSTFILE:-$HERE/hostfile}"',
-             'MEGATRON_LM="${MEGATRON_LM:-$PWD}"',
-             "mapfile -t HOSTS < <(awk '!/^#/ && NF {print $1}' \"$HOSTFILE\")",
-             'if [[ -z "${NODE_RANK:-}" ]]; then',
-             '  for i in "${!HOSTS[@]}"; do',
-             '    if [[ "${HOSTS[$i]}" == "$(hostname)" || "${HOSTS[$i]}" == "$(hostname -s)" ]]; then',
-             '      NODE_RANK=$i',
-             '    fi',
-             "  done",
-             "fi",
-             ': "${NODE_RANK:?this host is not listed in $HOSTFILE; set NODE_RANK}"',
-             'MASTER_ADDR="${MASTER_ADDR:-${HOSTS[0]}}"',
-             'MASTER_PORT="${MASTER_PORT:-6000}"']
-    if order.problem:
-        lines.append(f"# WARNING: the plan's placement cannot be realised by host order: {order.problem}")
-    if (connections := cuda_connections_line(config)) is not None:
-        lines.append(connections)
-    if any(order.device_order):
-        lines.append('case "$NODE_RANK" in  # GPU order per host that realises the plan\'s placement')
-        lines += [f"  {rank}) export CUDA_VISIBLE_DEVICES={','.join(map(str, devices))} ;;"
-                  for rank, devices in enumerate(order.device_order) if devices]
-        lines.append("esac")
-    lines += bash_array("MEGATRON_ARGS", groups)
-    data = f"--mock-data --tokenizer-type NullTokenizer --vocab-size {plan.model.vocab_size}"
-    lines += [f'read -r -a DATA <<< "${{DATA_ARGS:-{data}}}"',
-              f'read -r -a TRAIN <<< "${{TRAIN_ARGS:-{TRAIN_PLACEHOLDER_ARGS}}}"',
-              f"exec torchrun --nnodes {len(order.hosts)} --nproc-per-node {order.nproc_per_node} "
-              '--node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\',
-              '  "$MEGATRON_LM/pretrain_gpt.py" "${MEGATRON_ARGS[@]}" "${DATA[@]}" "${TRAIN[@]}"']
-    return "\n".join(lines) + "\n"
+def megatron_program(plan: Plan, groups: tuple[FlagGroup, ...]) -> Program:
+    """`pretrain_gpt.py` with the plan's flags, then the user's data, checkpoint and schedule flags."""
+    setup = ('MEGATRON_LM="${MEGATRON_LM:-$PWD}"', *bash_array("MEGATRON_ARGS", groups),
+             'read -r -a DATA <<< "$DATA_ARGS"', 'read -r -a CHECKPOINT <<< "$CHECKPOINT_ARGS"',
+             f'read -r -a TRAIN <<< "${{TRAIN_ARGS:-{TRAIN_PLACEHOLDER_ARGS}}}"')
+    return Program(setup, '"$MEGATRON_LM/pretrain_gpt.py" "${MEGATRON_ARGS[@]}" "${DATA[@]}" "${CHECKPOINT[@]}" '
+                          '"${TRAIN[@]}"',
+                   pretrain_placeholders(plan.model),
+                   ("MEGATRON_LM: a Megatron-LM checkout (default: the current directory); TRAIN_ARGS: the "
+                    "optimiser and schedule (default below)",))
 
 
 def export_megatron(plan: Plan) -> ExportResult:
-    """megatron_args.txt (one flag per line), launch.sh (torchrun) and hostfile for the plan."""
+    """megatron_args.txt (one flag per line), torchrun.sh, slurm.sbatch and (several nodes) hostfile for the plan."""
     groups, unsupported = megatron_arguments(plan)
     order = host_order(plan)
     notes = megatron_notes(plan) + unsupported + placement_notes(order)
     header = export_header("megatron", plan, notes,
                            "rank order tp-cp-ep-dp-pp (Megatron's default): rank = tp + tp_size*(dp + dp_size*pp)")
-    return ExportResult(
-        files={"megatron_args.txt": args_text(groups, header),
-               "launch.sh": launch_script(plan, groups, order, header),
-               "hostfile": hostfile_text(order)},
-        notes=notes,
-    )
+    environment = tuple(line for line in (cuda_connections_line(plan.parallel),) if line)
+    files = {"megatron_args.txt": args_text(groups, header),
+             TORCHRUN: torchrun_script(order, header, megatron_program(plan, groups), environment),
+             SLURM: slurm_script(plan, order, header)}
+    return ExportResult(files=files | host_files(order), notes=notes)

@@ -9,15 +9,75 @@ pipeline_parallel_microbatch_size.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from planner.config import Recompute, Schedule
-from planner.export.common import ExportResult, export_header, stage_units
+from planner.errors import PlannerError
+from planner.export.common import ExportResult, export_header, host_files, host_order, placement_notes, stage_units
+from planner.export.launch import SLURM, TORCHRUN, Placeholder, Program, slurm_script, torchrun_script
+from planner.model import ModelSpec
 from planner.plan import Plan
 
-__all__ = ["SCHEDULE_NAMES", "export_torchtitan", "module_fqns", "torchtitan_toml"]
+__all__ = ["FLAVORS", "SCHEDULE_NAMES", "Flavor", "export_torchtitan", "flavor_notes", "model_flavor", "module_fqns",
+           "torchtitan_program", "torchtitan_toml"]
 
 SCHEDULE_NAMES = {Schedule.ONE_F_ONE_B: "1F1B", Schedule.GPIPE: "GPipe", Schedule.INTERLEAVED: "Interleaved1F1B"}
-_MODEL_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B")}
+TOML = "torchtitan.toml"
+_PLACEHOLDER = "PLACEHOLDER: set {} (torchrun.sh passes it)"
+
+
+@dataclass(frozen=True)
+class Flavor:
+    """One model of torchtitan 0.2.2's registry (`torchtitan/models/<name>/__init__.py`) and its architecture.
+
+    Every llama3 flavor is a SwiGLU/RMSNorm/RoPE decoder without biases, with untied embeddings and
+    Llama 3.1's RoPE scaling (factor 8) always on; vocabulary 128256. FFN sizes follow its
+    ffn_dim_multiplier/multiple_of rule (8B: 1.3, 1024 → 14336).
+    """
+
+    name: str
+    flavor: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    ffn_hidden_size: int
+    vocab_size: int = 128256
+    rope_theta: float = 500000.0
+
+
+FLAVORS = (Flavor("llama3", "8B", 32, 4096, 32, 8, 14336), Flavor("llama3", "70B", 80, 8192, 64, 8, 28672),
+           Flavor("llama3", "405B", 126, 16384, 128, 8, 53248))
+# The rest of 0.2.2's language models have blocks the planner's ModelSpec does not describe.
+_OTHER_MODELS = "llama4, qwen3 (QK-norm), deepseek_v3 (MLA), gpt_oss"
+
+
+def _llama3_like(model: ModelSpec) -> bool:
+    """Whether the model's block is torchtitan llama3's: SwiGLU, RMSNorm, RoPE, no biases, dense, full attention."""
+    return (model.activation == "swiglu" and model.normalization == "rmsnorm" and model.position_embedding == "rope"
+            and not (model.linear_bias or model.qkv_bias or model.tie_embeddings or model.is_moe
+                     or model.sliding_window))
+
+
+def model_flavor(model: ModelSpec) -> Flavor:
+    """torchtitan's model and flavor with exactly the plan's architecture; PlannerError when it has none."""
+    for flavor in FLAVORS:
+        if _llama3_like(model) and all(getattr(model, field) == getattr(flavor, field) for field in (
+                "num_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "ffn_hidden_size",
+                "vocab_size", "rope_theta")):
+            return flavor
+    known = ", ".join(f"{f.name} {f.flavor}" for f in FLAVORS)
+    raise PlannerError(f"torchtitan 0.2.2 has no model with {model.name}'s architecture (it has {known}, and "
+                       f"{_OTHER_MODELS}); export to megatron or deepspeed")
+
+
+def flavor_notes(model: ModelSpec) -> tuple[str, ...]:
+    """Where torchtitan's flavor differs from the plan's model in ways that change the weights, not the cost."""
+    if model.rope_scaling == "llama3" and model.rope_scaling_factor == 8:
+        return ()
+    return (f"torchtitan's llama3 applies Llama 3.1's RoPE scaling (factor 8); {model.name} has "
+            f"{'none' if model.rope_scaling is None else f'{model.rope_scaling} x{model.rope_scaling_factor:g}'} "
+            "(same cost; load matching weights)",)
 
 
 def module_fqns(plan: Plan) -> list[list[str]]:
@@ -41,17 +101,17 @@ def torchtitan_toml(plan: Plan, notes: tuple[str, ...] = ()) -> str:
     config, training = plan.parallel, plan.training
     m = config.num_microbatches(training.global_batch)
     sharded = config.optimizer_sharding >= 1
+    flavor = model_flavor(plan.model)
     lines = [*(f"# {line}" for line in export_header("torchtitan (v0.2.2 TOML)", plan, notes)),
-             "# run: CONFIG_FILE=this.toml ./run_train.sh   (any key can be overridden as --section.key)",
-             "", "[job]", f"description = {_value(f'planner plan: {plan.model.name}')}", ""]
-    flavor = _MODEL_FLAVORS.get(plan.model.name)
-    lines.append("[model]")
-    if flavor:
-        lines += [f"name = {_value(flavor[0])}", f"flavor = {_value(flavor[1])}"]
-    else:
-        lines.append(f"# set name/flavor to torchtitan's model matching {plan.model.name} "
-                     f"({plan.model.num_layers} layers, hidden {plan.model.hidden_size})")
-    lines += ["", "[training]"]
+             f"# run: ./{TORCHRUN} or sbatch {SLURM} (they fill the PLACEHOLDER values below), or",
+             "# CONFIG_FILE=this.toml ./run_train.sh --model.hf_assets_path … --training.dataset … (any key can be "
+             "overridden as --section.key)",
+             "", "[job]", f"description = {_value(f'planner plan: {plan.model.name}')}",
+             "# dump_folder: outputs and checkpoints; torchrun.sh sets it from OUTPUT_DIR", "",
+             "[model]", f"name = {_value(flavor.name)}", f"flavor = {_value(flavor.flavor)}",
+             f"hf_assets_path = {_value(_PLACEHOLDER.format('TOKENIZER_PATH'))}  # the tokenizer's directory", "",
+             "[training]", f"dataset = {_value(_PLACEHOLDER.format('DATASET'))}  # a name registered in "
+             "torchtitan.hf_datasets"]
     if config.pp > 1:
         lines += ["# per DP rank: all the plan's micro-batches pass the pipeline in one step (no grad accumulation)",
                   f"local_batch_size = {config.micro_batch * m}"]
@@ -72,6 +132,7 @@ def torchtitan_toml(plan: Plan, notes: tuple[str, ...] = ()) -> str:
         lines.append('fsdp_reshard_after_forward = "never"  # keep parameters gathered between forward and '
                      "backward, like ZeRO-1/2")
     lines += [f"tensor_parallel_degree = {config.tp}",
+              f"enable_async_tensor_parallel = {_value(config.tp_comm_overlap)}",
               f"disable_loss_parallel = {_value(False)}",
               f"context_parallel_degree = {config.cp}",
               f"pipeline_parallel_degree = {config.pp}"]
@@ -83,6 +144,9 @@ def torchtitan_toml(plan: Plan, notes: tuple[str, ...] = ()) -> str:
         lines += [f"  {_value(part)}," for part in module_fqns(plan)]
         lines.append("]")
     mode = {Recompute.NONE: "none", Recompute.SELECTIVE: "selective", Recompute.FULL: "full"}[config.recompute]
+    if config.tp_comm_overlap:  # torchtitan's async TP only takes effect under torch.compile
+        lines += ["", "[compile]", f"enable = {_value(True)}", f"components = {_value(['model', 'loss'])}"]
+    lines += ["", "[checkpoint]", f"enable = {_value(True)}", '# folder = "checkpoint" under the dump folder']
     lines += ["", "[activation_checkpoint]", f"mode = {_value(mode)}"]
     if config.recompute is Recompute.SELECTIVE:
         lines.append('selective_ac_option = "op"  # op-level: recompute cheap ops, keep matmul outputs '
@@ -90,10 +154,29 @@ def torchtitan_toml(plan: Plan, notes: tuple[str, ...] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
+def torchtitan_program() -> Program:
+    """`torchtitan.train` with the exported TOML and the tokenizer, data set and output folder it must be given."""
+    placeholders = (Placeholder("TOKENIZER_PATH", "directory of the tokenizer (HF assets, e.g. from "
+                                "python scripts/download_hf_assets.py --assets tokenizer)"),
+                    Placeholder("DATASET", "a data set name registered in torchtitan.hf_datasets, e.g. c4 "
+                                "(add --training.dataset_path DIR for a local copy)"),
+                    Placeholder("OUTPUT_DIR", "outputs and checkpoints (OUTPUT_DIR/checkpoint)"))
+    setup = ("TITAN_ARGS=(", f'  --job.config_file "$HERE/{TOML}"', '  --model.hf_assets_path "$TOKENIZER_PATH"',
+             '  --training.dataset "$DATASET"', '  --job.dump_folder "$OUTPUT_DIR"', ")")
+    return Program(setup, '-m torchtitan.train "${TITAN_ARGS[@]}"', placeholders,
+                   ("Needs torchtitan 0.2.2 importable by this Python.",))
+
+
 def export_torchtitan(plan: Plan) -> ExportResult:
-    """torchtitan.toml for the plan."""
-    notes = ()
+    """torchtitan.toml, torchrun.sh, slurm.sbatch and (several nodes) hostfile for the plan."""
+    notes = flavor_notes(plan.model)
     if plan.parallel.sequence_parallel is False and plan.parallel.tp > 1:
-        notes = ("torchtitan's tensor parallelism always shards activations along the sequence "
-                 "(sequence parallel); the plan has it off",)
-    return ExportResult(files={"torchtitan.toml": torchtitan_toml(plan, notes)}, notes=notes)
+        notes += ("torchtitan's tensor parallelism always shards activations along the sequence "
+                  "(sequence parallel); the plan has it off",)
+    order = host_order(plan)
+    notes += placement_notes(order)
+    header = export_header("torchtitan", plan, notes,
+                           "rank order: torchtitan's mesh (pp, dp_replicate, dp_shard, cp, tp), tp fastest")
+    files = {TOML: torchtitan_toml(plan, notes), TORCHRUN: torchrun_script(order, header, torchtitan_program()),
+             SLURM: slurm_script(plan, order, header)}
+    return ExportResult(files=files | host_files(order), notes=notes)
