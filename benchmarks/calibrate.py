@@ -12,8 +12,8 @@ One cluster-state constant is fitted with them: the inter-node bandwidth ratio o
 PCIe/NUMA fix (the BLOOM rows whose `pcie_numa_fix_applied` is "no"), written to `cluster_states`.
 
 Objective: the mean over those three groups of each group's mean absolute relative error, so a
-group with many rows does not drown the others. The two memory constants are then fitted to the
-peak memory of the BLOOM fit-half rows that report one. Method: cyclic coordinate descent, a golden-section
+group with many rows does not drown the others. Memory constants are sourced, not fitted
+(`MEMORY_FITTED` is empty). Method: cyclic coordinate descent, a golden-section
 search of each constant inside its physical bounds (scipy is not a dependency). Every constant is a
 global efficiency or overhead; nothing is fitted per run.
 """
@@ -40,7 +40,6 @@ from benchmarks.validation_runs import (
     predict_layer,
     split_fit_hold,
 )
-from planner.gpu import GIB
 from planner.plan import write_atomic
 from planner.profile.calibration import Calibration, default_calibration
 from planner.resources import load_structured_file, profiles_dir
@@ -73,11 +72,10 @@ FITTED = (
     Fitted("misaligned_gemm_efficiency", 1.0, 0.05, 1.0,
            "GEMM efficiency relative to aligned when a 16-bit leading dimension is not a multiple of 16 bytes"),
 )
-# Fitted separately, on the BLOOM fit-half rows that report a memory figure (time does not depend on them).
-MEMORY_FITTED = (
-    Fitted("memory_overhead_bytes", 2 * GIB, 0.5 * GIB, 6 * GIB, "bytes per GPU outside tensors: CUDA context, NCCL"),
-    Fitted("memory_fragmentation", 0.05, 0.0, 0.5, "allocator reserve and unmodelled buffers, share of tensors"),
-)
+# Memory constants are no longer fitted: CUDA context, NCCL buffers and allocator fragmentation are sourced
+# physical terms (profiles/calibration.yaml, planner/cost/memory.py); refitting the fragmentation on the BLOOM
+# memory rows alone would drive it past its bound and call runs that ran infeasible (README "Accuracy").
+MEMORY_FITTED: tuple[Fitted, ...] = ()
 # Cluster state, not a cost-model constant: it scales the pre-fix BLOOM rows' cluster (benchmarks/validation_runs.py).
 BEFORE_FIX_NIC_RATIO = Fitted("nic_bandwidth_ratio", 1.0, 0.3, 1.0,
                               "inter-node bandwidth before Jean Zay's PCIe/NUMA fix relative to after it")
@@ -115,12 +113,13 @@ def memory_objective(calibration: Calibration, runs: tuple[Run, ...]) -> float:
     return sum(abs(e) for e in errors) / len(errors)
 
 
-def _golden_section(loss: Callable[[float], float], low: float, high: float, start: float) -> float:
+def _golden_section(loss: Callable[[float], float], low: float, high: float, start: float,
+                    steps: int = _SECTION_STEPS) -> float:
     """Minimiser of a one-dimensional loss on [low, high]; keeps `start` unless something beats it."""
     a, b = low, high
     c, d = b - _GOLDEN * (b - a), a + _GOLDEN * (b - a)
     fc, fd = loss(c), loss(d)
-    for _ in range(_SECTION_STEPS):
+    for _ in range(steps):
         if fc < fd:
             b, d, fd = d, c, fc
             c = b - _GOLDEN * (b - a)
@@ -134,13 +133,13 @@ def _golden_section(loss: Callable[[float], float], low: float, high: float, sta
 
 
 def coordinate_descent(start: Calibration, constants: tuple[Fitted, ...], loss: Callable[[Calibration], float],
-                       verbose: bool = True, sweeps: int = _SWEEPS) -> Calibration:
+                       verbose: bool = True, sweeps: int = _SWEEPS, steps: int = _SECTION_STEPS) -> Calibration:
     """Cyclic coordinate descent: a golden-section search of each constant in turn, `sweeps` times."""
     current = start
     for sweep in range(sweeps):
         for constant in constants:
             value = _golden_section(lambda x, name=constant.name, base=current: loss(base.updated(**{name: x})),
-                                    constant.low, constant.high, getattr(current, constant.name))
+                                    constant.low, constant.high, getattr(current, constant.name), steps)
             current = current.updated(**{constant.name: value})
             if verbose:
                 print(f"sweep {sweep + 1} {constant.name:30s} {value:12.4g}  objective {100 * loss(current):6.2f} %",

@@ -65,10 +65,13 @@ __all__ = [
     "JEAN_ZAY_BEFORE_FIX",
     "LayerRow",
     "Run",
+    "Skipped",
     "bloom_runs",
+    "bloom_skipped",
     "h100_runs",
     "korthikanti_layer_rows",
     "llmfoundry_runs",
+    "narayanan_ptdp_skipped",
     "narayanan_zero3_runs",
     "predict",
     "predict_layer",
@@ -104,6 +107,15 @@ class Run:
     iteration_s: float
     memory_bytes: float | None
     source: str
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A published row planner does not estimate, and why (a missing feature or missing inputs)."""
+
+    file: str
+    row: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -201,6 +213,14 @@ def bloom_runs(before_fix_nic_ratio: float | None = None) -> tuple[Run, ...]:
     return tuple(runs)
 
 
+def bloom_skipped() -> tuple[Skipped, ...]:
+    """BLOOM rows outside `bloom_runs`: incomplete or conflicting configurations and repeats of a run."""
+    used = {run.source.split()[-1] for run in bloom_runs()}
+    lines = pd.read_csv(DATA / BLOOM_FILE)["source_line"].astype(str)
+    return tuple(Skipped(BLOOM_FILE, f"source_line {line}", "configuration incomplete or conflicting, or a repeat")
+                 for line in lines if line not in used)
+
+
 def split_fit_hold(runs: tuple[Run, ...]) -> tuple[tuple[Run, ...], tuple[Run, ...]]:
     """Deterministic half split: alternate rows in file order (fit, hold, fit, hold …)."""
     return runs[0::2], runs[1::2]
@@ -231,8 +251,8 @@ def _h100_rows() -> Iterator[tuple[str, pd.Series]]:
             yield file, row
 
 
-def h100_runs() -> tuple[tuple[Run, ...], tuple[str, ...]]:
-    """H100 FP8 runs planner can express, and one line per skipped row saying why."""
+def h100_runs() -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
+    """H100 FP8 runs planner can express, and the rows it cannot (with why)."""
     runs, skipped = [], []
     for file, row in _h100_rows():
         name, gpus = str(row["model"]), int(row["num_gpus"])
@@ -241,12 +261,16 @@ def h100_runs() -> tuple[tuple[Run, ...], tuple[str, ...]]:
         model = _h100_model(name)
         if model is None or cp > 1:
             why = f"cp={cp} not modelled" if cp > 1 else "architecture not expressible"
-            skipped.append(f"{file}: {name} ({why})")
+            skipped.append(Skipped(file, name, why))
             continue
         dp = gpus // (tp * pp)
         fsdp = str(row.get("fsdp", "0")).startswith("1")
+        # NeMo's H100 performance recipes run Transformer Engine's userbuffer TP overlap
+        # (ub_tp_comm_overlap: True in gpt3/175b_fp8_performance.yaml, 20b_fp8_performance.yaml);
+        # assumed for every TP row of these files, whose rows do not state it.
         config = ParallelConfig(
             dp=dp, tp=tp, pp=pp, micro_batch=int(row["mbs"]), vpp=vp, sequence_parallel=tp > 1,
+            tp_comm_overlap=tp > 1,
             zero_stage=3 if fsdp else 0, distributed_optimizer=not fsdp, overlap_param_gather=True,
             schedule=Schedule.INTERLEAVED if vp > 1 else Schedule.ONE_F_ONE_B,
         )
@@ -269,6 +293,14 @@ def narayanan_eq3_flops(model: ModelSpec, batch: int, seq_len: int) -> float:
     """FLOPs per iteration with activation recompute, Narayanan et al. 2021 eq. 3: 96·B·s·l·h²·(1 + s/6h + V/16lh)."""
     layers, h = model.num_layers, model.hidden_size
     return 96 * batch * seq_len * layers * h**2 * (1 + seq_len / (6 * h) + model.vocab_size / (16 * layers * h))
+
+
+def narayanan_ptdp_skipped() -> tuple[Skipped, ...]:
+    """Narayanan et al. 2021 Table 2 rows with model parallelism: their TP/PP split is not stated."""
+    frame = pd.read_csv(DATA / NARAYANAN_FILE)
+    return tuple(Skipped(NARAYANAN_FILE, f"{row['params_billion']}B on {row['num_gpus']} GPUs",
+                         "TP/PP split of the model-parallel size not stated")
+                 for _, row in frame.iterrows() if not str(row["scheme"]).startswith("ZeRO-3"))
 
 
 def narayanan_zero3_runs() -> tuple[Run, ...]:

@@ -94,6 +94,9 @@ class ParallelConfig:
     overlap_param_gather: bool = False
     p2p_scatter_gather: bool = True  # Megatron-LM sends 1/tp of a boundary tensor; DeepSpeed's pipeline all
     overlap_tp_backward: bool = True  # backward TP all-reduce overlapped with wgrad GEMMs (Megatron-LM ≥ 2021-11)
+    # SP all-gathers / reduce-scatters chunked and pipelined with their GEMMs: Megatron-LM's
+    # --tp-comm-overlap (Transformer Engine userbuffers), torchtitan's async TP
+    tp_comm_overlap: bool = False
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batch", "vpp", "cp"):
@@ -109,6 +112,11 @@ class ParallelConfig:
             )
         if self.sequence_parallel and self.tp == 1:
             raise PlannerError("parallel config: sequence_parallel needs tp > 1 (Megatron-LM turns it off at tp=1)")
+        if self.tp_comm_overlap and not self.sequence_parallel:
+            raise PlannerError(
+                f"parallel config: tp_comm_overlap overlaps the sequence-parallel collectives and needs "
+                f"sequence_parallel with tp > 1 (Megatron-LM asserts it), got tp={self.tp}, sequence_parallel=False"
+            )
         schedule_of(self.schedule).check(self.pp, self.vpp)
         if self.zero_stage >= 2 and self.pp > 1:
             raise PlannerError(
@@ -148,6 +156,8 @@ class ParallelConfig:
         parts += [f"mb={self.micro_batch}", f"recompute={self.recompute.value}"]
         if self.sequence_parallel:
             parts.append("sp")
+        if self.tp_comm_overlap:
+            parts.append("tp-overlap")
         if self.distributed_optimizer:
             parts.append("dist-opt")
         elif self.zero_stage:

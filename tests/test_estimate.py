@@ -119,6 +119,6 @@ def test_linear_rank_memory_is_the_estimates_accounting(recompute: Recompute) ->
                            AnalyticProfile(MODEL, cal), cal)
         kinds = [costs[u.kind] for u in MODEL.units()[start:end]]
         rank = rank_memory_model(MODEL, training, config, stage.pp_rank, result.num_microbatches,
-                                 cal.memory_overhead_bytes, cal.memory_fragmentation)
+                                 links.gpu[stage.pp_rank], cal)
         total = rank.total(sum(c.params for c in kinds), sum(c.activation_bytes for c in kinds))
         assert total == pytest.approx(stage.memory.total, rel=1e-9)

@@ -151,3 +151,20 @@ def test_homogeneous_subset_keeps_the_largest_type_and_remaps_links():
     assert homogeneous_subset(parse_shorthand("2x8xH100-80GB")) is None
     tie = homogeneous_subset(load_cluster("mixed-a100-v100"))  # 32 GPUs each: the faster type wins
     assert {node.gpu.name for node in tie.nodes} == {"A100-80GB"}
+
+
+@pytest.mark.parametrize("nodes", [4, 6])
+def test_slowed_node_on_alike_nodes_is_placed_by_role_as_well_as_exhaustively(nodes):
+    """Nodes that differ only by slowdowns are interchangeable within a role (the pipeline ranks they
+    serve, or idle): trying each role once for the slowed node gives the exhaustive answer, and
+    an idle node absorbs it when there is one."""
+    cluster = apply_slowdowns(parse_shorthand(f"{nodes}x8xH100-80GB"), [Slowdown("node2", None, 2.0)])
+    config = ParallelConfig(dp=1, tp=8, pp=4)
+    by_role = _search(cluster, config, exact_limit=1)
+    exhaustive = _search(cluster, config, exact_limit=10**9)
+    assert by_role.method == "roles" and exhaustive.method == "exact"
+    assert by_role.iteration_time_s == pytest.approx(exhaustive.iteration_time_s, rel=1e-12)
+    assert by_role.evaluations <= 2 + config.pp
+    if nodes > config.dp * config.pp:
+        used = {name for names in stage_nodes(cluster, config, by_role.placement) for name in names}
+        assert "node2" not in used

@@ -86,7 +86,7 @@ def test_chosen_plan_is_no_slower_than_hand_picked_uniform_splits(config) -> Non
     fixed = FixedOptions(dp=config.dp, tp=config.tp, pp=config.pp, micro_batch=config.micro_batch, vpp=config.vpp,
                          schedule=config.schedule, recompute=config.recompute, zero_stage=config.zero_stage,
                          distributed_optimizer=config.distributed_optimizer,
-                         sequence_parallel=config.sequence_parallel)
+                         sequence_parallel=config.sequence_parallel, tp_comm_overlap=config.tp_comm_overlap)
     chosen = search(model, cluster, training, fixed, top_k=1).plans[0]
     assert chosen.config == config
     assert chosen.estimate.iteration_time_s <= hand.iteration_time_s * (1 + 1e-9)
@@ -270,11 +270,12 @@ def test_the_split_called_optimal_is_the_best_split_by_brute_force_over_estimate
 
 def test_the_issue_example_reaches_the_brute_force_split_on_slow_inter_node_links() -> None:
     """llama3-8b, tp8/pp4 on 4×8 H100 with 1 GB/s between nodes: brute force over estimate() gives
-    (11, 6, 6, 9) at 2.460 s; the search once returned (7, 7, 7, 11) at 2.608 s and called it optimal."""
+    (11, 6, 6, 9) (2.460 s when the issue was filed); the search once returned (7, 7, 7, 11), 5.7 %
+    slower, and called it optimal."""
     cluster = cluster_from_dict({"name": "slow-fabric", "node_groups": [
         {"gpu": "H100-80GB", "nodes": 4, "gpus_per_node": 8, "inter_node_gbps": 1.0}]}, "test")
     model = load_model("llama3-8b")
-    found = search(model, cluster, Training(global_batch=64, seq_len=4096), FixedOptions(tp=8, pp=4), top_k=1)
+    fixed = FixedOptions(tp=8, pp=4, tp_comm_overlap=False)  # Megatron-LM's defaults, as in the issue
+    found = search(model, cluster, Training(global_batch=64, seq_len=4096), fixed, top_k=1)
     plan = found.plans[0]
     assert plan.partition.blocks_per_stage() == (11, 6, 6, 9)
-    assert plan.estimate.iteration_time_s == pytest.approx(2.460, abs=0.01)

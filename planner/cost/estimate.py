@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from planner.cluster import Cluster
 from planner.config import ParallelConfig, Partition, Training
-from planner.cost.memory import in_flight_microbatches, model_state_bytes, recompute_working_bytes
+from planner.cost.memory import MemoryBreakdown, rank_memory_model
 from planner.cost.schedule import PipelineTime, pipeline_time, schedule_of, simulated_pipeline_time
 from planner.cost.time import (
     UnitCost,
@@ -32,33 +32,6 @@ from planner.profile.calibration import Calibration, default_calibration
 __all__ = ["BREAKDOWN_KEYS", "Estimate", "MemoryBreakdown", "StageEstimate", "estimate", "model_flops_per_iteration"]
 
 BREAKDOWN_KEYS = ("compute", "recompute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer", "other")
-
-
-@dataclass(frozen=True)
-class MemoryBreakdown:
-    """Bytes on one GPU; `other` is the stated runtime overhead (context, NCCL, fragmentation)."""
-
-    weights: float
-    gradients: float
-    optimizer: float
-    activations: float
-    other: float
-    capacity: float
-
-    @property
-    def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.other
-
-    @property
-    def fits(self) -> bool:
-        return self.total <= self.capacity
-
-    def as_dict(self) -> dict[str, float]:
-        return {
-            "weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
-            "activations": self.activations, "other": self.other, "total": self.total,
-            "capacity": self.capacity,
-        }
 
 
 @dataclass(frozen=True)
@@ -198,13 +171,9 @@ def estimate(
     for r in range(config.pp):
         mine = [k for k in range(len(bounds)) if k % config.pp == r]
         params = sum(sums[k]["params"] for k in mine)
-        states = model_state_bytes(params, config.dp, config.optimizer_sharding, training.grad_bytes)
-        activations = in_flight_microbatches(config, r, m) * sum(sums[k]["activations"] for k in mine)
-        activations += recompute_working_bytes(model, training, config)
-        tensors = states.total + activations
-        other = calibration.memory_overhead_bytes + calibration.memory_fragmentation * tensors
-        memories.append(MemoryBreakdown(states.weights, states.gradients, states.optimizer, activations, other,
-                                        float(links.capacity_bytes[r])))
+        rank_memory = rank_memory_model(model, training, config, r, m, links.gpu[r], calibration)
+        memories.append(rank_memory.breakdown(params, sum(sums[k]["activations"] for k in mine),
+                                              float(links.capacity_bytes[r])))
         units = [rank_costs[r][kind] for k in mine for kind in kinds[bounds[k][0]:bounds[k][1]]]
         dp_time = data_parallel_time(units, training, config, links.dp[r], calibration, m)
         dp_exposed.append(dp_time.exposed_s)

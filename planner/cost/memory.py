@@ -1,5 +1,7 @@
 """Per-GPU memory: model states (weights, gradients, optimizer states under ZeRO / the distributed
-optimizer) and activations (Korthikanti et al. 2022, generalised to GQA, SwiGLU and MoE).
+optimizer), activations (Korthikanti et al. 2022, generalised to GQA, SwiGLU and MoE), and the named
+runtime terms around them (CUDA context, NCCL buffers, framework buffers, the largest transient,
+allocator fragmentation of transient allocations), each with its source.
 
 Activation bytes per transformer layer reproduce Korthikanti Table 2 exactly for a GPT-style block
 (MHA, 4h GeLU MLP, dropout, unfused attention); see tests/test_memory.py.
@@ -7,19 +9,25 @@ Activation bytes per transformer layer reproduce Korthikanti Table 2 exactly for
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from planner.config import ParallelConfig, Recompute, Training
 from planner.cost.schedule import schedule_of
+from planner.gpu import GPUSpec
 from planner.model import ModelSpec, UnitKind
+from planner.profile.calibration import Calibration
 
 __all__ = [
+    "MemoryBreakdown",
     "ModelStateBytes",
     "RankMemoryModel",
     "activation_bytes",
     "block_activation_bytes",
+    "framework_buffer_bytes",
     "in_flight_microbatches",
+    "largest_transient_bytes",
     "model_state_bytes",
+    "nccl_communicators",
     "rank_memory_model",
     "recompute_working_bytes",
 ]
@@ -128,28 +136,146 @@ def in_flight_microbatches(config: ParallelConfig, pp_rank: int, num_microbatche
     return schedule_of(config.schedule).in_flight(pp_rank, config.pp, config.vpp, num_microbatches)
 
 
+# ---- what a GPU holds besides model states and activations ------------------------------------------
+STACK_BYTES_PER_SM = 2048 * 1024
+"""Local memory the driver reserves for thread stacks: cudaLimitStackSize (1 KiB default, CUDA Runtime API
+cudaDeviceSetLimit) for each of the 2048 threads an SM can hold resident (sm_70/80/90, CUDA C++ Programming
+Guide, compute capabilities table); the part of the CUDA context that grows with the GPU's SM count."""
+
+DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
+"""DeepSpeed ZeRO-1/2 flattens gradients into buckets of `reduce_bucket_size` elements before reducing them
+(default 5e8, DeepSpeed configuration docs, zero_optimization.reduce_bucket_size). Megatron-LM's buckets
+are views into its contiguous gradient buffer (megatron/core/distributed/param_and_grad_buffer.py), already
+counted as gradients, so Megatron's DDP and distributed optimizer add none."""
+
+ZERO3_GATHERED_UNITS = 2
+"""Units whose full 16-bit weights exist at once under ZeRO-3 / FSDP: the one computing and the one
+prefetched (PyTorch FSDP `limit_all_gathers`: "at most two in-flight all-gathers"; FSDP2 prefetches one
+unit ahead)."""
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes on one GPU. `other` is what is neither a model state nor an activation kept for backward,
+    term by term in `other_detail` (CUDA context, NCCL buffers, framework buffers, the largest transient,
+    allocator fragmentation), so a reader can see where it comes from."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    other: float
+    capacity: float
+    other_detail: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.other
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
+            "activations": self.activations, "other": self.other, "total": self.total,
+            "capacity": self.capacity,
+        }
+
+
 @dataclass(frozen=True)
 class RankMemoryModel:
     """One pipeline rank's per-GPU memory as a linear function of what its stages hold:
     total = param_bytes · parameters + activation_factor · (activation bytes per micro-batch) + fixed_bytes.
-    It is the accounting of `estimate` (model states and in-flight activations, plus the stated
-    runtime overhead and fragmentation), in the form the stage partitioner needs."""
 
-    param_bytes: float
-    activation_factor: float
-    fixed_bytes: float
+    The single accounting of `estimate` and of the search. Model states cost `states` per parameter;
+    activations are held for `in_flight` micro-batches. `buffers` are transient allocations that go
+    through PyTorch's caching allocator (gathered ZeRO-3 units, gradient buckets, the largest transient);
+    `allocator_fragmentation` of those and of the activations is reserved but unusable. `runtime` lies
+    outside the allocator (CUDA context, NCCL buffers), so torch's max_memory_reserved does not show it
+    while nvidia-smi does. Static states get no fragmentation: they are allocated once."""
+
+    states: ModelStateBytes
+    in_flight: float
+    working_bytes: float
+    buffers: tuple[tuple[str, float], ...]
+    runtime: tuple[tuple[str, float], ...]
+    fragmentation: float
+
+    @property
+    def param_bytes(self) -> float:
+        return self.states.total
+
+    @property
+    def activation_factor(self) -> float:
+        return (1 + self.fragmentation) * self.in_flight
+
+    @property
+    def fixed_bytes(self) -> float:
+        transient = self.working_bytes + sum(value for _, value in self.buffers)
+        return (1 + self.fragmentation) * transient + sum(value for _, value in self.runtime)
 
     def total(self, params: float, activations: float) -> float:
         return self.param_bytes * params + self.activation_factor * activations + self.fixed_bytes
 
+    def breakdown(self, params: float, activations: float, capacity: float) -> MemoryBreakdown:
+        """The named parts of `total(params, activations)` on a GPU of `capacity` bytes."""
+        held = self.in_flight * activations + self.working_bytes
+        detail = dict(self.runtime) | dict(self.buffers)
+        detail["allocator_fragmentation"] = self.fragmentation * (held + sum(value for _, value in self.buffers))
+        return MemoryBreakdown(self.states.weights * params, self.states.gradients * params,
+                               self.states.optimizer * params, held, sum(detail.values()), capacity, detail)
+
+
+def nccl_communicators(model: ModelSpec, config: ParallelConfig, pp_rank: int) -> int:
+    """NCCL communicators that move data on a rank, each with its own buffers (NCCL allocates them per
+    communicator, NVIDIA/nccl#864 and #986): TP, the pipeline's send/recv, DP (gradients, and ZeRO-3's
+    gathers), and the tied-embedding group joining the first and last pipeline ranks."""
+    tied_end = model.tie_embeddings and config.pp > 1 and pp_rank in (0, config.pp - 1)
+    return sum((config.tp > 1, config.pp > 1, config.dp > 1, tied_end))
+
+
+def largest_transient_bytes(model: ModelSpec, training: Training, config: ParallelConfig, pp_rank: int) -> float:
+    """The largest short-lived tensor beyond the stored activations (the loss and a block's attention
+    backward do not overlap): on the rank with the head, the 16-bit logits alive next to their fp32 copy
+    (Megatron-LM's vocab-parallel cross-entropy casts the logits to fp32; the fp32 ones are counted as
+    activations); in a block, the gradient of the attention scores (unfused) or FlashAttention's fp32
+    dQ accumulator."""
+    s, b, t = training.seq_len, config.micro_batch, config.tp
+    heads = max(model.num_attention_heads / t, 1.0)
+    per_token = 2 * heads * s if training.attention == "unfused" else 4 * heads * model.head_dim
+    attention = per_token * s * b
+    loss = 2 * s * b * model.vocab_size / t if pp_rank == config.pp - 1 else 0.0
+    return max(loss, attention)
+
+
+def framework_buffer_bytes(model: ModelSpec, training: Training,
+                           config: ParallelConfig) -> tuple[tuple[str, float], ...]:
+    """Buffers the data-parallel engine allocates besides the model states: ZeRO-3 / FSDP's gathered
+    units (`ZERO3_GATHERED_UNITS` of the largest unit's 16-bit weights plus its unsharded gradient
+    before the reduce-scatter), DeepSpeed ZeRO-1/2's gradient bucket (at most the rank's gradients)."""
+    if config.optimizer_sharding == 3:
+        unit = max(unit.num_parameters for unit in model.units()) / config.tp
+        return (("gathered_units", unit * (ZERO3_GATHERED_UNITS * PARAM_BYTES + training.grad_bytes)),)
+    if config.zero_stage in (1, 2) and not config.distributed_optimizer and config.dp > 1:
+        elements = min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, model.num_parameters / config.tp)
+        return (("gradient_bucket", elements * training.grad_bytes),)
+    return ()
+
 
 def rank_memory_model(model: ModelSpec, training: Training, config: ParallelConfig, pp_rank: int,
-                      num_microbatches: int, overhead_bytes: float, fragmentation: float) -> RankMemoryModel:
-    """The linear memory form of pipeline rank `pp_rank` (overhead and fragmentation from calibration)."""
-    scale = 1 + fragmentation
-    states = model_state_bytes(1.0, config.dp, config.optimizer_sharding, training.grad_bytes).total
+                      num_microbatches: int, gpu: GPUSpec, calibration: Calibration) -> RankMemoryModel:
+    """The memory accounting of pipeline rank `pp_rank` on `gpu` (constants: profiles/calibration.yaml)."""
+    runtime = (
+        ("cuda_context", calibration.cuda_context_bytes + gpu.sm_count * STACK_BYTES_PER_SM),
+        ("nccl", nccl_communicators(model, config, pp_rank) * calibration.nccl_communicator_bytes),
+    )
+    buffers = (*framework_buffer_bytes(model, training, config),
+               ("largest_transient", largest_transient_bytes(model, training, config, pp_rank)))
     return RankMemoryModel(
-        param_bytes=scale * states,
-        activation_factor=scale * in_flight_microbatches(config, pp_rank, num_microbatches),
-        fixed_bytes=overhead_bytes + scale * recompute_working_bytes(model, training, config),
+        states=model_state_bytes(1.0, config.dp, config.optimizer_sharding, training.grad_bytes),
+        in_flight=in_flight_microbatches(config, pp_rank, num_microbatches),
+        working_bytes=recompute_working_bytes(model, training, config),
+        buffers=buffers, runtime=runtime, fragmentation=calibration.allocator_fragmentation,
     )

@@ -396,7 +396,8 @@ def simulate(
             f"({pp}); Megatron-LM's order deadlocks otherwise"
         )
     orders = [behaviour.order(r, pp, vpp, num_microbatches) for r in range(pp)]
-    done: dict[tuple[str, int, int], float] = {}
+    # end time of each pass, -1 until it has run: ends[FORWARD][k][mb], ends[BACKWARD][k][mb]
+    ends = {kind: [[-1.0] * num_microbatches for _ in range(stages)] for kind in (FORWARD, BACKWARD)}
     rank_free = [0.0] * pp
     cursor = [0] * pp
     events: list[PassEvent] = []
@@ -408,41 +409,41 @@ def simulate(
         while cursor[r] < len(order):
             kind, chunk, mb = order[cursor[r]]
             k = chunk * pp + r
-            ready, missing = _input_ready(done, kind, k, mb, stages, p2p_s)
+            ready, missing = _input_ready(ends, kind, k, mb, stages, p2p_s)
             if missing is not None:
                 waiting[missing] = r
                 break
             start = max(rank_free[r], ready)
             end = start + (forward_s[k] if kind == FORWARD else backward_s[k])
-            key = (kind, k, mb)
-            done[key] = end
+            ends[kind][k][mb] = end
             rank_free[r] = end
             if record:
                 events.append(PassEvent(kind, k, r, chunk, mb, start, end))
             cursor[r] += 1
-            woken = waiting.pop(key, None)
-            if woken is not None:
-                runnable.append(woken)
+            if waiting:
+                woken = waiting.pop((kind, k, mb), None)
+                if woken is not None:
+                    runnable.append(woken)
     if any(cursor[r] < len(orders[r]) for r in range(pp)):  # cannot happen for the schedules' orders
         raise PlannerError(f"simulate: {schedule.value} order deadlocked with pp={pp}, m={num_microbatches}")
     return Timeline(max(rank_free), tuple(events))
 
 
-def _input_ready(done: dict[tuple[str, int, int], float], kind: str, k: int, mb: int, stages: int,
+def _input_ready(ends: dict[str, list[list[float]]], kind: str, k: int, mb: int, stages: int,
                  p2p_s: Sequence[float]) -> tuple[float, tuple[str, int, int] | None]:
     """When the input of a pass is available, or the pass it still waits for."""
     if kind == FORWARD:
         if k == 0:
             return 0.0, None
-        upstream = done.get((FORWARD, k - 1, mb))
-        return (0.0, (FORWARD, k - 1, mb)) if upstream is None else (upstream + p2p_s[k - 1], None)
-    own_forward = done.get((FORWARD, k, mb))
-    if own_forward is None:
+        upstream = ends[FORWARD][k - 1][mb]
+        return (0.0, (FORWARD, k - 1, mb)) if upstream < 0 else (upstream + p2p_s[k - 1], None)
+    own_forward = ends[FORWARD][k][mb]
+    if own_forward < 0:
         return 0.0, (FORWARD, k, mb)
     if k == stages - 1:
         return own_forward, None
-    downstream = done.get((BACKWARD, k + 1, mb))
-    if downstream is None:
+    downstream = ends[BACKWARD][k + 1][mb]
+    if downstream < 0:
         return 0.0, (BACKWARD, k + 1, mb)
     return max(own_forward, downstream + p2p_s[k]), None
 
@@ -460,7 +461,7 @@ def _periodic_iteration_s(forward_s: Sequence[float], backward_s: Sequence[float
     vpp = len(forward_s) // pp
     zeros = [0.0] * len(forward_s)
     growth = behaviour.growth_s(forward_s, backward_s, pp)
-    base = 4 * pp * vpp
+    base = pp * vpp
     while (start := base + num_microbatches % pp) + 2 * pp < num_microbatches:
         times = [simulate(forward_s, backward_s, zeros, pp, start + i * pp, schedule, record=False).iteration_s
                  for i in range(3)]

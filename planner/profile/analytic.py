@@ -31,6 +31,16 @@ __all__ = [
 ]
 
 _ATTENTION_BACKWARD_RATIO = 2.5  # FlashAttention-2 backward: 5 matmuls vs 2 forward (Dao 2023)
+_FLASH_TILE = 128  # FlashAttention-2/3 query/key block (Dao 2023; Shah et al. 2024): diagonal blocks run whole
+# FP8 (Transformer Engine, torchao float8) HBM bytes per element around each FP8 linear layer beyond the BF16
+# path, per-tensor scaling: the backward casts the BF16 output gradient to FP8 twice (row-major for dgrad,
+# transposed for wgrad; read 2 B, write 1 + 1 B) and the wgrad GEMM needs the saved FP8 input transposed
+# (read 1 B, write 1 B; Hopper FP8 tensor cores take only the TN layout). The forward casts of the inputs
+# are fused into the preceding LayerNorm / activation (LayerNormLinear, fp8 gelu/swiglu output), except the
+# attention projection's input (read 2 B, write 1 B).
+_FP8_GRAD_CAST_BYTES = 4
+_FP8_INPUT_TRANSPOSE_BYTES = 2
+_FP8_UNFUSED_CAST_BYTES = 3
 _VECTOR_BYTES = 16  # tensor-core GEMM kernels load operands in 16-byte vectors
 
 
@@ -56,6 +66,9 @@ class UnitTimes:
     forward_s: float
     backward_s: float
     attention_core_forward_s: float = 0.0
+    # forward GEMM time of each tensor-parallel linear layer, in order: QKV, attention projection, MLP up
+    # (FC1), MLP down (FC2); its dgrad and wgrad GEMMs take as long. The compute TP collectives can hide behind.
+    linear_forward_s: tuple[float, ...] = ()
 
 
 def _local_heads(heads: int, tp: int) -> float:
@@ -68,6 +81,13 @@ def _aligned(elements: float, element_bytes: int) -> bool:
     for its fastest tensor-core kernels; e.g. an fp16 attention head of 108 does not, 104 or 128 do).
     Fractional widths are per-rank averages of the model, not real shapes, and count as aligned."""
     return not float(elements).is_integer() or int(elements) * element_bytes % _VECTOR_BYTES == 0
+
+
+def _gemm_dtype_outside_linears(dtype: str, gpu: GPUSpec) -> str:
+    """FP8 training runs only the transformer blocks' linear layers in FP8; the attention core, the MoE
+    router and the output layer (logits) stay BF16 (Megatron-LM / Transformer Engine, torchao float8's
+    default filter, which skips the output projection)."""
+    return "bf16" if dtype == "fp8" and gpu.supports("bf16") else dtype
 
 
 def block_forward_flops(model: ModelSpec, tokens: int, seq_len: int, causal_halving: bool = False) -> float:
@@ -127,9 +147,10 @@ class AnalyticProfile:
     def _attention_core(self, setting: UnitSetting, gpu: GPUSpec) -> tuple[float, float]:
         m, s, b = self.model, setting.seq_len, setting.micro_batch
         heads = _local_heads(m.num_attention_heads, setting.tp)
-        attention_dtype = "bf16" if setting.dtype == "fp8" and gpu.supports("bf16") else setting.dtype
+        attention_dtype = _gemm_dtype_outside_linears(setting.dtype, gpu)
         if setting.attention == "flash":
-            flops = 2 * 2 * b * s * s * heads * m.head_dim * 0.5  # causal: masked tiles are skipped
+            # causal: masked blocks are skipped, the s/tile diagonal blocks run whole
+            flops = 2 * 2 * b * s * s * heads * m.head_dim * 0.5 * (1 + min(_FLASH_TILE / s, 1.0))
             rate = gpu.peak_flops(attention_dtype) * self.calibration.flash_attention_efficiency
             forward = flops / rate + self.calibration.kernel_launch_s
             return forward, _ATTENTION_BACKWARD_RATIO * forward
@@ -154,27 +175,36 @@ class AnalyticProfile:
         rope = 4 * (m.query_width + m.kv_width) / t if m.position_embedding == "rope" else 0.0
         return norms + residuals + dropouts + activation + rope
 
+
     def _block(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
-        m, t = self.model, setting.tp
+        m, t, dtype = self.model, setting.tp, setting.dtype
         tokens = setting.micro_batch * setting.seq_len
         h, q, kv, f = m.hidden_size, m.query_width, m.kv_width, m.ffn_hidden_size
         qkv_width = q / t + 2 * kv * _local_heads(m.num_key_value_heads, t) / m.num_key_value_heads
-        gemms = self.gemm_time(gpu, setting.dtype, tokens, qkv_width, h)
-        gemms += self.gemm_time(gpu, setting.dtype, tokens, h, q / t)
         up_width = (2 if m.activation == "swiglu" else 1) * f / t
+        linears = [self.gemm_time(gpu, dtype, tokens, qkv_width, h), self.gemm_time(gpu, dtype, tokens, h, q / t)]
+        router = 0.0
         if m.is_moe:
             expert_tokens = tokens * m.moe_top_k / m.num_experts
-            gemms += self.gemm_time(gpu, setting.dtype, expert_tokens, up_width, h, m.num_experts)
-            gemms += self.gemm_time(gpu, setting.dtype, expert_tokens, h, f / t, m.num_experts)
-            gemms += self.gemm_time(gpu, setting.dtype, tokens, m.num_experts, h)
+            linears.append(self.gemm_time(gpu, dtype, expert_tokens, up_width, h, m.num_experts))
+            linears.append(self.gemm_time(gpu, dtype, expert_tokens, h, f / t, m.num_experts))
+            router = self.gemm_time(gpu, _gemm_dtype_outside_linears(dtype, gpu), tokens, m.num_experts, h)
         else:
-            gemms += self.gemm_time(gpu, setting.dtype, tokens, up_width, h)
-            gemms += self.gemm_time(gpu, setting.dtype, tokens, h, f / t)
+            linears.append(self.gemm_time(gpu, dtype, tokens, up_width, h))
+            linears.append(self.gemm_time(gpu, dtype, tokens, h, f / t))
+        gemms = sum(linears) + router
         core_forward, core_backward = self._attention_core(setting, gpu)
         elementwise = self.memory_time(gpu, tokens * self._elementwise_bytes_per_token(setting))
-        forward = gemms + core_forward + elementwise
-        backward = 2 * gemms + core_backward + 2 * elementwise
-        return UnitTimes(forward, backward, core_forward)
+        cast_forward = cast_backward = 0.0
+        if dtype == "fp8":  # (input, output) width of each linear layer per token, MoE tokens counted top-k times
+            k = m.moe_top_k
+            widths = ((h, qkv_width), (q / t, h), (h * k, up_width * k), (f / t * k, h * k))
+            cast_forward = self.memory_time(gpu, tokens * _FP8_UNFUSED_CAST_BYTES * q / t)
+            cast_backward = self.memory_time(gpu, tokens * sum(
+                _FP8_GRAD_CAST_BYTES * n + _FP8_INPUT_TRANSPOSE_BYTES * k_in for k_in, n in widths))
+        forward = gemms + core_forward + elementwise + cast_forward
+        backward = 2 * gemms + core_backward + 2 * elementwise + cast_backward
+        return UnitTimes(forward, backward, core_forward, tuple(linears))
 
     def _embedding(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
         m = self.model
@@ -190,7 +220,8 @@ class AnalyticProfile:
         tokens = setting.micro_batch * setting.seq_len
         vocab_local = m.padded_vocab_size(t) / t
         width = m.hidden_size / t if setting.sequence_parallel else m.hidden_size
-        logits = self.gemm_time(gpu, setting.dtype, tokens, vocab_local, m.hidden_size)
+        logits = self.gemm_time(gpu, _gemm_dtype_outside_linears(setting.dtype, gpu), tokens, vocab_local,
+                                m.hidden_size)
         norm = self.memory_time(gpu, tokens * 4 * width)
         # vocab-parallel cross entropy over fp32 logits: max, exp-sum and loss passes, then the gradient
         cross_entropy = self.memory_time(gpu, tokens * vocab_local * 4 * 4)

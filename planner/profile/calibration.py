@@ -36,8 +36,9 @@ class Calibration:
     p2p_efficiency_intra: float
     p2p_efficiency_inter: float
     iteration_overhead_s: float
-    memory_overhead_bytes: float
-    memory_fragmentation: float
+    cuda_context_bytes: float  # per GPU, outside the caching allocator: driver context, kernels, workspaces
+    nccl_communicator_bytes: float  # per NCCL communicator that moves data: its channels' protocol buffers
+    allocator_fragmentation: float  # share of transient allocations the caching allocator reserves but cannot reuse
     # Added with benchmarks/calibrate.py; files written before them keep these neutral defaults.
     gemm_efficiency: float = 1.0  # fraction of the GPU's max achievable matmul rate reached inside training
     fp8_gemm_efficiency_ratio: float = 1.0  # FP8 GEMM efficiency (of the FP8 peak) relative to BF16's

@@ -83,7 +83,7 @@ class PlacementResult:
     placement: Placement
     estimate: Estimate
     naive_time_s: float
-    method: str  # "exact", "annealing", or "rank-order" (nothing to move)
+    method: str  # "exact", "annealing", "roles" (only slowdowns differ) or "rank-order" (nothing to move)
     evaluations: int
     search_time_s: float
     time_capped: bool = False  # the annealing stopped at time_limit_s, not at max_evaluations
@@ -177,7 +177,9 @@ def search_placement(
     scorer = _Scorer(evaluate, config.tp)
     scorer.cache[tuple(cells)] = (_score(naive_estimate), naive_estimate)
     positions = list(dict.fromkeys(node for node, _ in cells))
-    if math.perm(cluster.num_nodes, len(positions)) <= exact_limit:
+    if _only_slowdowns_differ(cluster) and math.perm(cluster.num_nodes, len(positions)) > exact_limit:
+        best, method, capped = _move_slowed_nodes(cluster, config, cells, scorer), "roles", False
+    elif math.perm(cluster.num_nodes, len(positions)) <= exact_limit:
         best = _exact(cluster, cells, positions, scorer)
         method, capped = "exact", False
     else:
@@ -188,6 +190,36 @@ def search_placement(
     result = scorer(best)[1]
     return PlacementResult(_placement_of(best, config.tp), result, naive_estimate.iteration_time_s, method,
                            scorer.evaluations, time.perf_counter() - started, capped)
+
+
+def _only_slowdowns_differ(cluster: Cluster) -> bool:
+    """Whether the nodes are alike (one GPU type, the same links) but for slowed GPUs: then nodes with
+    the same role in a placement are interchangeable, and only where the slowed nodes go matters."""
+    first = cluster.nodes[0]
+    return bool(cluster.gpu_overrides) and not cluster.pair_links and all(
+        (n.gpu, n.num_gpus, n.intra_bandwidth_bytes_per_s, n.nic_bandwidth_bytes_per_s)
+        == (first.gpu, first.num_gpus, first.intra_bandwidth_bytes_per_s, first.nic_bandwidth_bytes_per_s)
+        for n in cluster.nodes)
+
+
+def _move_slowed_nodes(cluster: Cluster, config: ParallelConfig, cells: list[Slot], scorer: _Scorer) -> list[Slot]:
+    """Each slowed node in turn swapped with one node of every role (the pipeline ranks a node's cells
+    serve, or idle) and the best kept: O(slowed nodes × (pp + 1)) estimates instead of a search over
+    host orders, exact on a cluster whose nodes differ only by slowdowns."""
+    best, best_score = cells, scorer(cells)[0]
+    for slowed in sorted({node for node, _ in cluster.gpu_overrides}):
+        roles: dict[tuple[int, ...], int] = {}
+        for node in range(cluster.num_nodes):
+            role = tuple(sorted({c // config.dp for c, (n, _) in enumerate(best) if n == node}))
+            roles.setdefault(role, node)
+        for other in roles.values():
+            if other == slowed:
+                continue
+            candidate = _remap(best, {slowed: other, other: slowed})
+            score = scorer(candidate)[0]
+            if score < best_score:
+                best, best_score = candidate, score
+    return best
 
 
 def _exact(cluster: Cluster, cells: list[Slot], positions: list[int], scorer: _Scorer) -> list[Slot]:
@@ -343,6 +375,7 @@ def pinned_options(config: ParallelConfig) -> FixedOptions:
         tp=config.tp, pp=config.pp, dp=config.dp, micro_batch=config.micro_batch, vpp=config.vpp,
         recompute=config.recompute, schedule=config.schedule, zero_stage=config.zero_stage,
         distributed_optimizer=config.distributed_optimizer, sequence_parallel=config.sequence_parallel,
+        tp_comm_overlap=config.tp_comm_overlap,
     )
 
 

@@ -36,7 +36,7 @@ from planner.cost.time import (
     unit_costs,
 )
 from planner.errors import InfeasibleError, PlannerError
-from planner.gpu import GIB
+from planner.gpu import GIB, GPUSpec
 from planner.model import ModelSpec, UnitKind
 from planner.placement import GroupLinks, Placement, default_placement
 from planner.profile.analytic import AnalyticProfile
@@ -145,7 +145,7 @@ class _Context:
         return self.links[key]
 
     def rank_costs(self, config: ParallelConfig, links: GroupLinks) -> tuple[dict[UnitKind, UnitCost], ...]:
-        setting = (config.tp, config.micro_batch, config.sequence_parallel, config.recompute)
+        setting = (config.tp, config.micro_batch, config.sequence_parallel, config.recompute, config.tp_comm_overlap)
         whole = (id(links), *setting)
         if whole not in self.per_config:
             out = []
@@ -213,12 +213,11 @@ def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
     params = first[UnitKind.EMBEDDING].params + layers * first[UnitKind.BLOCK].params + first[UnitKind.HEAD].params
     activations = (first[UnitKind.EMBEDDING].activation_bytes + layers * first[UnitKind.BLOCK].activation_bytes
                    + first[UnitKind.HEAD].activation_bytes)
-    # Every rank shares the per-parameter and fixed terms; in-flight micro-batches never grow with the
-    # rank, so the last rank holds the fewest.
-    last = rank_memory_model(model, training, config, config.pp - 1, m, cal.memory_overhead_bytes,
-                             cal.memory_fragmentation)
-    need = last.param_bytes * params + last.activation_factor * activations
-    available = sum(links.capacity_bytes) - config.pp * last.fixed_bytes
+    # Every rank shares the per-parameter cost; in-flight micro-batches never grow with the rank, so the
+    # last rank holds the fewest; each rank's fixed bytes (context, NCCL, buffers) are its own.
+    ranks = [rank_memory_model(model, training, config, r, m, links.gpu[r], cal) for r in range(config.pp)]
+    need = ranks[-1].param_bytes * params + ranks[-1].activation_factor * activations
+    available = sum(links.capacity_bytes) - sum(rank.fixed_bytes for rank in ranks)
     if need > available:  # rejected: no time bound needed
         return _Candidate(order, config, math.inf, need, available, costs, (), m, 0.0, 0.0)
     boundary = ctx.boundary(config, links)
@@ -316,8 +315,7 @@ def _problem(ctx: _Context, candidate: _Candidate) -> PartitionProblem:
     kinds = [unit.kind for unit in ctx.model.units()]
     times, memories, budgets = [], [], []
     for r, costs in enumerate(candidate.rank_costs):
-        rank = rank_memory_model(ctx.model, ctx.training, config, r, m, cal.memory_overhead_bytes,
-                                 cal.memory_fragmentation)
+        rank = rank_memory_model(ctx.model, ctx.training, config, r, m, links.gpu[r], cal)
         times.append(tuple(costs[kind].total_s for kind in kinds))
         memories.append(tuple(rank.total(costs[kind].params, costs[kind].activation_bytes) - rank.fixed_bytes
                               for kind in kinds))
@@ -454,25 +452,61 @@ def _evaluate(ctx: _Context, candidate: _Candidate, found: PartitionResult | Non
     return RankedPlan(config, partition, placement, result, uniform, proven, candidate.time_bound_s)
 
 
-def _closeness(candidate: _Candidate) -> tuple[bool, float, int]:
-    """How far a candidate is from fitting: need over what its GPUs can hold; one whose fixed bytes
-    alone exceed the GPUs (nothing left for states) comes after every other."""
-    need, available = candidate.memory_need_bytes, candidate.memory_available_bytes
-    return (available <= 0, need / available if available > 0 else need - available, candidate.order)
+CLOSEST_ESTIMATES_MAX = 256
+"""Most uniform-split estimates the search of the nearest configuration runs (smallest bound first)."""
+
+
+def _closeness(candidate: _Candidate) -> float:
+    """A lower bound on the bytes its tightest pipeline rank is short under any split: the ranks together
+    lack need − available, so the worst lacks at least the average (0 when the bound alone fits)."""
+    return max(candidate.memory_need_bytes - candidate.memory_available_bytes, 0.0) / candidate.config.pp
+
+
+def _shortfall_bytes(result: Estimate) -> float:
+    stage = result.tightest_stage()
+    return max(stage.memory.total - stage.memory.capacity, 0.0)
+
+
+def _nearest(ctx: _Context, rejected: list[_Candidate]) -> tuple[_Candidate, Estimate]:
+    """The rejected configuration whose uniform-split estimate is short by the fewest bytes, found by
+    branch and bound over `_closeness` (no candidate whose bound exceeds the best shortfall can win)."""
+    best: tuple[float, int, _Candidate, Estimate] | None = None
+    for count, candidate in enumerate(sorted(rejected, key=lambda c: (_closeness(c), c.order))):
+        if best is not None and (_closeness(candidate) >= best[0] or count >= CLOSEST_ESTIMATES_MAX):
+            break
+        placement, _ = ctx.placed(candidate.config)
+        result = estimate(ctx.model, ctx.cluster, ctx.training, candidate.config, None, placement, ctx.timer,
+                          ctx.calibration)
+        key = (_shortfall_bytes(result), candidate.order)
+        if best is None or key < best[:2]:
+            best = (*key, candidate, result)
+    assert best is not None, "an infeasible search rejected at least one candidate"
+    return best[2], best[3]
+
+
+def _gpus_for_states(ctx: _Context, config: ParallelConfig, gpu: GPUSpec, capacity_bytes: float) -> float:
+    """GPUs of this type that the model states alone need, sharded perfectly over all of them: the
+    replicated states (weights, gradients, optimizer) over what a GPU holds beyond its fixed bytes."""
+    replicated = replace(config, dp=1, zero_stage=0, distributed_optimizer=False)
+    rank = rank_memory_model(ctx.model, ctx.training, replicated, 0, 1, gpu, ctx.calibration)
+    room = capacity_bytes - rank.fixed_bytes
+    return math.inf if room <= 0 else math.ceil(ctx.model.num_parameters * rank.param_bytes / room)
 
 
 def _infeasible_message(ctx: _Context, rejected: list[_Candidate]) -> str:
-    """The configuration closest to fitting and its tightest stage under the uniform split."""
-    closest = min(rejected, key=_closeness)
-    placement, _ = ctx.placed(closest.config)
-    result = estimate(ctx.model, ctx.cluster, ctx.training, closest.config, None, placement, ctx.timer,
-                      ctx.calibration)
+    """The searched configuration nearest to fitting (smallest shortfall by its estimate) and its tightest
+    stage; when the model states alone exceed the cluster, how many GPUs of this type they need."""
+    closest, result = _nearest(ctx, rejected)
     stage = result.tightest_stage()
-    short = max(stage.memory.total - stage.memory.capacity, 0.0)
+    needed = _gpus_for_states(ctx, closest.config, ctx.placed(closest.config)[1].gpu[stage.pp_rank],
+                              stage.memory.capacity)
+    advice = (f"the model states alone need at least {needed:,.0f} {stage.gpu} GPUs, the cluster has "
+              f"{ctx.cluster.num_gpus:,}" if needed > ctx.cluster.num_gpus else
+              "try more GPUs" + (", a smaller --global-batch/--seq-len or --recompute full"
+                                 if closest.config.recompute is not Recompute.FULL
+                                 else " or a smaller --global-batch/--seq-len"))
     return (
         f"no configuration fits in memory; the closest ({closest.config.describe()}) has stage {stage.index} "
         f"needing {stage.memory.total / GIB:.1f} GiB, {stage.gpu} has {stage.memory.capacity / GIB:.1f} GiB "
-        f"(short by {short / GIB:.1f} GiB); try more GPUs"
-        + (", a smaller --global-batch/--seq-len or --recompute full" if closest.config.recompute is not Recompute.FULL
-           else " or a smaller --global-batch/--seq-len")
+        f"(short by {_shortfall_bytes(result) / GIB:.1f} GiB); {advice}"
     )

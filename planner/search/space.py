@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import product
 from typing import Any
 
 from planner.cluster import Cluster
@@ -43,6 +44,7 @@ class FixedOptions:
     zero_stage: int | None = None
     distributed_optimizer: bool | None = None
     sequence_parallel: bool | None = None
+    tp_comm_overlap: bool | None = None
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> FixedOptions:
@@ -54,7 +56,15 @@ class FixedOptions:
             schedule=Schedule(schedule) if schedule else None, zero_stage=options.get("zero_stage"),
             distributed_optimizer=options.get("distributed_optimizer"),
             sequence_parallel=options.get("sequence_parallel"),
+            tp_comm_overlap=options.get("tp_comm_overlap"),
         )
+
+    def runnable_by(self, target: str | None) -> FixedOptions:
+        """These options with what an export target cannot run pinned off where the user left it open:
+        Megatron-DeepSpeed has no TP communication overlap (`planner plan --export deepspeed`)."""
+        if target == "deepspeed" and self.tp_comm_overlap is None:
+            return replace(self, tp_comm_overlap=False)
+        return self
 
 
 def _divisors(n: int) -> list[int]:
@@ -98,6 +108,10 @@ def _check_fixed(model: ModelSpec, cluster: Cluster, training: Training, fixed: 
         raise PlannerError(f"--vpp {fixed.vpp} needs --schedule interleaved, got {fixed.schedule.value}")
     if fixed.sequence_parallel and fixed.tp == 1:
         raise PlannerError("--sequence-parallel needs tp > 1, got --tp 1")
+    if fixed.tp_comm_overlap and (fixed.tp == 1 or fixed.sequence_parallel is False):
+        given = "--tp 1" if fixed.tp == 1 else "--no-sequence-parallel"
+        raise PlannerError(f"--tp-comm-overlap overlaps the sequence-parallel collectives and needs tp > 1 with "
+                           f"sequence parallelism, got {given}")
     if fixed.zero_stage is not None and fixed.zero_stage >= 2 and fixed.pp not in (None, 1):
         raise PlannerError(f"--zero {fixed.zero_stage} is not supported with --pp {fixed.pp}; use --zero 0 or 1")
     if fixed.distributed_optimizer and fixed.zero_stage not in (None, 0, 1):
@@ -157,10 +171,20 @@ def _sequence_parallel(fixed: FixedOptions, tp: int) -> bool:
     return tp > 1 if fixed.sequence_parallel is None else fixed.sequence_parallel and tp > 1
 
 
+def _tp_comm_overlaps(fixed: FixedOptions, sequence_parallel: bool) -> list[bool]:
+    """TP communication overlap: on wherever sequence parallelism runs, unless fixed. It only hides
+    communication (the cost model never charges it time), so trying it off too would double the
+    space for plans it dominates; `--no-tp-comm-overlap` plans without it."""
+    if not sequence_parallel:
+        return [False]
+    return [True] if fixed.tp_comm_overlap is None else [fixed.tp_comm_overlap]
+
+
 def complete_config(fixed: FixedOptions, model: ModelSpec, cluster: Cluster, training: Training) -> ParallelConfig:
     """The one configuration `estimate` evaluates from what the user fixed, checked like the search's:
     unspecified degrees default to 1 with dp taking the remaining GPUs, the defaults of the search
-    (1F1B, or interleaved when vpp > 1; sequence parallelism with tp > 1; no recompute or sharding)."""
+    (1F1B, or interleaved when vpp > 1; sequence parallelism with tp > 1; no recompute, sharding or TP
+    communication overlap, Megatron-LM's defaults)."""
     _check_fixed(model, cluster, training, fixed)
     tp, pp = fixed.tp or 1, fixed.pp or 1
     dp = fixed.dp
@@ -173,7 +197,8 @@ def complete_config(fixed: FixedOptions, model: ModelSpec, cluster: Cluster, tra
     return ParallelConfig(
         dp=dp, tp=tp, pp=pp, vpp=vpp, micro_batch=fixed.micro_batch or 1,
         sequence_parallel=_sequence_parallel(fixed, tp), recompute=fixed.recompute or Recompute.NONE,
-        zero_stage=fixed.zero_stage or 0, distributed_optimizer=bool(fixed.distributed_optimizer),
+        tp_comm_overlap=bool(fixed.tp_comm_overlap), zero_stage=fixed.zero_stage or 0,
+        distributed_optimizer=bool(fixed.distributed_optimizer),
         schedule=fixed.schedule or (Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B),
     )
 
@@ -192,11 +217,11 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, training: Training,
                 if pp * vpp > model.num_layers:
                     continue
                 for zero_stage, dist_opt in _sharding_options(pp, dp, fixed):
-                    for recompute in recomputes:
+                    for recompute, overlap in product(recomputes, _tp_comm_overlaps(fixed, sp)):
                         yield ParallelConfig(
                             dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, vpp=vpp, sequence_parallel=sp,
                             recompute=recompute, zero_stage=zero_stage, distributed_optimizer=dist_opt,
-                            schedule=schedule,
+                            schedule=schedule, tp_comm_overlap=overlap,
                         )
 
 

@@ -1,0 +1,131 @@
+"""Does planner rank layouts as the measurements do? Layout sweeps of ../shared/validation/sweeps.
+
+    python -m benchmarks.ranking              # per-group table, then the summary
+    python -m benchmarks.ranking --summary    # the summary table only (README "Accuracy")
+
+Within a group only the layout changes (dp, tp, pp, micro-batch, ZeRO stage). Per group: the Spearman
+correlation of predicted with measured time, and the regret = measured time of the layout planner
+ranks first ÷ the best measured time of the group (1.0: planner picks the fastest). Issue 10's
+targets: median Spearman ≥ 0.9, mean regret ≤ 1.05.
+
+Settings the sweeps do not state, as the studies ran them:
+* vTrain single-node (Megatron-DeepSpeed on one 8×A100 node): GPT-2 BPE vocabulary (50257, padded as
+  Megatron pads it), learned positions, fp16, unfused attention, full activation checkpointing
+  (`use_checkpoint=true`), no ZeRO, DeepSpeed's pipeline engine as for BLOOM (whole activations between
+  stages, gradients reduced after the flush: `use_gradient_bucket=false`).
+* DeepSpeed autotuning (HF transformers on one 16×V100-32GB node): GPT-2 family only (the BERT/DeBERTa
+  encoders are skipped), sequence 1024 (run_clm's block size), fp16, unfused attention, no checkpointing;
+  the metric is samples/s, so time per sample = 1 / throughput and planner's is iteration time / batch.
+  Tuning spaces with no successful experiment are left out (the README does not say why they failed).
+The Alpa ablation is skipped: its layouts are XLA auto-sharding plans, not framework layouts planner models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import pandas as pd
+
+from benchmarks.validation_runs import DATA
+from planner.cluster import load_cluster
+from planner.config import ParallelConfig, Recompute, Training
+from planner.cost.estimate import estimate
+from planner.model import ModelSpec
+from planner.profile.calibration import Calibration, default_calibration
+
+__all__ = ["group_scores", "predicted_times", "study_summary"]
+
+VTRAIN_FILE = "vtrain_singlenode_a100.csv"
+AUTOTUNING_FILE = "deepspeed_autotuning_hf_v100.csv"
+GPT2_VOCAB = 50257
+SEQ_LEN = 1024
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
+    return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                     ffn_hidden_size=4 * hidden, vocab_size=GPT2_VOCAB, max_position_embeddings=SEQ_LEN,
+                     activation="gelu", normalization="layernorm", position_embedding="learned", tie_embeddings=True,
+                     linear_bias=True, dropout=True, source="GPT-2 shape of the sweep row")
+
+
+def _vtrain_time(row: pd.Series, calibration: Calibration) -> float:
+    """Predicted seconds per iteration of one vTrain run."""
+    model = _gpt(str(row["model"]), int(row["layers"]), int(row["hidden"]), int(row["heads"]))
+    training = Training(global_batch=int(row["global_batch"]), seq_len=SEQ_LEN, dtype="fp16", attention="unfused")
+    config = ParallelConfig(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]),
+                            micro_batch=int(row["micro_batch"]), recompute=Recompute.FULL, overlap_grad_reduce=False,
+                            p2p_scatter_gather=False, overlap_tp_backward=False)
+    return estimate(model, load_cluster("dgx-a100"), training, config, calibration=calibration).iteration_time_s
+
+
+def _autotuning_time(row: pd.Series, calibration: Calibration) -> float:
+    """Predicted seconds per sample of one DeepSpeed autotuning result."""
+    model = _gpt(str(row["model"]), int(row["layers"]), int(row["hidden"]), int(row["heads"]))
+    dp, micro_batch, accumulation = int(row["dp"]), int(row["micro_batch"]), int(row["grad_accum"])
+    training = Training(global_batch=dp * micro_batch * accumulation, seq_len=SEQ_LEN, dtype="fp16",
+                        attention="unfused")
+    config = ParallelConfig(dp=dp, tp=1, pp=1, micro_batch=micro_batch, zero_stage=int(row["zero_sharding"][-1]))
+    result = estimate(model, load_cluster("1x16xV100-32GB"), training, config, calibration=calibration)
+    return result.iteration_time_s / training.global_batch
+
+
+def predicted_times(calibration: Calibration) -> pd.DataFrame:
+    """One row per usable sweep run: study, group, measured and predicted time (per iteration or per sample)."""
+    vtrain = pd.read_csv(DATA / VTRAIN_FILE)
+    vtrain = vtrain[vtrain["status"] == "ok"]
+    tuning = pd.read_csv(DATA / AUTOTUNING_FILE)
+    tuning = tuning[(tuning["status"] == "ok") & tuning["model"].str.startswith("gpt2")]
+    frames = [
+        pd.DataFrame({"study": "vTrain single-node (A100)", "group": vtrain["group_id"],
+                      "measured": vtrain["measured_iter_time_s"],
+                      "predicted": [_vtrain_time(row, calibration) for _, row in vtrain.iterrows()]}),
+        pd.DataFrame({"study": "DeepSpeed autotuning GPT-2 (V100)", "group": tuning["group_id"],
+                      "measured": 1 / tuning["measured_throughput"],
+                      "predicted": [_autotuning_time(row, calibration) for _, row in tuning.iterrows()]}),
+    ]
+    return pd.concat(frames, ignore_index=True)
+
+
+def _group(frame: pd.DataFrame) -> pd.Series:
+    spearman = frame["predicted"].rank().corr(frame["measured"].rank())  # Spearman = Pearson of ranks (no scipy)
+    regret = frame["measured"].loc[frame["predicted"].idxmin()] / frame["measured"].min()
+    return pd.Series({"layouts": len(frame), "spearman": spearman, "regret": regret})
+
+
+def group_scores(times: pd.DataFrame) -> pd.DataFrame:
+    """Per (study, group): layouts, Spearman of predicted with measured time, regret of planner's first pick."""
+    return times.groupby(["study", "group"], sort=False)[["predicted", "measured"]].apply(_group).reset_index()
+
+
+def study_summary(groups: pd.DataFrame) -> pd.DataFrame:
+    """Per study: groups, layouts, median Spearman, mean and worst regret, share of groups won outright."""
+    return groups.groupby("study", sort=False).agg(
+        groups=("group", "size"), layouts=("layouts", "sum"), median_spearman=("spearman", "median"),
+        mean_regret=("regret", "mean"), worst_regret=("regret", "max"),
+        best_picked=("regret", lambda r: (r <= 1 + 1e-9).mean()))
+
+
+def summary_lines(summary: pd.DataFrame) -> list[str]:
+    lines = ["| sweep | groups | layouts | median Spearman | mean regret | worst regret | fastest picked |",
+             "|---|---|---|---|---|---|---|"]
+    for study, row in summary.iterrows():
+        lines.append(f"| {study} | {row['groups']:.0f} | {row['layouts']:.0f} | {row['median_spearman']:.2f} | "
+                     f"{row['mean_regret']:.3f} | {row['worst_regret']:.3f} | {100 * row['best_picked']:.0f} % |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--summary", action="store_true", help="print only the summary table")
+    args = parser.parse_args()
+    groups = group_scores(predicted_times(default_calibration()))
+    if not args.summary:
+        with pd.option_context("display.max_rows", None, "display.width", 160):
+            print(groups.to_string(index=False, float_format=lambda x: f"{x:.3f}" if math.isfinite(x) else "nan"))
+        print()
+    print("\n".join(summary_lines(study_summary(groups))))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""README figures: every block marked `<!-- check: COMMAND [;; COMMAND …] -->` is output of those
+commands. `tests/test_readme.py` reruns them and fails when a quoted number drifts beyond
+CHECK_TOLERANCE; this script prints the drift, and with `--write` requotes the numbers in place.
+
+    PYTHONPATH=. python -m benchmarks.readme_figures [--write]
+
+A line whose text (numbers aside) is no longer printed is reported, never rewritten: a changed
+layout or a different winning plan needs a person to reread the prose around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from click.testing import CliRunner
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+MARKER = re.compile(r"<!-- check: (.+?) -->")
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+CHECK_TOLERANCE = 0.01  # relative, or one unit of the last digit the README prints, whichever is larger
+
+
+@dataclass(frozen=True)
+class Block:
+    """A marked block: its commands and the README line numbers (0-based) of its quoted output lines."""
+
+    commands: tuple[str, ...]
+    lines: tuple[int, ...]
+
+
+def blocks(lines: list[str]) -> list[Block]:
+    """Every marked block: the fenced, indented or table block after the marker, without its
+    `$ command` lines (and their `\\` continuations) and lines without numbers."""
+    out = []
+    for index, line in enumerate(lines):
+        match = MARKER.search(line)
+        if match:
+            commands = tuple(c.strip() for c in match.group(1).split(";;"))
+            out.append(Block(commands, tuple(_output_lines(lines, index + 1))))
+    return out
+
+
+def _output_lines(lines: list[str], start: int) -> Iterator[int]:
+    first = next(i for i in range(start, len(lines)) if lines[i].strip())
+    if lines[first].startswith("```"):
+        end = next(i for i in range(first + 1, len(lines)) if lines[i].startswith("```"))
+        body = range(first + 1, end)
+    else:
+        table = lines[first].startswith("|")
+        end = first
+        while end < len(lines) and (lines[end].startswith("|") if table
+                                    else not lines[end] or lines[end].startswith("    ")):
+            end += 1
+        body = range(first, end)
+    continued = False
+    for i in body:
+        text = lines[i].strip()
+        command = continued or text.startswith("$")
+        continued = command and text.endswith("\\")
+        if text and not command and NUMBER.search(text) and text not in ("...", "…"):
+            yield i
+
+
+def run(command: str, cwd: Path) -> str:
+    """stdout and stderr of one README command: `planner …` in-process, `python -m benchmarks.…` as a process."""
+    argv = shlex.split(command)
+    if argv[0] == "planner":
+        from cli import main
+
+        previous = Path.cwd()
+        os.chdir(cwd)
+        try:
+            return CliRunner().invoke(main, argv[1:]).output
+        finally:
+            os.chdir(previous)
+    if argv[:2] != ["python", "-m"]:
+        raise ValueError(f"unsupported README check command: {command}")
+    done = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return done.stdout + done.stderr
+
+
+def shape(line: str) -> str:
+    """A line with its numbers blanked and its spacing collapsed: what must stay the same."""
+    return " ".join(NUMBER.sub("#", line).split())
+
+
+def close(quoted: str, actual: str) -> bool:
+    a, b = float(quoted.replace(",", "")), float(actual.replace(",", ""))
+    decimals = len(quoted.split(".")[1]) if "." in quoted else 0
+    return abs(a - b) <= max(CHECK_TOLERANCE * abs(b), 10.0 ** -decimals)
+
+
+def matches(lines: list[str], block: Block, output: str) -> list[tuple[int, str | None]]:
+    """(README line, the output line it corresponds to, or None when none is printed any more)."""
+    actual = [line.strip() for line in output.splitlines() if line.strip()]
+    found, position = [], 0
+    for index in block.lines:
+        hit = next((i for i in range(position, len(actual)) if shape(actual[i]) == shape(lines[index])), None)
+        found.append((index, None if hit is None else actual[hit]))
+        position = position if hit is None else hit + 1
+    return found
+
+
+def block_output(block: Block) -> str:
+    with tempfile.TemporaryDirectory() as scratch:
+        return "\n".join(run(command, Path(scratch)) for command in block.commands)
+
+
+def drift(quoted: str, actual: str) -> list[tuple[str, str]]:
+    """(quoted, now) of every number of a line that moved beyond the tolerance."""
+    return [(q, a) for q, a in zip(NUMBER.findall(quoted), NUMBER.findall(actual), strict=True) if not close(q, a)]
+
+
+def requote(quoted: str, actual: str) -> str:
+    """The README line with the numbers of the fresh output, keeping the README's indentation."""
+    numbers = iter(NUMBER.findall(actual.strip()))
+    return NUMBER.sub(lambda _: next(numbers), quoted)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="requote drifted numbers in README.md")
+    args = parser.parse_args()
+    lines = README.read_text().splitlines()
+    stale = 0
+    for block in blocks(lines):
+        for index, actual in matches(lines, block, block_output(block)):
+            if actual is None:
+                stale += 1
+                print(f"README.md:{index + 1}: no longer printed by {' ;; '.join(block.commands)}: {lines[index]}")
+            elif drift(lines[index], actual):
+                print(f"README.md:{index + 1}: {drift(lines[index], actual)}")
+                if args.write:
+                    lines[index] = requote(lines[index], actual)
+    if args.write:
+        README.write_text("\n".join(lines) + "\n")
+    sys.exit(1 if stale else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""torchtitan / torchao runs (the shared validation's common FSDP schema) as planner inputs.
+
+Files (verbatim copies in benchmarks/data/, each row with its `source`): torchtitan's Dec-2024 H100
+benchmarks, torchtitan's 2024 docs (64 A100; 405B on 128 H100) and torchao's float8/MXFP8 runs.
+Settings a row does not state are torchtitan's defaults at the commits the rows name: FSDP2
+FULL_SHARD over `dp_shard_degree` (= ZeRO-3), bf16 parameters with fp32 gradient reduction,
+SDPA flash attention, TP with sequence parallelism, local batch = `micro_batch` per DP rank with
+no gradient accumulation, and any float8 / MXFP8 recipe = fp8 GEMMs. "selective" activation
+checkpointing (per-op SAC) is taken as selective recompute. The Dec-2024 H100s are 96 GB HBM2e
+parts at 500 W: their capacity is 96 GB here; their lower clocks are not modelled.
+Iteration time = global-batch tokens / (tokens/s/GPU × GPUs) (torchtitan divides by cp·tp·pp too).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pandas as pd
+
+from benchmarks.validation_runs import DATA, Run, Skipped
+from planner.cluster import Cluster, load_cluster
+from planner.config import ParallelConfig, Recompute, Training
+from planner.gpu import GIB
+from planner.model import load_model
+
+__all__ = ["TITAN_FILES", "titan_runs"]
+
+TITAN_FILES = ("torchtitan_benchmarks_llama3_h100_202412.csv", "torchtitan_docs_performance_2024_a100_and_405b.csv",
+               "torchao_float8_mxfp8_torchtitan_benchmarks.csv")
+_CATALOG = {("Llama 3", "8B"): "llama3-8b", ("Llama 3", "70B"): "llama3-70b", ("Llama 3", "405B"): "llama3-405b",
+            ("Llama 2", "13B"): "llama2-13b", ("Llama 2", "70B"): "llama2-70b"}
+_GPUS = (("MI300X", "MI300X"), ("GB200", ""), ("B200", "B200"), ("A100", "A100-80GB"), ("H100", "H100-80GB"))
+_HBM2E_H100_BYTES = 96e9  # "96GB HBM2e" (torchtitan benchmark text; docs say 95GB)
+
+
+@dataclass(frozen=True)
+class _Row:
+    """The fields of one common-schema row that planner needs, already parsed."""
+
+    model: str
+    gpu: str
+    gpus: int
+    dp_shard: int
+    dp_replicate: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    micro_batch: int
+    global_batch: int
+    seq_len: int
+    checkpointing: str
+    fp8: bool
+    tokens_per_s_per_gpu: float
+    memory_gib: float | None
+    async_tp: bool  # torchtitan's async tensor parallelism (the row's async_tp column says "yes")
+
+
+def _catalog_name(model: str) -> str | None:
+    """'Llama 3.1 8B' → llama3-8b; None for models outside the catalog (Llama 4 MoE)."""
+    family = "Llama 3" if model.startswith("Llama 3") else "Llama 2" if model.startswith("Llama 2") else ""
+    return _CATALOG.get((family, model.split()[-1]))
+
+
+def _gpu(hardware: str) -> str:
+    return next((name for key, name in _GPUS if key in hardware), "")
+
+
+def _int(value: object, default: int) -> int:
+    return default if pd.isna(value) else int(float(str(value).split()[0]))
+
+
+def _parse(row: pd.Series) -> _Row:
+    dp_shard, micro_batch = _int(row["dp_shard_degree"], 1), _int(row["micro_batch"], 1)
+    recipe = f"{row['low_precision_recipe']} {row['precision']}".lower()
+    return _Row(str(row["model"]), _gpu(str(row["hardware"])), int(row["num_gpus"]), dp_shard,
+                _int(row["dp_replicate_degree"], 1), _int(row["tp"], 1), _int(row["pp"], 1), _int(row["cp"], 1),
+                _int(row["ep"], 1), micro_batch, _int(row["global_batch_seqs"], micro_batch * dp_shard),
+                int(row["seq_len"]), str(row["activation_checkpointing"]).lower(),
+                "float8" in recipe or "fp8" in recipe, float(row["tokens_per_sec_per_gpu"]),
+                None if pd.isna(row["peak_memory_gib"]) else float(row["peak_memory_gib"]),
+                str(row["async_tp"]).strip().lower() == "yes")
+
+
+def _unsupported(row: _Row) -> str | None:
+    """Why planner cannot express a row, or None."""
+    if _catalog_name(row.model) is None or row.ep > 1:
+        return "MoE with expert parallelism not modelled"
+    reasons = {"context parallelism (cp > 1) not modelled": row.cp > 1,
+               "HSDP (replicated FSDP groups) not modelled": row.dp_replicate > 1,
+               "FSDP with pipeline parallelism (ZeRO-3 + pp) not modelled": row.pp > 1,
+               "torchtitan per-layer SAC (every k-th block recomputed) has no planner equivalent":
+                   "selective layer" in row.checkpointing,
+               "GPU not in the catalog": not row.gpu}
+    return next((why for why, applies in reasons.items() if applies), None)
+
+
+def _recompute(checkpointing: str) -> Recompute:
+    if checkpointing.startswith("full"):
+        return Recompute.FULL
+    return Recompute.SELECTIVE if checkpointing.startswith("selective") else Recompute.NONE
+
+
+def _cluster(row: _Row, hardware: str) -> Cluster:
+    cluster = load_cluster(f"{max(row.gpus // 8, 1)}x{min(row.gpus, 8)}x{row.gpu}")
+    if row.gpu != "H100-80GB" or "HBM2e" not in hardware:
+        return cluster
+    gpu = replace(cluster.nodes[0].gpu, name="H100-96GB-HBM2e", memory_bytes=int(_HBM2E_H100_BYTES))
+    return cluster.with_nodes(replace(node, gpu=gpu) for node in cluster.nodes)
+
+
+def _run(file: str, frame_row: pd.Series, row: _Row) -> Run:
+    training = Training(global_batch=row.global_batch, seq_len=row.seq_len, dtype="fp8" if row.fp8 else "bf16",
+                        attention="flash", grad_bytes=4)
+    # torchtitan's TP backward has no async all-reduce hidden behind the wgrad GEMMs (Megatron-LM's
+    # overlap_tp_backward); async TP pipelines the sequence-parallel collectives with their GEMMs.
+    config = ParallelConfig(dp=row.dp_shard, tp=row.tp, pp=1, micro_batch=row.micro_batch,
+                            sequence_parallel=row.tp > 1, zero_stage=3 if row.dp_shard > 1 else 0,
+                            recompute=_recompute(row.checkpointing), overlap_tp_backward=False,
+                            tp_comm_overlap=row.async_tp and row.tp > 1)
+    iteration = training.tokens_per_iteration / (row.tokens_per_s_per_gpu * row.gpus)
+    memory = None if row.memory_gib is None else row.memory_gib * GIB
+    label = f"row{frame_row['row_id']} {row.model} s{row.seq_len} {row.gpus}x{row.gpu} {config.describe()}"
+    return Run(file, label, load_model(_catalog_name(row.model) or ""), _cluster(row, str(frame_row["hardware"])),
+               training, config, iteration, memory, f"{file} row_id {frame_row['row_id']}")
+
+
+def titan_runs(file: str) -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
+    """Runs of one common-schema file planner can express, and the rows it cannot (with why)."""
+    runs, skipped = [], []
+    for _, frame_row in pd.read_csv(DATA / file).iterrows():
+        row = _parse(frame_row)
+        why = _unsupported(row)
+        if why:
+            skipped.append(Skipped(file, f"row_id {frame_row['row_id']}", why))
+        else:
+            runs.append(_run(file, frame_row, row))
+    return tuple(runs), tuple(skipped)
