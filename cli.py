@@ -21,13 +21,16 @@ import yaml
 
 from planner import InfeasibleError, PlannerError, __version__
 from planner.cluster import Cluster, catalog_cluster_names, load_cluster
-from planner.config import DTYPES, Partition, Training
+from planner.compare import compare_plans
+from planner.config import DTYPES, ParallelConfig, Partition, Training
 from planner.cost.estimate import Estimate, estimate
+from planner.explain import explain
 from planner.export import TARGETS, exporter, render_stdout, write_export
+from planner.frameworks import FRAMEWORK_NAMES, framework_named
 from planner.gpu import GIB, catalog_gpu_names, lookup_gpu
 from planner.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN
 from planner.model import ModelSpec, catalog_model_names, load_model
-from planner.placement import default_placement
+from planner.placement import Placement, default_placement
 from planner.plan import LISTED_RANKS_MAX, build_plan_document, load_plan, parse_plan_document, write_atomic
 from planner.profile.calibration import Calibration, default_calibration, load_calibration
 from planner.profile.fit import (
@@ -45,15 +48,24 @@ from planner.profile.measured import MeasuredProfile, bind_to_model, load_measur
 from planner.render import (
     describe_estimate,
     format_breakdown,
+    format_comparison,
+    format_explanation,
     format_ranked,
     format_stages,
+    format_sweep,
     format_table,
+    node_list,
     ranked_frame,
+    with_training_costs,
 )
+from planner.replay import problem_of
 from planner.search.placement import replan, replan_record
 from planner.search.planning import plan
 from planner.search.space import FixedOptions, complete_config
 from planner.slowdown import apply_slowdowns, parse_slowdown
+from planner.sweep import cheapest_by, fastest_within, parse_prices, sweep, sweep_frame, sweep_svg
+from planner.timeline import chrome_trace, iteration_timeline, timeline_svg
+from planner.training_cost import TrainingCost, parse_tokens, training_cost
 
 DEFAULT_MODEL = "llama3-8b"
 DEFAULT_CLUSTER = "1x8xH100-80GB"
@@ -112,10 +124,60 @@ def parallel_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--tp-comm-overlap/--no-tp-comm-overlap", default=None,
                      help="Overlap the sequence-parallel collectives with their GEMMs (Megatron-LM "
                           "--tp-comm-overlap, torchtitan async TP; needs sequence parallelism)."),
+        click.option("--framework", type=click.Choice(FRAMEWORK_NAMES),
+                     help="Only what this framework runs, estimated as its engine runs it  [default: any, or "
+                          "plan's --export target]"),
+        click.option("--cp", type=click.IntRange(min=1),
+                     help="Context-parallel degree: each sequence split over cp ranks (sequence divisible by 2·cp)."),
+        click.option("--cp-comm", type=click.Choice(["p2p", "all-gather", "a2a"]),
+                     help="How CP exchanges keys/values: p2p ring (Megatron-LM), all-gather (Llama 3), a2a "
+                          "(Ulysses)  [default: searched; p2p for estimate]"),
+        click.option("--hsdp", "hsdp_replicas", type=click.IntRange(min=1), metavar="R",
+                     help="HSDP: ZeRO-3/FSDP sharded within dp·cp/R ranks, R replicas all-reduce (needs --zero 3)."),
+        click.option("--ep", type=click.IntRange(min=1),
+                     help="Expert-parallel degree (MoE): divides the routed experts; folded over tp·cp·dp."),
+        click.option("--etp", type=click.IntRange(min=1),
+                     help="Expert tensor-parallel degree (MoE; default: tp, Megatron-LM's default)."),
     ]
     for option in reversed(options):
         command = option(command)
     return command
+
+
+class TokenCount(click.ParamType):
+    """A number of training tokens: 15T, 300B, 2e12 (planner.training_cost.parse_tokens)."""
+
+    name = "N"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return value if isinstance(value, int) else parse_tokens(str(value))
+        except PlannerError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def training_cost_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--tokens N` and `--gpu-hour-price USD` (plan and estimate): time-to-train, GPU-hours, cost, energy."""
+    command = click.option("--gpu-hour-price", "gpu_hour_price", type=FiniteRange(min=0), metavar="USD",
+                           help="Price of one GPU-hour; with --tokens the run's cost.")(command)
+    return click.option("--tokens", type=TokenCount(),
+                        help="Training tokens (15T, 300B, 2e12): time-to-train, GPU-hours, cost and energy "
+                             "at the GPUs' TDP.")(command)
+
+
+def check_cost_options(tokens: int | None, gpu_hour_price: float | None) -> None:
+    """A price prices a run: refuse `--gpu-hour-price` without `--tokens` before any search runs."""
+    if tokens is None and gpu_hour_price is not None:
+        raise PlannerError("--gpu-hour-price needs --tokens N (the number of training tokens to price)")
+
+
+def run_cost(tokens: int | None, gpu_hour_price: float | None, cluster: Cluster, training: Training,
+             placement: Placement, result: Estimate) -> TrainingCost | None:
+    """The training run's cost for `--tokens` on the plan's GPUs; None without --tokens."""
+    if tokens is None:
+        return None
+    return training_cost(tokens, training.tokens_per_iteration, result.iteration_time_s,
+                         [cluster.gpu_spec(gpu) for gpu in placement.gpus], gpu_hour_price)
 
 
 def profile_option(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -181,6 +243,7 @@ class Problem:
     calibration: Calibration
     timer: MeasuredProfile | None
     warnings: tuple[str, ...] = ()
+    profile_path: Path | None = None  # the timer's file when it came from a plan file (`estimate --plan`)
 
 
 def load_problem(model_spec: str, cluster_spec: str, global_batch: int, seq_len: int, dtype: str, attention: str,
@@ -272,7 +335,7 @@ def echo_replan(record: dict[str, Any]) -> None:
     click.echo(f"  with re-plan     {after:.4f} s ({100 * record['gain']:.1f} % faster; blocks per stage "
                f"{','.join(map(str, record['blocks_per_stage']))}; {record['placement_method']} placement)")
     for rank, names in enumerate(record["stage_nodes"]):
-        click.echo(f"  pipeline rank {rank}: {', '.join(names)}")
+        click.echo(f"  pipeline rank {rank}: {node_list(names)}")
 
 
 def echo_heterogeneity(record: dict[str, Any]) -> None:
@@ -281,7 +344,7 @@ def echo_heterogeneity(record: dict[str, Any]) -> None:
                f"{record['placement_evaluations']} estimates): {record['placed_time_s']:.4f} s, rank order "
                f"{record['rank_order_time_s']:.4f} s ({100 * record['placement_gain']:.1f} % gained)")
     for rank, names in enumerate(record["stage_nodes"]):
-        click.echo(f"  pipeline rank {rank}: {', '.join(names)}")
+        click.echo(f"  pipeline rank {rank}: {node_list(names)}")
     if "without_replan_time_s" in record:
         click.echo(f"slow devices: {record['without_replan_time_s']:.4f} s without re-plan (the plan made ignoring "
                    f"--slowdown, rank order), {record['placed_time_s']:.4f} s with re-plan")
@@ -303,36 +366,52 @@ def echo_heterogeneity(record: dict[str, Any]) -> None:
 @cluster_condition_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan JSON document only.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the plan JSON here.")
+@click.option("--plan", "plan_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Re-estimate a plan file exactly as written: model, cluster, training, calibration, "
+                   "configuration, split and placement all come from it (only --framework may change how it runs).")
 @placement_option
+@training_cost_options
 @handle_errors
 def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len: int, dtype: str,
                      attention: str, partition: str | None, profile_path: Path | None,
                      calibration_path: Path | None, links_path: Path | None,
-                     slowdowns: tuple[str, ...], as_json: bool, out: Path | None, placement_detail: str,
+                     slowdowns: tuple[str, ...], as_json: bool, out: Path | None, plan_path: Path | None,
+                     placement_detail: str, tokens: int | None, gpu_hour_price: float | None,
                      **parallel: Any) -> None:
     """Estimate time and memory of one fully given configuration, with its breakdown.
 
     With --slowdown it also re-plans placement (and, unless --partition is given, the stage split)
-    around the slow devices and shows the time with and without that re-plan.
+    around the slow devices and shows the time with and without that re-plan. With --plan it
+    re-estimates a plan file and says whether it reproduces the file's estimate.
     """
-    problem = load_problem(model_spec, cluster_spec, global_batch, seq_len, dtype, attention, profile_path,
-                           calibration_path, links_path, slowdowns)
+    check_cost_options(tokens, gpu_hour_price)
+    fixed = FixedOptions.from_options(parallel)
+    if plan_path:
+        problem, config, split, placement, framework = plan_file_problem(plan_path, fixed.framework)
+    else:
+        problem = load_problem(model_spec, cluster_spec, global_batch, seq_len, dtype, attention, profile_path,
+                               calibration_path, links_path, slowdowns)
+        config = complete_config(fixed, problem.model, problem.cluster, problem.training)
+        split = parse_partition(partition, problem.model) if partition else None
+        placement, framework = default_placement(problem.cluster, config), fixed.framework or "any"
     model, cluster, training, calibration, timer = (problem.model, problem.cluster, problem.training,
                                                     problem.calibration, problem.timer)
-    config = complete_config(FixedOptions.from_options(parallel), model, cluster, training)
-    split = parse_partition(partition, model) if partition else None
-    placement = default_placement(cluster, config)
     result = estimate(model, cluster, training, config, split, placement, timer=timer, calibration=calibration)
     echo_profile_notes(timer)
-    extra: dict[str, Any] = {"profile": {"path": str(profile_path), "notes": list(timer.notes)}} if timer else {}
+    profile_source = problem.profile_path or profile_path
+    extra: dict[str, Any] = {"profile": {"path": str(profile_source), "notes": list(timer.notes)}} if timer else {}
     if problem.warnings:
         extra["warnings"] = list(problem.warnings)
     if slowdowns:
         replanned = replan(model, cluster, training, config, split, fixed_partition=split is not None, timer=timer,
-                           calibration=calibration)
+                           calibration=calibration, framework=fixed.framework)
         extra["replan"] = {"slowdowns": list(slowdowns), **replan_record(cluster, config, replanned)}
     document = build_plan_document(model, cluster, training, config, placement, result, extra,
-                                   full_placement=placement_detail == "full")
+                                   full_placement=placement_detail == "full", framework=framework,
+                                   calibration=calibration)
+    cost = run_cost(tokens, gpu_hour_price, cluster, training, placement, result)
+    if cost:
+        document["estimate"].update(cost.as_dict())
     text = json.dumps(document, indent=2)
     if out:
         write_atomic(out, text + "\n")
@@ -342,6 +421,10 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
         click.echo(f"{model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {global_batch}, "
                    f"sequence {training.seq_len}, {training.dtype}")
         click.echo(describe_estimate(config, result, config.num_gpus))
+        if cost:
+            click.echo(f"time to train   {cost.describe()}")
+        if plan_path:
+            click.echo(reproduction_line(plan_path, load_plan(plan_path).document, document))
         click.echo("\nbreakdown of one iteration")
         click.echo(format_breakdown(result))
         click.echo("\nstages (times per micro-batch; memory per GPU of that pipeline rank)")
@@ -351,6 +434,44 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
     if not result.fits:
         click.echo(f"does not fit: {shortfall_message(result)}", err=True)
         sys.exit(1)
+
+
+# estimate options that may accompany --plan: all others would change what the file states
+_WITH_PLAN = {"plan_path", "framework", "as_json", "out", "placement_detail", "tokens", "gpu_hour_price"}
+
+
+def plan_file_problem(plan_path: Path, framework: str | None,
+                      ) -> tuple[Problem, ParallelConfig, Partition, Placement, str]:
+    """A plan file's problem, configuration, split, placement and framework for `estimate --plan`: as written,
+    or run by `framework` when given (its execution semantics; exit 2 if it cannot run the plan)."""
+    context = click.get_current_context()
+    given = [f"--{name.replace('_', '-')}" for name, value in context.params.items()
+             if name not in _WITH_PLAN and context.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+             and value not in (None, ())]
+    if given:
+        raise PlannerError(f"--plan takes the model, cluster, training and configuration from {plan_path}; "
+                           f"drop {', '.join(given)}")
+    source = load_plan(plan_path)
+    inputs = problem_of(source)
+    calibration = source.calibration or default_calibration()
+    profile = source.document.get("profile")
+    timer, profile_path = None, None
+    if isinstance(profile, dict) and isinstance(profile.get("path"), str):
+        profile_path = Path(profile["path"])
+        timer = bind_to_model(load_measured_profile(profile_path), inputs.model, calibration)
+    config = inputs.config if framework is None else framework_named(framework).require(inputs.config)
+    problem = Problem(inputs.model, inputs.cluster, inputs.training, calibration, timer, profile_path=profile_path)
+    return problem, config, inputs.partition, inputs.placement, framework or source.framework
+
+
+def reproduction_line(plan_path: Path, written: dict[str, Any], now: dict[str, Any]) -> str:
+    """Whether re-estimating a plan file gave the file's iteration time and per-stage memory, or how far off."""
+    before, after = written["estimate"]["iteration_time_s"], now["estimate"]["iteration_time_s"]
+    same_memory = [s["memory_bytes"] for s in written["stages"]] == [s["memory_bytes"] for s in now["stages"]]
+    if before == after and same_memory:
+        return f"plan file       {plan_path}: estimate reproduced exactly (iteration time, per-stage memory)"
+    return (f"plan file       {plan_path}: estimated {before:.4f} s when written, now {after:.4f} s"
+            f"{'' if same_memory else '; per-stage memory differs'} (cost model changed, or --framework)")
 
 
 def parse_partition(text: str, model: ModelSpec) -> Partition:
@@ -411,28 +532,35 @@ def export_document(document: dict[str, Any], target: str, out: Path | None) -> 
 @calibration_option
 @cluster_condition_options
 @placement_option
+@training_cost_options
 @handle_errors
 def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len: int, dtype: str, attention: str,
                  top_k: int, time_limit_s: float, as_json: bool, out: Path | None, csv_out: Path | None,
                  export_target: str | None,
                  export_out: Path | None, profile_path: Path | None, calibration_path: Path | None,
                  links_path: Path | None, slowdowns: tuple[str, ...], placement_detail: str,
-                 **parallel: Any) -> None:
+                 tokens: int | None, gpu_hour_price: float | None, **parallel: Any) -> None:
     """Search the best parallel layouts (fixed options constrain the search) and rank them."""
+    check_cost_options(tokens, gpu_hour_price)
     problem = load_problem(model_spec, cluster_spec, global_batch, seq_len, dtype, attention, profile_path,
                            calibration_path, links_path, slowdowns)
     model, cluster, training, calibration, timer = (problem.model, problem.cluster, problem.training,
                                                     problem.calibration, problem.timer)
     unslowed = condition_cluster(load_cluster(cluster_spec), links_path, ()) if slowdowns else None
-    found = plan(model, cluster, training, FixedOptions.from_options(parallel).runnable_by(export_target), top_k,
-                 time_limit_s,
-                 unslowed=unslowed, timer=timer, calibration=calibration)
+    fixed = FixedOptions.from_options({**parallel, "framework": parallel["framework"] or export_target})
+    found = plan(model, cluster, training, fixed, top_k, time_limit_s, unslowed=unslowed, timer=timer,
+                 calibration=calibration)
     echo_profile_notes(timer)
     heterogeneity = found.heterogeneity
     documents = [build_plan_document(model, cluster, training, p.config, p.placement, p.estimate,
                                      {"split": {"optimal": p.optimal, "lower_bound_s": p.lower_bound_s}},
-                                     full_placement=placement_detail == "full")
+                                     full_placement=placement_detail == "full", framework=fixed.framework or "any",
+                                     calibration=calibration)
                  for p in found.plans]
+    costs = [run_cost(tokens, gpu_hour_price, cluster, training, p.placement, p.estimate) for p in found.plans]
+    for plan_document, cost in zip(documents, costs, strict=True):
+        if cost:
+            plan_document["estimate"].update(cost.as_dict())
     document = {**documents[0], "alternatives": documents[1:], "search": found.stats.as_dict()}
     if timer:
         document["profile"] = {"path": str(profile_path), "notes": list(timer.notes)}
@@ -442,6 +570,8 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
         document["heterogeneity"] = heterogeneity
     text = json.dumps(document, indent=2)
     frame = ranked_frame(found.plans)
+    if tokens is not None:
+        frame = with_training_costs(frame, [cost for cost in costs if cost])
     if out:
         write_atomic(out, text + "\n")
     if csv_out:
@@ -469,6 +599,8 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     click.echo("the split is proven optimal: its estimate meets the lower bound over every split" if best.optimal
                else f"the split is within {100 * gap:.2f} % of the lower bound over every split (not proven optimal)")
     click.echo(describe_estimate(best.config, best.estimate, best.config.num_gpus))
+    if costs[0]:
+        click.echo(f"time to train   {costs[0].describe()}")
     click.echo("\nbreakdown of one iteration")
     click.echo(format_breakdown(best.estimate))
     click.echo("\nstages (times per micro-batch; memory per GPU of that pipeline rank)")
@@ -626,6 +758,118 @@ def calibrate_command(profile_path: Path, gpu: str | None, name: str | None, out
     click.echo(format_table(("constant", "value", ""), rows))
     click.echo(f"{fit.observations} measurements, rms relative error {100 * fit.rms_relative_error:.1f} %")
     click.echo(f"wrote {out} (GPU {name}) and {calibration_out}")
+
+
+
+# ---- explain, compare, timeline, sweep (issue 14) ---------------------------------------------
+
+@main.command("timeline")
+@click.argument("plan_path", metavar="PLAN.json", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Chrome/Perfetto trace JSON to write (open in ui.perfetto.dev or chrome://tracing).")
+@click.option("--svg", "svg_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also draw the iteration as a static SVG picture here.")
+@handle_errors
+def timeline_command(plan_path: Path, out: Path, svg_out: Path | None) -> None:
+    """The simulated schedule of one iteration: a track per pipeline rank, memory per rank over time."""
+    plan_file = load_plan(plan_path)
+    problem = problem_of(plan_file)
+    result = problem.estimate()
+    timeline = iteration_timeline(problem, result)
+    title = f"{problem.model.name} on {problem.cluster.name}: {problem.config.describe()}"
+    write_atomic(out, json.dumps(chrome_trace(timeline, title)) + "\n")
+    if svg_out:
+        write_atomic(svg_out, timeline_svg(timeline, title))
+    click.echo(f"wrote {out}: {len(timeline.slices)} slices on {timeline.pp} pipeline ranks, "
+               f"{timeline.iteration_s:.4f} s per iteration" + (f"; and {svg_out}" if svg_out else ""))
+
+
+
+@main.command("explain")
+@click.argument("plan_path", metavar="PLAN.json", type=click.Path(path_type=Path))
+@click.option("--top", "top_k", type=click.IntRange(1, 50), default=5, show_default=True,
+              help="How many of the search's plans to list as alternatives.")
+@click.option("--json", "as_json", is_flag=True, help="Print the explanation as one JSON document.")
+@handle_errors
+def explain_command(plan_path: Path, top_k: int, as_json: bool) -> None:
+    """Why this plan: its bottleneck, breakdown, one step of each knob, the search's alternatives."""
+    problem = problem_of(load_plan(plan_path))
+    explanation = explain(problem, problem.estimate(), top_k)
+    click.echo(json.dumps(explanation.as_dict(), indent=2) if as_json else format_explanation(explanation))
+
+
+@main.command("compare")
+@click.argument("plan_paths", metavar="A.json B.json [...]", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as one JSON document.")
+@handle_errors
+def compare_command(plan_paths: tuple[Path, ...], as_json: bool) -> None:
+    """Plans side by side: differing fields marked, which is faster and why, term by term."""
+    comparison = compare_plans([str(path) for path in plan_paths], [load_plan(path).document for path in plan_paths])
+    click.echo(json.dumps(comparison.as_dict(), indent=2) if as_json else format_comparison(comparison))
+
+
+
+def sweep_progress(done: int, total: int, name: str) -> None:
+    """`sweep` progress on stderr, only when stderr is a terminal (a pipe or file gets nothing)."""
+    if sys.stderr.isatty():
+        click.echo(f"\rsweep {done + 1}/{total}: {name}\033[K", err=True, nl=done + 1 == total)
+
+
+@main.command("sweep")
+@click.option("--model", "model_spec", default=DEFAULT_MODEL, show_default=True,
+              help="Catalog name, HF config.json, or planner model/plan file.")
+@click.option("--gpus", "sizes_text", required=True, help="Cluster sizes in GPUs, e.g. 64,128,256,512.")
+@click.option("--gpu", "gpus_text", default="H100-80GB", show_default=True,
+              help="GPU types to size (catalog names), e.g. H100-80GB,B200.")
+@click.option("--global-batch", type=click.IntRange(1, MAX_GLOBAL_BATCH), default=DEFAULT_GLOBAL_BATCH,
+              show_default=True, help="Sequences per iteration.")
+@click.option("--seq-len", type=click.IntRange(1, MAX_SEQ_LEN), default=DEFAULT_SEQ_LEN, show_default=True,
+              help="Tokens per sequence.")
+@click.option("--dtype", type=click.Choice(DTYPES), default="bf16", show_default=True)
+@click.option("--tokens", type=TokenCount(), required=True, help="Training tokens (15T, 300B, 2e12).")
+@click.option("--gpu-hour-price", "prices_text", metavar="USD|GPU=USD,...",
+              help="USD per GPU-hour, one for all types or per type (H100-80GB=2.5,B200=4); else cost is GPU-hours.")
+@click.option("--budget", type=FiniteRange(min=0), help="Also name the fastest cluster within this cost.")
+@click.option("--deadline-days", type=FiniteRange(min=0, min_open=True),
+              help="Also name the cheapest cluster that trains within this many days.")
+@click.option("--time-limit", "time_limit_s", type=FiniteRange(0, 3600, min_open=True), default=1.0,
+              show_default=True, help="Seconds per stage-partition ILP.")
+@click.option("--csv", "csv_out", type=click.Path(dir_okay=False, path_type=Path), help="Write the table as CSV.")
+@click.option("--svg", "svg_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Draw time-to-train against cost (the Pareto front joined) as SVG.")
+@click.option("--json", "as_json", is_flag=True, help="Print the sweep as one JSON document.")
+@handle_errors
+def sweep_command(model_spec: str, sizes_text: str, gpus_text: str, global_batch: int, seq_len: int, dtype: str,
+                  tokens: int, prices_text: str | None, budget: float | None, deadline_days: float | None,
+                  time_limit_s: float, csv_out: Path | None, svg_out: Path | None, as_json: bool) -> None:
+    """The best plan per cluster size and GPU type, with time-to-train, cost and the Pareto front."""
+    try:
+        sizes = [int(size) for size in sizes_text.split(",")]
+    except ValueError:
+        raise PlannerError(f"--gpus {sizes_text!r} must be comma-separated GPU counts, e.g. 64,128,256") from None
+    if any(size < 1 for size in sizes):
+        raise PlannerError(f"--gpus {sizes_text!r}: every cluster needs at least one GPU")
+    gpus = [lookup_gpu(name.strip()).name for name in gpus_text.split(",")]
+    prices = parse_prices(prices_text, gpus)
+    points = sweep(load_model(model_spec), Training(global_batch=global_batch, seq_len=seq_len, dtype=dtype), gpus,
+                   sizes, tokens, prices, time_limit_s=time_limit_s, progress=sweep_progress)
+    unit = "USD" if all(gpu in prices for gpu in gpus) else "GPU-hours"
+    frame = sweep_frame(points)
+    picks = {"fastest_within_budget": fastest_within(points, budget) if budget is not None else None,
+             "cheapest_by_deadline": cheapest_by(points, 86400 * deadline_days) if deadline_days else None}
+    if csv_out:
+        write_atomic(csv_out, frame.to_csv(index=False))
+    if svg_out:
+        write_atomic(svg_out, sweep_svg(points, unit))
+    if as_json:
+        document = {"cost_unit": unit, "points": json.loads(frame.to_json(orient="records")),
+                    **{key: pick.cluster if pick else None for key, pick in picks.items()}}
+        click.echo(json.dumps(document, indent=2))
+        return
+    click.echo(format_sweep(frame, unit))
+    for key, pick in picks.items():
+        if (key == "fastest_within_budget" and budget is not None) or (key == "cheapest_by_deadline" and deadline_days):
+            click.echo(f"{key.replace('_', ' ')}: {pick.cluster if pick else 'none'}")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,9 @@ CASES = (
     Case("llama3-405b", "384x8xH100-80GB", 1024, 8192),
     Case("megatron-gpt-1t", "384x8xA100-80GB", 3072, 2048),
     Case("llama3-405b", "1024x8xH100-80GB", 4096, 8192),
+    # issue 11: Llama 3's own scale (16,384 H100; 16M-token batches at 8K and at 128K, where CP is needed)
+    Case("llama3-405b", "2048x8xH100-80GB", 2048, 8192),
+    Case("llama3-405b", "2048x8xH100-80GB", 128, 131072),
 )
 
 

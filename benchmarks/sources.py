@@ -16,6 +16,7 @@ from benchmarks.validation_runs import (
     BRIDGE_FILE,
     DATA,
     LLMFOUNDRY_FILE,
+    LONG_CONTEXT_FILE,
     NARAYANAN_FILE,
     NEMO_FILE,
     TABLE4_FILE,
@@ -27,6 +28,7 @@ from benchmarks.validation_runs import (
     h100_runs,
     korthikanti_layer_rows,
     llmfoundry_runs,
+    long_context_runs,
     narayanan_ptdp_skipped,
     narayanan_zero3_runs,
 )
@@ -66,6 +68,7 @@ def sources() -> tuple[Source, ...]:
         Source("Narayanan 2021 Table 2 (DeepSpeed ZeRO-3, A100)", NARAYANAN_FILE, narayanan_zero3_runs(),
                narayanan_ptdp_skipped(), 0.15),
         Source("llm-foundry MPT (PyTorch FSDP, A100)", LLMFOUNDRY_FILE, llmfoundry_runs(), ()),
+        Source("NeMo / Megatron-Bridge long context CP (H100, FP8)", LONG_CONTEXT_FILE, *long_context_runs()),
         Source("torchtitan 2024-12 (FSDP2/TP, H100)", TITAN_FILES[0], *titan[TITAN_FILES[0]]),
         Source("torchtitan docs 2024 (FSDP2, A100/H100)", TITAN_FILES[1], *titan[TITAN_FILES[1]]),
         Source("torchao float8/MXFP8 (FSDP2, H100/MI300X/B200)", TITAN_FILES[2], *titan[TITAN_FILES[2]]),
@@ -74,16 +77,6 @@ def sources() -> tuple[Source, ...]:
 
 def _rows(file: str, reason: Callable[[pd.Series], str], key: str = "row_id") -> tuple[Skipped, ...]:
     return tuple(Skipped(file, f"{key} {row[key]}", reason(row)) for _, row in pd.read_csv(DATA / file).iterrows())
-
-
-def _long_context_reason(row: pd.Series) -> str:
-    if str(row["is_moe"]) == "yes":
-        return "MoE with expert parallelism not modelled"
-    if int(row["cp"]) > 1:
-        return "context parallelism (cp > 1) not modelled"
-    if str(row["row_id"]).startswith("TT-"):
-        return "same run as a torchtitan_benchmarks_llama3_h100_202412.csv row (scored there)"
-    return "micro-batch or parallel layout not stated"
 
 
 def _moe_reason(row: pd.Series) -> str:
@@ -103,8 +96,7 @@ def skipped_files() -> tuple[Skipped, ...]:
     """Rows of the validation files no source estimates (features planner lacks, inputs not stated)."""
     formula = "a formula, not a measurement: reproduced exactly by tests/test_memory.py"
     return (
-        _rows("long_context_cp_throughput.csv", _long_context_reason)
-        + _rows("moe_ep_throughput.csv", _moe_reason)
+        _rows("moe_ep_throughput.csv", _moe_reason)
         + _rows("fsdp_zero3_other_datapoints.csv", _fsdp_other_reason)
         + _rows("deepspeed_zeropp_vs_zero3_v100_2023.csv", lambda _: "model shape not stated")
         + _rows("zero2020_other_datapoints.csv", lambda _: "aggregate figure without a run configuration", "setting")

@@ -19,7 +19,7 @@ import pandas as pd
 
 from benchmarks.validation_runs import DATA, Run, Skipped
 from planner.cluster import Cluster, load_cluster
-from planner.config import ParallelConfig, Recompute, Training
+from planner.config import ParallelConfig, Recompute, Schedule, Training
 from planner.gpu import GIB
 from planner.model import load_model
 
@@ -54,6 +54,7 @@ class _Row:
     tokens_per_s_per_gpu: float
     memory_gib: float | None
     async_tp: bool  # torchtitan's async tensor parallelism (the row's async_tp column says "yes")
+    interleaved: bool  # pp_schedule "Interleaved 1F1B" (torchtitan's default: 2 stages per rank)
 
 
 def _catalog_name(model: str) -> str | None:
@@ -79,17 +80,14 @@ def _parse(row: pd.Series) -> _Row:
                 int(row["seq_len"]), str(row["activation_checkpointing"]).lower(),
                 "float8" in recipe or "fp8" in recipe, float(row["tokens_per_sec_per_gpu"]),
                 None if pd.isna(row["peak_memory_gib"]) else float(row["peak_memory_gib"]),
-                str(row["async_tp"]).strip().lower() == "yes")
+                str(row["async_tp"]).strip().lower() == "yes", "interleaved" in str(row["pp_schedule"]).lower())
 
 
 def _unsupported(row: _Row) -> str | None:
     """Why planner cannot express a row, or None."""
     if _catalog_name(row.model) is None or row.ep > 1:
         return "MoE with expert parallelism not modelled"
-    reasons = {"context parallelism (cp > 1) not modelled": row.cp > 1,
-               "HSDP (replicated FSDP groups) not modelled": row.dp_replicate > 1,
-               "FSDP with pipeline parallelism (ZeRO-3 + pp) not modelled": row.pp > 1,
-               "torchtitan per-layer SAC (every k-th block recomputed) has no planner equivalent":
+    reasons = {"torchtitan per-layer SAC (every k-th block recomputed) has no planner equivalent":
                    "selective layer" in row.checkpointing,
                "GPU not in the catalog": not row.gpu}
     return next((why for why, applies in reasons.items() if applies), None)
@@ -114,8 +112,18 @@ def _run(file: str, frame_row: pd.Series, row: _Row) -> Run:
                         attention="flash", grad_bytes=4)
     # torchtitan's TP backward has no async all-reduce hidden behind the wgrad GEMMs (Megatron-LM's
     # overlap_tp_backward); async TP pipelines the sequence-parallel collectives with their GEMMs.
-    config = ParallelConfig(dp=row.dp_shard, tp=row.tp, pp=1, micro_batch=row.micro_batch,
-                            sequence_parallel=row.tp > 1, zero_stage=3 if row.dp_shard > 1 else 0,
+    # With PP the row's micro_batch is torchtitan's local batch, run as micro-batches of one sequence
+    # (pipeline_parallel_microbatch_size = 1, the v0.2 default). FSDP shards over dp_shard·cp (HSDP: the
+    # dp_replicate groups all-reduce).
+    dp = row.dp_shard * row.dp_replicate
+    sharded = row.dp_shard * row.cp > 1
+    if row.pp > 1:
+        training = replace(training, global_batch=row.micro_batch * dp)
+    config = ParallelConfig(dp=dp, tp=row.tp, pp=row.pp, cp=row.cp, cp_comm="all-gather",  # torchtitan's default
+                            micro_batch=1 if row.pp > 1 else row.micro_batch, vpp=2 if row.interleaved else 1,
+                            schedule=Schedule.INTERLEAVED if row.interleaved else Schedule.ONE_F_ONE_B,
+                            hsdp_replicas=row.dp_replicate if sharded else 1,
+                            sequence_parallel=row.tp > 1, zero_stage=3 if sharded else 0,
                             recompute=_recompute(row.checkpointing), overlap_tp_backward=False,
                             tp_comm_overlap=row.async_tp and row.tp > 1)
     iteration = training.tokens_per_iteration / (row.tokens_per_s_per_gpu * row.gpus)

@@ -51,7 +51,7 @@ import pandas as pd
 
 from planner.cluster import Cluster, load_cluster
 from planner.config import ParallelConfig, Recompute, Schedule, Training
-from planner.cost.estimate import Estimate, estimate
+from planner.cost.estimate import Estimate, estimate, model_flops_per_iteration
 from planner.cost.time import unit_costs
 from planner.gpu import GIB
 from planner.model import ModelSpec, UnitKind, load_model
@@ -71,6 +71,7 @@ __all__ = [
     "h100_runs",
     "korthikanti_layer_rows",
     "llmfoundry_runs",
+    "long_context_runs",
     "narayanan_ptdp_skipped",
     "narayanan_zero3_runs",
     "predict",
@@ -87,6 +88,7 @@ BRIDGE_FILE = "megatron_bridge_2511_h100_dense.csv"
 TABLE4_FILE = "korthikanti2022_table4_layer_time_22b.csv"
 NARAYANAN_FILE = "narayanan2021_table2_zero3_vs_ptdp.csv"
 LLMFOUNDRY_FILE = "llmfoundry_mpt_fsdp_a100.csv"
+LONG_CONTEXT_FILE = "long_context_cp_throughput.csv"
 
 BLOOM_SEQ_LEN = 2048
 # cluster state of the BLOOM rows logged before Jean Zay's PCIe/NUMA fix (key in calibration.yaml)
@@ -281,6 +283,58 @@ def h100_runs() -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
         label = f"{name} {gpus}xH100 {config.describe()}"
         runs.append(Run(file, label, model, load_cluster(f"{nodes}x8xH100-80GB"), training, config, iteration,
                         None, f"{file}: {name} ({row['source'][:60]}…)"))
+    return tuple(runs), tuple(skipped)
+
+
+# ---- long-context runs with context parallelism -------------------------------------------------
+_LONG_CONTEXT_MODELS = {"Llama-2-7B": "llama2-7b", "Llama-3.1-405B": "llama3-405b"}
+
+
+def _long_context_why(row: pd.Series) -> str | None:
+    """Why a long_context_cp_throughput.csv row is not estimated here, or None."""
+    if str(row["status"]) != "current":
+        return "superseded by a later row of the same run"
+    if str(row["is_moe"]) == "yes":
+        return "MoE: scored with moe_ep_throughput.csv"
+    if str(row["row_id"]).startswith("TT-"):
+        return "same run as a torchtitan_benchmarks_llama3_h100_202412.csv row (scored there)"
+    if not str(row["hardware"]).startswith("H100 SXM"):
+        return "B200/GB200/GB300 rows: Blackwell FP8/MXFP8 GEMM efficiency not calibrated"
+    if str(row["model"]) not in _LONG_CONTEXT_MODELS or pd.isna(row["tp"]):
+        return "parallel layout not stated (the source's best non-CP baseline)"
+    return None
+
+
+def long_context_runs() -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
+    """NeMo long-sequence and Megatron-Bridge CP runs on H100 (FP8, Megatron-LM's ring CP, TE userbuffer TP
+    overlap as in NeMo's performance recipes): iteration time from tokens/s/GPU, or from model TFLOP/s/GPU
+    (NeMo's long-sequence table states only that; its FLOP count is planner's, no causal halving)."""
+    runs, skipped = [], []
+    for _, row in pd.read_csv(DATA / LONG_CONTEXT_FILE).iterrows():
+        why = _long_context_why(row)
+        if why:
+            skipped.append(Skipped(LONG_CONTEXT_FILE, f"row_id {row['row_id']}", why))
+            continue
+        model = load_model(_LONG_CONTEXT_MODELS[str(row["model"])])
+        gpus, tp, pp, cp = int(row["num_gpus"]), int(row["tp"]), int(row["pp"]), int(row["cp"])
+        vpp = int(_number(row["vpp"]) or 1)
+        dp = gpus // (tp * pp * cp)
+        config = ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch=int(_number(row["micro_batch"]) or 1),
+                                sequence_parallel=tp > 1, tp_comm_overlap=tp > 1, distributed_optimizer=dp * cp > 1,
+                                overlap_param_gather=True,
+                                schedule=Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B)
+        training = Training(global_batch=int(row["global_batch"]), seq_len=int(row["seq_len"]), dtype="fp8",
+                            attention="flash")
+        tokens_per_s = _number(row["tokens_per_sec_per_gpu"])
+        if tokens_per_s:
+            iteration = training.tokens_per_iteration / (tokens_per_s * gpus)
+        else:
+            flops = model_flops_per_iteration(model, training)
+            iteration = flops / (float(row["model_tflops_per_gpu"]) * 1e12 * gpus)
+        cluster = load_cluster(f"{max(gpus // 8, 1)}x{min(gpus, 8)}xH100-80GB")
+        runs.append(Run(LONG_CONTEXT_FILE, f"{row['row_id']} {row['model']} s{row['seq_len']} {gpus}xH100 "
+                        f"{config.describe()}", model, cluster, training, config, iteration, None,
+                        f"{LONG_CONTEXT_FILE} row_id {row['row_id']}"))
     return tuple(runs), tuple(skipped)
 
 

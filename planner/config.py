@@ -15,9 +15,13 @@ from enum import Enum
 from planner.cost.schedule import Schedule, schedule_of
 from planner.errors import PlannerError
 
-__all__ = ["DTYPES", "ParallelConfig", "Partition", "Recompute", "Schedule", "Training"]
+__all__ = ["CP_COMMS", "DTYPES", "ParallelConfig", "Partition", "Recompute", "Schedule", "Training"]
 
 DTYPES = ("bf16", "fp16", "fp8")
+# How a context-parallel group exchanges keys and values (Megatron-LM's --cp-comm-type): "p2p" rotates KV
+# chunks around a ring behind the attention compute (ring attention with causal load balancing), "all-gather"
+# gathers the whole KV before attention (Llama 3 style), "a2a" re-shards sequence ↔ heads (DeepSpeed Ulysses).
+CP_COMMS = ("p2p", "all-gather", "a2a")
 ATTENTION_KERNELS = ("flash", "unfused")
 
 
@@ -43,6 +47,9 @@ class Training:
     `grad_bytes` is the per-parameter gradient size: 4 when gradients accumulate in fp32
     (Megatron-LM's default for bf16 and fp8), 2 when they stay 16-bit (its fp16 optimizer);
     None takes that dtype's default.
+    `moe_load_imbalance` is the busiest expert-parallel rank's routed tokens over the mean (1.0: a
+    force-balanced router, as Megatron-Bridge's MoE benchmarks run); `moe_capacity_factor` caps each
+    expert at that multiple of its mean tokens and drops the rest (None: dropless).
     """
 
     global_batch: int = 512
@@ -50,6 +57,8 @@ class Training:
     dtype: str = "bf16"
     attention: str = "flash"
     grad_bytes: int | None = None
+    moe_load_imbalance: float = 1.0
+    moe_capacity_factor: float | None = None
 
     def __post_init__(self) -> None:
         if self.grad_bytes is None:
@@ -64,6 +73,16 @@ class Training:
             )
         if self.grad_bytes not in (2, 4):
             raise PlannerError(f"training: grad_bytes must be 2 or 4, got {self.grad_bytes!r}")
+        for name in ("moe_load_imbalance", "moe_capacity_factor"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 1.0 <= value < float("inf")):
+                raise PlannerError(f"training: {name} must be a finite number >= 1, got {value!r}")
+
+    @property
+    def moe_expert_load(self) -> float:
+        """Tokens the busiest expert rank processes over the mean: the imbalance, capped by the capacity."""
+        return min(self.moe_load_imbalance, self.moe_capacity_factor or float("inf"))
 
     @property
     def tokens_per_iteration(self) -> int:
@@ -75,8 +94,21 @@ class ParallelConfig:
     """How one training job is split. Degrees multiply to the GPUs used: dp·tp·pp·cp.
 
     `vpp` is the number of model chunks per pipeline rank (interleaved schedule only).
+    `cp` splits every sequence into cp parts (2·cp chunks, causally load-balanced) exchanged by `cp_comm`;
+    ranks follow Megatron-LM's order tp-cp-dp-pp, so a CP group is cp ranks at stride tp.
+    Weights are replicated over dp·cp ranks, which reduce gradients together and shard optimizer states
+    (Megatron-LM's data-parallel group with CP, torchtitan's dp_shard_cp mesh).
     `zero_stage` follows DeepSpeed (1: optimizer states, 2: + gradients, 3: + parameters,
-    sharded over dp); `distributed_optimizer` is Megatron-LM's, which shards like ZeRO-1.
+    sharded over dp·cp); `distributed_optimizer` is Megatron-LM's, which shards like ZeRO-1.
+    `hsdp_replicas` R > 1 is HSDP: ZeRO-3 shards within groups of dp·cp/R consecutive ranks and the R
+    replicas all-reduce the sharded gradients once per iteration (torchtitan data_parallel_replicate_degree).
+    `ep` / `etp`: expert parallelism and expert tensor parallelism. The expert layers fold their own grid
+    over the same ranks (Megatron-Core's parallel folding): etp·ep·edp = tp·cp·dp per pipeline stage,
+    ranks in order etp-ep-edp, so an EP group is ep ranks at stride etp; each rank holds
+    num_experts / ep experts, each split etp ways, replicated over edp = tp·cp·dp / (ep·etp) ranks
+    that reduce their gradients and shard their optimizer states.
+    `reshard_after_forward` (ZeRO-3/FSDP): free the gathered weights after each unit's forward and gather
+    them again for its backward; None takes torchtitan's default, on without and off with pipelining.
     """
 
     dp: int
@@ -85,6 +117,11 @@ class ParallelConfig:
     micro_batch: int = 1
     vpp: int = 1
     cp: int = 1
+    cp_comm: str = "p2p"
+    ep: int = 1
+    etp: int = 1
+    hsdp_replicas: int = 1
+    reshard_after_forward: bool | None = None
     sequence_parallel: bool = False
     recompute: Recompute = Recompute.NONE
     zero_stage: int = 0
@@ -99,8 +136,12 @@ class ParallelConfig:
     tp_comm_overlap: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "micro_batch", "vpp", "cp"):
+        for name in ("dp", "tp", "pp", "micro_batch", "vpp", "cp", "hsdp_replicas", "ep", "etp"):
             _positive("parallel config", name, getattr(self, name))
+        if self.cp_comm not in CP_COMMS:
+            raise PlannerError(f"parallel config: cp_comm must be one of {', '.join(CP_COMMS)}, got {self.cp_comm!r}")
+        if self.reshard_after_forward is None:
+            object.__setattr__(self, "reshard_after_forward", self.pp == 1)
         object.__setattr__(self, "recompute", Recompute(self.recompute))
         object.__setattr__(self, "schedule", Schedule(self.schedule))
         if self.zero_stage not in (0, 1, 2, 3):
@@ -118,17 +159,53 @@ class ParallelConfig:
                 f"sequence_parallel with tp > 1 (Megatron-LM asserts it), got tp={self.tp}, sequence_parallel=False"
             )
         schedule_of(self.schedule).check(self.pp, self.vpp)
-        if self.zero_stage >= 2 and self.pp > 1:
-            raise PlannerError(
-                f"parallel config: ZeRO-{self.zero_stage} shards gradients across micro-batches and is not "
-                "supported with pipeline parallelism (DeepSpeed asserts stage < 2 with PP); use zero 0/1"
-            )
-        if self.cp != 1:
-            raise PlannerError("parallel config: context parallelism (cp > 1) is not modelled yet; use cp=1")
+        if self.hsdp_replicas > 1 and self.zero_stage != 3:
+            raise PlannerError(f"parallel config: hsdp_replicas {self.hsdp_replicas} shards within replicas and needs "
+                               f"zero_stage 3 (FSDP), got zero_stage {self.zero_stage}")
+        if self.replicas % self.hsdp_replicas:
+            raise PlannerError(f"parallel config: hsdp_replicas {self.hsdp_replicas} must divide dp·cp = "
+                               f"{self.replicas}")
+
+    def check_experts(self, num_experts: int) -> None:
+        """EP must divide the routed experts and ep·etp the tp·cp·dp ranks of a stage (one-line errors)."""
+        if num_experts == 1 and self.ep * self.etp > 1:
+            raise PlannerError(f"ep={self.ep}, etp={self.etp}: expert parallelism needs an MoE model; use ep=etp=1")
+        if num_experts % self.ep:
+            raise PlannerError(f"ep={self.ep} must divide the model's {num_experts} routed experts "
+                               f"(an EP group larger than the expert count is not allowed)")
+        if self.expert_group_ranks % (self.ep * self.etp):
+            raise PlannerError(f"ep·etp = {self.ep}·{self.etp} must divide tp·cp·dp = {self.expert_group_ranks}, "
+                               f"the ranks of one pipeline stage")
+
+    @property
+    def expert_group_ranks(self) -> int:
+        """Ranks of one pipeline stage, over which the expert grid etp·ep·edp folds: tp·cp·dp."""
+        return self.tp * self.cp * self.dp
+
+    @property
+    def edp(self) -> int:
+        """Expert data parallelism: replicas of each expert shard, tp·cp·dp / (ep·etp)."""
+        return max(self.expert_group_ranks // (self.ep * self.etp), 1)
+
+    def check_sequence(self, seq_len: int) -> None:
+        """Causal load balancing cuts each sequence into 2·cp chunks, so it must divide by 2·cp."""
+        if self.cp > 1 and seq_len % (2 * self.cp):
+            raise PlannerError(f"sequence length {seq_len} must be divisible by 2·cp = {2 * self.cp} for context "
+                               f"parallelism's causal load balancing (cp={self.cp})")
 
     @property
     def num_gpus(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def replicas(self) -> int:
+        """Ranks holding the same weights, which reduce gradients together: dp·cp."""
+        return self.dp * self.cp
+
+    @property
+    def shard_group(self) -> int:
+        """Ranks ZeRO / the distributed optimizer shard states over: dp·cp, or dp·cp / R under HSDP."""
+        return self.replicas // self.hsdp_replicas
 
     @property
     def num_virtual_stages(self) -> int:
@@ -136,7 +213,7 @@ class ParallelConfig:
 
     @property
     def optimizer_sharding(self) -> int:
-        """0: replicated; 1: optimizer states sharded; 2: + grads; 3: + params (over dp)."""
+        """0: replicated; 1: optimizer states sharded; 2: + grads; 3: + params (over `shard_group`)."""
         return max(self.zero_stage, 1 if self.distributed_optimizer else 0)
 
     def num_microbatches(self, global_batch: int) -> int:
@@ -151,6 +228,10 @@ class ParallelConfig:
 
     def describe(self) -> str:
         parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}"]
+        if self.cp > 1:
+            parts.append(f"cp={self.cp}/{self.cp_comm}")
+        if self.ep * self.etp > 1:
+            parts.append(f"ep={self.ep}" + (f"/etp={self.etp}" if self.etp > 1 else ""))
         if self.vpp > 1:
             parts.append(f"vpp={self.vpp}")
         parts += [f"mb={self.micro_batch}", f"recompute={self.recompute.value}"]
@@ -162,6 +243,8 @@ class ParallelConfig:
             parts.append("dist-opt")
         elif self.zero_stage:
             parts.append(f"zero{self.zero_stage}")
+        if self.hsdp_replicas > 1:
+            parts.append(f"hsdp{self.hsdp_replicas}")
         parts.append(self.schedule.value)
         return " ".join(parts)
 

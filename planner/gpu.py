@@ -30,6 +30,7 @@ class GPUSpec:
     nic_bandwidth_bytes_per_s: float
     sm_count: int = 108
     source: str = ""
+    tdp_w: float | None = None  # thermal design power (board power limit), for energy; None: not catalogued
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak for a training dtype; fp16 stands in for bf16 on GPUs without bf16 (V100)."""
@@ -68,11 +69,14 @@ def gpu_from_dict(name: str, data: dict[str, Any], origin: str) -> GPUSpec:
             nic_bandwidth_bytes_per_s=float(data["nic_gbps"]) * _GB,
             sm_count=int(data["sm_count"]),
             source=str(data.get("source", origin)),
+            tdp_w=None if data.get("tdp_w") is None else float(data["tdp_w"]),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise PlannerError(f"{origin}: GPU {name!r} is missing or has a bad field ({exc})") from None
     if not 0 < efficiency <= 1:
         raise PlannerError(f"{origin}: GPU {name!r} matmul_efficiency must be in (0, 1], got {efficiency}")
+    if spec.tdp_w is not None and not 0 < spec.tdp_w < float("inf"):
+        raise PlannerError(f"{origin}: GPU {name!r} tdp_w must be a positive number of watts, got {spec.tdp_w}")
     return spec
 
 

@@ -2,8 +2,10 @@
 each pipeline rank and the links its tensor-, pipeline- and data-parallel groups use.
 
 Ranks follow Megatron-LM's default order tp-cp-ep-dp-pp (TP fastest, PP slowest):
-rank = tp_rank + tp·(dp_rank + dp·pp_rank). The default placement puts rank r on the r-th GPU in
-cluster order (node by node), which is what `torchrun` does with hosts listed in node order.
+rank = tp_rank + tp·(cp_rank + cp·(dp_rank + dp·pp_rank)), so a CP group is cp ranks at stride tp and the
+dp·cp ranks holding the same weights are those of a pipeline rank at the same tp_rank. The default
+placement puts rank r on the r-th GPU in cluster order (node by node), which is what `torchrun` does
+with hosts listed in node order.
 """
 
 from __future__ import annotations
@@ -15,19 +17,20 @@ from planner.config import ParallelConfig
 from planner.errors import PlannerError
 from planner.gpu import GPUSpec
 
-__all__ = ["GroupLinks", "Placement", "default_placement", "rank_coordinates", "rank_of"]
+__all__ = ["ExpertLink", "GroupLinks", "Placement", "default_placement", "rank_coordinates", "rank_of"]
 
 
-def rank_of(config: ParallelConfig, dp: int, pp: int, tp: int) -> int:
-    return tp + config.tp * (dp + config.dp * pp)
+def rank_of(config: ParallelConfig, dp: int, pp: int, tp: int, cp: int = 0) -> int:
+    return tp + config.tp * (cp + config.cp * (dp + config.dp * pp))
 
 
-def rank_coordinates(config: ParallelConfig, rank: int) -> tuple[int, int, int]:
-    """(dp, pp, tp) coordinates of a global rank under the tp-dp-pp order."""
+def rank_coordinates(config: ParallelConfig, rank: int) -> tuple[int, int, int, int]:
+    """(dp, pp, tp, cp) coordinates of a global rank under the tp-cp-dp-pp order."""
     tp = rank % config.tp
-    dp = (rank // config.tp) % config.dp
-    pp = rank // (config.tp * config.dp)
-    return dp, pp, tp
+    cp = (rank // config.tp) % config.cp
+    dp = (rank // (config.tp * config.cp)) % config.dp
+    pp = rank // (config.tp * config.cp * config.dp)
+    return dp, pp, tp, cp
 
 
 @dataclass(frozen=True)
@@ -52,13 +55,47 @@ def default_placement(cluster: Cluster, config: ParallelConfig) -> Placement:
 
 
 @dataclass(frozen=True)
+class ExpertLink:
+    """What an expert-parallel all-to-all crosses: `ranks_per_node` of the EP group's members share a node
+    and talk over `intra`; the others sit on other nodes, reached through each GPU's own NIC (`inter`)."""
+
+    intra: Link
+    inter: Link
+    ranks_per_node: int
+
+
+def expert_link(cluster: Cluster, config: ParallelConfig, members: tuple[GpuId, ...]) -> ExpertLink:
+    """The worst EP group of one pipeline rank's GPUs (in rank order). Expert ranks fold over the stage's
+    tp·cp·dp ranks in the order etp-ep-edp (Megatron-Core's expert rank generator), so EP group (e, d)
+    is the ranks e + etp·(j + ep·d), j < ep: ep ranks at stride etp."""
+    ep, etp = config.ep, config.etp
+    groups = [members[e + etp * ep * d:etp * ep * (d + 1):etp] for d in range(config.edp) for e in range(etp)]
+    worst = None
+    for group in groups if ep > 1 else ():
+        nodes: dict[int, int] = {}
+        for node, _gpu in group:
+            nodes[node] = nodes.get(node, 0) + 1
+        first = next(iter(nodes))
+        inter = _worst([cluster.link(a, b) for a in nodes for b in nodes if a < b] or [cluster.link(first, first)])
+        link = ExpertLink(_worst(cluster.link(n, n) for n in nodes), inter, min(nodes.values()))
+        if worst is None or (link.ranks_per_node, link.inter.bandwidth_bytes_per_s) < (
+                worst.ranks_per_node, worst.inter.bandwidth_bytes_per_s):
+            worst = link
+    if worst is None:
+        node = members[0][0]
+        return ExpertLink(cluster.link(node, node), cluster.link(node, node), 1)
+    return worst
+
+
+@dataclass(frozen=True)
 class GroupLinks:
     """What the cost model needs from a placement, per pipeline rank.
 
     `gpu[r]`: the slowest GPU type among rank r's GPUs (it bounds the rank's speed);
-    `capacity_bytes[r]`: the smallest memory among them. `tp[r]` / `dp[r]`: the worst ring over that
-    rank's TP / DP groups. `pp[r]`: the worst link between rank r and rank r+1 (the last entry
-    links the last rank back to the first, used only by interleaved schedules).
+    `capacity_bytes[r]`: the smallest memory among them. `tp[r]` / `cp[r]`: the worst ring over that
+    rank's TP / CP groups; `dp[r]`: over its groups sharing gradients (dp·cp ranks, or one HSDP shard
+    group), `replicate[r]` over its HSDP replica groups. `pp[r]`: the worst link between rank r and rank
+    r+1 (the last entry links the last rank back to the first, used only by interleaved schedules).
     """
 
     gpu: tuple[GPUSpec, ...]
@@ -66,6 +103,9 @@ class GroupLinks:
     tp: tuple[Link, ...]
     dp: tuple[Link, ...]
     pp: tuple[Link, ...]
+    cp: tuple[Link, ...] = ()
+    replicate: tuple[Link, ...] = ()
+    ep: tuple[ExpertLink, ...] = ()  # per pipeline rank, its worst expert-parallel group (`expert_link`)
 
     @classmethod
     def from_placement(cls, cluster: Cluster, config: ParallelConfig, placement: Placement) -> GroupLinks:
@@ -73,23 +113,54 @@ class GroupLinks:
             raise PlannerError(
                 f"placement lists {len(placement.gpus)} GPUs for a configuration of {config.num_gpus}"
             )
-        gpus, capacity, tp_links, dp_links, pp_links = [], [], [], [], []
-        ring = _ring_links(cluster)
-        size = config.dp * config.tp  # ranks of one pipeline rank are contiguous: tp fastest, then dp
+        gpus, capacity, tp_links, dp_links, pp_links, cp_links, replicate_links = [], [], [], [], [], [], []
+        worst_ring = _strided_rings(cluster, placement)
+        tp, cp, replicas, shard = config.tp, config.cp, config.replicas, config.shard_group
+        size = replicas * tp  # ranks of one pipeline rank are contiguous: tp fastest, then cp, then dp
         blocks = [placement.gpus[pp * size:(pp + 1) * size] for pp in range(config.pp)]
+        homogeneous = cluster.is_homogeneous
         for pp, members in enumerate(blocks):
             if cluster.gpu_overrides:
                 types = {cluster.gpu_spec(member) for member in members}
+            elif homogeneous:
+                types = {cluster.nodes[0].gpu}
             else:
                 types = {cluster.nodes[node].gpu for node in {node for node, _ in members}}
             gpus.append(min(types, key=lambda g: (max(dict(g.peak_flops_per_s).values()), g.name)))
             capacity.append(min(g.memory_bytes for g in types))
-            tp_links.append(_worst(ring(members[d * config.tp:(d + 1) * config.tp]) for d in range(config.dp)))
-            dp_links.append(_worst(ring(members[t::config.tp]) for t in range(config.tp)))
+            base = pp * size
+            tp_links.append(worst_ring((base + e * tp for e in range(replicas)), tp, 1))
+            cp_links.append(worst_ring((base + d * cp * tp + t for d in range(config.dp) for t in range(tp)), cp, tp)
+                            if cp > 1 else tp_links[-1])
+            dp_links.append(worst_ring((base + k * shard * tp + t for k in range(config.hsdp_replicas)
+                                        for t in range(tp)), shard, tp))
+            replicate_links.append(worst_ring((base + j * tp + t for j in range(shard) for t in range(tp)),
+                                              config.hsdp_replicas, shard * tp)
+                                   if config.hsdp_replicas > 1 else dp_links[-1])
             nxt = blocks[(pp + 1) % config.pp]
             node_pairs = dict.fromkeys((a[0], b[0]) for a, b in zip(members, nxt, strict=True))
             pp_links.append(_worst(cluster.link(a, b) for a, b in node_pairs))
-        return cls(tuple(gpus), tuple(capacity), tuple(tp_links), tuple(dp_links), tuple(pp_links))
+        return cls(tuple(gpus), tuple(capacity), tuple(tp_links), tuple(dp_links), tuple(pp_links), tuple(cp_links),
+                   tuple(replicate_links), tuple(expert_link(cluster, config, tuple(members)) for members in blocks))
+
+
+def _strided_rings(cluster: Cluster, placement: Placement):
+    """worst(starts, count, step): the slowest ring over the groups of `count` ranks at stride `step` from each
+    start rank. When ranks sit on the cluster's GPUs in order and nodes are alike, a group's shape depends
+    only on where in its node it starts, so at most one ring per GPU position in a node is evaluated."""
+    ring = _ring_links(cluster)
+    per_node = cluster.nodes[0].num_gpus
+    in_order = ring is not cluster.ring_link and placement.gpus == tuple(cluster.gpu_ids()[:len(placement.gpus)])
+
+    def worst(starts, count: int, step: int) -> Link:
+        links: dict[int, Link] = {}
+        for start in starts:
+            key = start % per_node if in_order else start
+            if key not in links:
+                links[key] = ring(placement.gpus[start:start + count * step:step])
+        return _worst(links.values())
+
+    return worst
 
 
 def _ring_links(cluster: Cluster):

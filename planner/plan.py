@@ -1,8 +1,12 @@
-"""`Plan` ↔ JSON (schema_version 1, field names per DESIGN.md), with invariants checked both ways.
+"""`Plan` ↔ JSON (schema_version 2, field names per DESIGN.md; version 1 files are still read), with
+invariants checked both ways.
 
 A plan file is the contract between `planner plan` and everything downstream (`planner export`,
-users' scripts): stages cover every transformer block once, in order; dp·tp·pp·cp = GPUs; the
-batch divides into micro-batches. Loading a file that breaks any of these is a PlannerError.
+`planner estimate --plan`, users' scripts): stages cover every transformer block once, in order;
+dp·tp·pp·cp = GPUs; the batch divides into micro-batches. Loading a file that breaks any of these is a
+PlannerError. Version 2 is lossless: the whole model, cluster (planner.plan_sections), training,
+calibration and the framework whose execution semantics the estimate assumed, so that the estimate
+can be reproduced exactly from the file alone.
 """
 
 from __future__ import annotations
@@ -17,14 +21,25 @@ from planner.cluster import Cluster
 from planner.config import ParallelConfig, Partition, Recompute, Schedule, Training
 from planner.cost.estimate import Estimate
 from planner.errors import PlannerError
+from planner.frameworks import FRAMEWORK_NAMES, runs_on
 from planner.model import ModelSpec, model_from_dict
 from planner.placement import Placement, rank_coordinates
+from planner.plan_sections import (
+    calibration_from_record,
+    calibration_record,
+    cluster_from_record,
+    cluster_record,
+    training_from_record,
+    training_record,
+)
+from planner.profile.calibration import Calibration, default_calibration
 from planner.resources import parse_json, write_atomic
 
 __all__ = ["LISTED_RANKS_MAX", "SCHEMA_VERSION", "Plan", "build_plan_document", "load_plan", "parse_plan_document",
            "placement_runs", "write_atomic"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 LISTED_RANKS_MAX = 1024
 """Up to this many ranks a plan lists every rank (`placement.ranks`); above, only `placement.runs` unless
 asked (`--placement full`), so that a plan's size follows its structure, not the cluster's size."""
@@ -32,7 +47,12 @@ asked (`--placement full`), so that a plan's size follows its structure, not the
 
 @dataclass(frozen=True)
 class Plan:
-    """A loaded plan: what exporters need, rebuilt from the JSON document."""
+    """A loaded plan: what exporters need, rebuilt from the JSON document.
+
+    `cluster` is the document's cluster section; `machines` the Cluster it describes and `calibration` the
+    constants the estimate used (both None in a version 1 file, which did not record them); `framework` the
+    target whose execution semantics the estimate assumed ("any": Megatron-LM's).
+    """
 
     model: ModelSpec
     cluster: dict[str, Any]
@@ -40,6 +60,9 @@ class Plan:
     parallel: ParallelConfig
     partition: Partition
     document: dict[str, Any]
+    framework: str = "any"
+    machines: Cluster | None = None
+    calibration: Calibration | None = None
 
     @property
     def blocks_per_stage(self) -> tuple[int, ...]:
@@ -48,31 +71,32 @@ class Plan:
 
 def build_plan_document(
     model: ModelSpec, cluster: Cluster, training: Training, config: ParallelConfig, placement: Placement,
-    result: Estimate, extra: dict[str, Any] | None = None, full_placement: bool = False,
+    result: Estimate, extra: dict[str, Any] | None = None, full_placement: bool = False, *,
+    framework: str = "any", calibration: Calibration | None = None,
 ) -> dict[str, Any]:
     """The plan JSON document for an estimated configuration; the per-rank placement table is listed up
-    to LISTED_RANKS_MAX ranks or when `full_placement` asks for it, its runs always."""
+    to LISTED_RANKS_MAX ranks or when `full_placement` asks for it, its runs always. `framework` is the
+    target searched for and `calibration` the constants used (default: the shipped ones)."""
     m = result.num_microbatches
     document: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
+        "framework": framework,
+        "runs_on": runs_on(config),
         "model": {**model.to_dict(), "num_parameters": model.num_parameters},
-        "cluster": {
-            "name": cluster.name, "num_nodes": cluster.num_nodes, "gpus_per_node": cluster.gpus_per_node,
-            "gpu": cluster.gpu_label, "num_gpus": cluster.num_gpus,
-            "nodes": [node.name for node in cluster.nodes],
-            **({} if len({n.num_gpus for n in cluster.nodes}) == 1 else
-               {"node_gpus": [node.num_gpus for node in cluster.nodes]}),
-        },
-        "training": {"global_batch": training.global_batch, "seq_len": training.seq_len,
-                     "dtype": training.dtype, "attention": training.attention},
+        "cluster": cluster_record(cluster),
+        "training": training_record(training),
+        "calibration": calibration_record(calibration or default_calibration()),
         "parallelism": {
             "dp": config.dp, "tp": config.tp, "pp": config.pp, "vpp": config.vpp, "cp": config.cp,
+            "cp_comm": config.cp_comm, "hsdp_replicas": config.hsdp_replicas,
+            "reshard_after_forward": config.reshard_after_forward,
             "micro_batch": config.micro_batch, "num_microbatches": m,
             "sequence_parallel": config.sequence_parallel, "tp_comm_overlap": config.tp_comm_overlap,
             "recompute": config.recompute.value,
             "zero_stage": config.zero_stage, "distributed_optimizer": config.distributed_optimizer,
             "schedule": config.schedule.value, "overlap_grad_reduce": config.overlap_grad_reduce,
-            "overlap_param_gather": config.overlap_param_gather,
+            "overlap_param_gather": config.overlap_param_gather, "ep": config.ep, "etp": config.etp,
+            "p2p_scatter_gather": config.p2p_scatter_gather, "overlap_tp_backward": config.overlap_tp_backward,
         },
         "stages": [
             {
@@ -87,7 +111,7 @@ def build_plan_document(
             "order": "tp-cp-ep-dp-pp",
             "runs": placement_runs(cluster, placement),
             **({"ranks": [
-                dict(zip(("rank", "node", "gpu_index", "dp", "pp", "tp"),
+                dict(zip(("rank", "node", "gpu_index", "dp", "pp", "tp", "cp"),
                          (rank, cluster.nodes[gpu[0]].name, gpu[1], *rank_coordinates(config, rank)), strict=True))
                 for rank, gpu in enumerate(placement.gpus)
             ]} if full_placement or config.num_gpus <= LISTED_RANKS_MAX else {}),
@@ -131,8 +155,9 @@ def parse_plan_document(document: Any, origin: str = "plan file") -> Plan:
     if not isinstance(document, dict):
         raise PlannerError(f"{origin}: expected a JSON object")
     version = _require(document, "schema_version", "")
-    if version != SCHEMA_VERSION:
-        raise PlannerError(f"{origin}: schema_version {version!r} is not supported (expected {SCHEMA_VERSION})")
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
+        raise PlannerError(f"{origin}: schema_version {version!r} is not supported (expected one of "
+                           f"{', '.join(map(str, READABLE_VERSIONS))})")
     model_section = _require(document, "model", "")
     model = model_from_dict(
         {k: v for k, v in model_section.items() if k != "num_parameters"} if isinstance(model_section, dict) else {},
@@ -140,16 +165,15 @@ def parse_plan_document(document: Any, origin: str = "plan file") -> Plan:
     )
     training_section = _require(document, "training", "")
     par = _require(document, "parallelism", "")
+    for key in ("global_batch", "seq_len", "dtype"):
+        _require(training_section, key, "training")
+    training = training_from_record(training_section, origin)
     try:
-        training = Training(
-            global_batch=_require(training_section, "global_batch", "training"),
-            seq_len=_require(training_section, "seq_len", "training"),
-            dtype=_require(training_section, "dtype", "training"),
-            attention=training_section.get("attention", "flash"),
-        )
         config = ParallelConfig(
             dp=_require(par, "dp", "parallelism"), tp=_require(par, "tp", "parallelism"),
             pp=_require(par, "pp", "parallelism"), vpp=par.get("vpp", 1), cp=par.get("cp", 1),
+            cp_comm=par.get("cp_comm", "p2p"), hsdp_replicas=par.get("hsdp_replicas", 1),
+            reshard_after_forward=par.get("reshard_after_forward"),
             micro_batch=_require(par, "micro_batch", "parallelism"),
             sequence_parallel=_flag(par, "sequence_parallel", False, origin),
             tp_comm_overlap=_flag(par, "tp_comm_overlap", False, origin),
@@ -159,6 +183,9 @@ def parse_plan_document(document: Any, origin: str = "plan file") -> Plan:
             schedule=Schedule(par.get("schedule", "1f1b")),
             overlap_grad_reduce=_flag(par, "overlap_grad_reduce", True, origin),
             overlap_param_gather=_flag(par, "overlap_param_gather", False, origin),
+            ep=par.get("ep", 1), etp=par.get("etp", 1),
+            p2p_scatter_gather=_flag(par, "p2p_scatter_gather", True, origin),
+            overlap_tp_backward=_flag(par, "overlap_tp_backward", True, origin),
         )
     except (ValueError, TypeError) as exc:
         raise PlannerError(f"{origin}: {exc}") from None
@@ -166,15 +193,27 @@ def parse_plan_document(document: Any, origin: str = "plan file") -> Plan:
     if par.get("num_microbatches", m) != m:
         raise PlannerError(f"{origin}: parallelism.num_microbatches is {par['num_microbatches']}, expected {m}")
     cluster = _require(document, "cluster", "")
-    if isinstance(cluster, dict) and cluster.get("num_gpus") is not None and config.num_gpus > cluster["num_gpus"]:
+    if not isinstance(cluster, dict):
+        raise PlannerError(f"{origin}: cluster must be an object, got {cluster!r}")
+    num_gpus = cluster.get("num_gpus")
+    if num_gpus is not None and (isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 1):
+        raise PlannerError(f"{origin}: cluster.num_gpus must be a positive integer, got {num_gpus!r}")
+    if num_gpus is not None and config.num_gpus > num_gpus:
         raise PlannerError(
             f"{origin}: dp·tp·pp·cp = {config.num_gpus} exceeds the cluster's {cluster['num_gpus']} GPUs"
         )
     partition = _partition_from_stages(_require(document, "stages", ""), model, config, origin)
+    framework = document.get("framework", "any")
+    if framework not in FRAMEWORK_NAMES:
+        raise PlannerError(f"{origin}: framework {framework!r} is not one of {', '.join(FRAMEWORK_NAMES)}")
+    machines = cluster_from_record(cluster, origin) if version >= 2 else None
+    calibration = calibration_from_record(_require(document, "calibration", ""), origin) if version >= 2 else None
     placement = document.get("placement")
     if placement is not None:
-        document = {**document, "placement": _checked_placement(placement, cluster, config, origin)}
-    return Plan(model, cluster, training, config, partition, document)
+        sizes = ({node.name: node.num_gpus for node in machines.nodes} if machines
+                 else _node_sizes(cluster, origin))
+        document = {**document, "placement": _checked_placement(placement, sizes, config, origin)}
+    return Plan(model, cluster, training, config, partition, document, framework, machines, calibration)
 
 
 def _flag(section: dict[str, Any], key: str, default: bool, origin: str) -> bool:
@@ -185,7 +224,7 @@ def _flag(section: dict[str, Any], key: str, default: bool, origin: str) -> bool
 
 
 def _node_sizes(cluster: Any, origin: str) -> dict[str, int]:
-    """GPUs per node name, from the plan's cluster section (`node_gpus` when nodes differ in size)."""
+    """GPUs per node name, from a version 1 cluster section (`node_gpus` when nodes differ in size)."""
     names = cluster.get("nodes") if isinstance(cluster, dict) else None
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise PlannerError(f"{origin}: cluster.nodes must list the node names to check the placement against")
@@ -196,12 +235,12 @@ def _node_sizes(cluster: Any, origin: str) -> dict[str, int]:
     return dict(zip(names, sizes, strict=True))
 
 
-def _checked_placement(placement: Any, cluster: Any, config: ParallelConfig, origin: str) -> dict[str, Any]:
+def _checked_placement(placement: Any, sizes: dict[str, int], config: ParallelConfig, origin: str) -> dict[str, Any]:
     """The placement section with `ranks` (expanded from `runs` when only those are listed), every rank
     0..world-1 exactly once on a GPU that exists on the plan's cluster, no GPU used twice."""
     if not isinstance(placement, dict):
         raise PlannerError(f"{origin}: 'placement' must be an object")
-    sizes, world = _node_sizes(cluster, origin), config.num_gpus
+    world = config.num_gpus
     ranks = placement.get("ranks")
     if ranks is None and "runs" in placement:
         ranks = _expand_runs(placement["runs"], list(sizes.items()), config, origin)
@@ -240,7 +279,7 @@ def _expand_runs(runs: Any, nodes: list[tuple[str, int]], config: ParallelConfig
                                f"GPUs continuing from rank {len(ranks)}")
         for offset in range(count):
             rank = len(ranks)
-            ranks.append(dict(zip(("rank", "node", "gpu_index", "dp", "pp", "tp"),
+            ranks.append(dict(zip(("rank", "node", "gpu_index", "dp", "pp", "tp", "cp"),
                                   (rank, *order[start + offset], *rank_coordinates(config, rank)), strict=True)))
     return ranks
 

@@ -6,13 +6,35 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from planner.compare import Comparison
 from planner.config import ParallelConfig
 from planner.cost.estimate import BREAKDOWN_KEYS, Estimate
+from planner.explain import Alternative, Explanation
 from planner.gpu import GIB
 from planner.search.search import RankedPlan
+from planner.training_cost import TrainingCost
 
-__all__ = ["format_breakdown", "format_ranked", "format_stages", "format_table", "gib", "ranked_frame",
-           "stage_split_summary"]
+__all__ = [
+    "format_breakdown",
+    "format_comparison",
+    "format_explanation",
+    "format_ranked",
+    "format_stages",
+    "format_sweep",
+    "format_table",
+    "gib",
+    "node_list",
+    "ranked_frame",
+    "stage_split_summary",
+    "with_training_costs",
+]
+
+
+def node_list(names: Sequence[str], shown: int = 6) -> str:
+    """Node names, the first few and the last when there are many (a pipeline rank may span 128 nodes)."""
+    if len(names) <= shown + 1:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])}, …, {names[-1]} ({len(names)} nodes)"
 
 
 def gib(num_bytes: float) -> str:
@@ -34,7 +56,8 @@ def ranked_frame(plans: Sequence[RankedPlan]) -> pd.DataFrame:
     for rank, plan in enumerate(plans, 1):
         c, e = plan.config, plan.estimate
         rows.append({
-            "rank": rank, "dp": c.dp, "tp": c.tp, "pp": c.pp, "vpp": c.vpp, "micro_batch": c.micro_batch,
+            "rank": rank, "dp": c.dp, "tp": c.tp, "pp": c.pp, "vpp": c.vpp, "cp": c.cp, "cp_comm": c.cp_comm,
+            "micro_batch": c.micro_batch,
             "num_microbatches": e.num_microbatches, "recompute": c.recompute.value,
             "sharding": "dist-opt" if c.distributed_optimizer else f"zero{c.zero_stage}",
             "sequence_parallel": c.sequence_parallel, "schedule": c.schedule.value, "stages": stage_split_summary(e),
@@ -46,13 +69,28 @@ def ranked_frame(plans: Sequence[RankedPlan]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def with_training_costs(frame: pd.DataFrame, costs: Sequence[TrainingCost]) -> pd.DataFrame:
+    """The ranked plans with each one's time-to-train, GPU-hours, cost and energy (`--tokens`)."""
+    return frame.assign(**{key: [cost.as_dict()[key] for cost in costs]
+                           for key in ("time_to_train_s", "gpu_hours", "cost_usd", "energy_kwh")})
+
+
+def _money(value: float | None) -> str:
+    return "-" if value is None or pd.isna(value) else f"${value:,.0f}"
+
+
 def format_ranked(frame: pd.DataFrame) -> str:
-    """The ranked-plans table of `planner plan`."""
-    rows = [(r.rank, f"{r.dp}/{r.tp}/{r.pp}/{r.vpp}", r.micro_batch, r.num_microbatches, r.recompute, r.sharding,
+    """The ranked-plans table of `planner plan` (with time-to-train and cost columns after `--tokens`)."""
+    costed = "time_to_train_s" in frame
+    rows = [(r.rank, f"{r.dp}/{r.tp}/{r.pp}/{r.vpp}" + (f" cp{r.cp} {r.cp_comm}" if r.cp > 1 else ""),
+             r.micro_batch, r.num_microbatches, r.recompute, r.sharding,
              r.schedule, r.stages, f"{r.iteration_time_s:.3f} s", f"{r.tokens_per_s:,.0f}", f"{100 * r.mfu:.1f} %",
-             f"{gib(r.peak_memory_bytes)} / {gib(r.capacity_bytes)}") for r in frame.itertuples()]
+             f"{gib(r.peak_memory_bytes)} / {gib(r.capacity_bytes)}",
+             *((f"{r.time_to_train_s / 86400:,.1f} d", f"{r.gpu_hours:,.0f}", _money(r.cost_usd)) if costed else ()))
+            for r in frame.itertuples()]
     return format_table(("#", "dp/tp/pp/vpp", "mb", "#mb", "recompute", "ZeRO", "schedule", "stages", "time/iter",
-                         "tokens/s", "MFU", "peak / capacity"), rows)
+                         "tokens/s", "MFU", "peak / capacity",
+                         *(("to train", "GPU-hours", "cost") if costed else ())), rows)
 
 
 def format_breakdown(result: Estimate) -> str:
@@ -105,3 +143,50 @@ def describe_estimate(config: ParallelConfig, result: Estimate, num_gpus: int) -
         f"({'fits' if result.fits else 'DOES NOT FIT'})",
     ]
     return "\n".join(lines)
+
+
+def _alternative_rows(alternatives: Sequence[Alternative], base_s: float) -> list[tuple[str, ...]]:
+    return [(a.change, "does not fit" if a.iteration_time_s is None else f"{a.iteration_time_s:.4f} s",
+             "" if a.delta_s is None else f"{a.delta_s:+.4f} s ({100 * a.delta_s / base_s:+.1f} %)")
+            for a in alternatives]
+
+
+def format_explanation(explanation: Explanation) -> str:
+    """`planner explain`: bottleneck, breakdown, memory, one step of each knob, the search's best, the advice."""
+    e = explanation
+    total = e.iteration_time_s
+    lines = [f"plan            {e.describe}", f"iteration time  {total:.4f} s", "",
+             f"bottleneck: {e.verdict}", e.memory_note, "", "breakdown of one iteration",
+             format_table(("term", "time", "share"),
+                          [(k, f"{v:.4f} s", f"{100 * v / total:5.1f} %") for k, v in e.breakdown_s.items()]),
+             "", "one step of each knob (each re-planned with its best stage split)",
+             format_table(("change", "time/iter", "delta"), _alternative_rows(e.what_ifs, total)) if e.what_ifs
+             else "(no valid neighbour on these GPUs)",
+             "", "the search's best plans on this cluster",
+             format_table(("plan", "time/iter", "delta"), _alternative_rows(e.alternatives, total))
+             if e.alternatives else "(no plan fits)", ""]
+    if e.best_change:
+        lines.append(f"the one change that buys the most: {e.best_change.change} "
+                     f"({e.best_change.delta_s:+.4f} s, {100 * e.best_change.delta_s / total:+.1f} %)")
+    else:
+        lines.append("no single step of one knob makes it faster")
+    return "\n".join(lines)
+
+
+def format_comparison(comparison: Comparison) -> str:
+    """`planner compare`: the fields side by side (`*` marks rows that differ), then the verdicts."""
+    rows = [("*" if differs else "", name, *values) for name, values, differs in comparison.rows]
+    return "\n".join([format_table(("", "field", *comparison.labels), rows), "", *comparison.verdicts()])
+
+
+def format_sweep(frame: pd.DataFrame, unit: str) -> str:
+    """`planner sweep`: one row per cluster, `*` on the Pareto front of time-to-train against cost."""
+    rows = [("*" if r.pareto else "", r.gpu, r.num_gpus, r.parallelism or "does not fit",
+             "-" if pd.isna(r.iteration_time_s) else f"{r.iteration_time_s:.3f} s",
+             "-" if pd.isna(r.mfu) else f"{100 * r.mfu:.1f} %",
+             "-" if pd.isna(r.time_to_train_s) else f"{r.time_to_train_s / 86400:,.1f} d",
+             "-" if pd.isna(r.gpu_hours) else f"{r.gpu_hours:,.0f}", _money(r.cost_usd),
+             "-" if pd.isna(r.energy_kwh) else f"{r.energy_kwh / 1e3:,.1f}") for r in frame.itertuples()]
+    return "\n".join([format_table(("", "gpu", "GPUs", "best plan", "time/iter", "MFU", "to train", "GPU-hours",
+                                     "cost", "MWh"), rows),
+                      f"* Pareto front: nothing else is both faster and cheaper (cost in {unit})"])

@@ -26,7 +26,8 @@ RECORDED = {
     "Megatron-Bridge 25.11 (H100, FP8)": (2, 0.149, None, 2),
     "Narayanan 2021 Table 2 (DeepSpeed ZeRO-3, A100)": (6, 0.557, None, 5),
     "llm-foundry MPT (PyTorch FSDP, A100)": (139, 0.077, None, 139),
-    "torchtitan 2024-12 (FSDP2/TP, H100)": (9, 0.263, 0.326, 6),
+    "NeMo / Megatron-Bridge long context CP (H100, FP8)": (14, 0.061, None, 14),
+    "torchtitan 2024-12 (FSDP2/TP, H100)": (18, 0.290, 0.307, 15),  # with its CP and FSDP+PP (4D) rows
     "torchtitan docs 2024 (FSDP2, A100/H100)": (9, 0.178, None, 8),
     "torchao float8/MXFP8 (FSDP2, H100/MI300X/B200)": (12, 0.509, 0.590, 12),
 }

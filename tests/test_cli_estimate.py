@@ -29,7 +29,7 @@ def test_estimate_json_is_one_plan_document(tmp_path) -> None:
                  "--seq-len", "2048", "--tp", "2", "--pp", "4", "--partition", "7,8,9,8", "--json", "--out", str(out))
     assert result.exit_code == 0, result.output
     document = json.loads(result.output)
-    assert document["schema_version"] == 1
+    assert document["schema_version"] == 2
     assert document["parallelism"]["dp"] * 2 * 4 == 16
     assert [s["blocks"] for s in document["stages"]] == [[0, 7], [7, 15], [15, 24], [24, 32]]
     assert len(document["placement"]["ranks"]) == 16

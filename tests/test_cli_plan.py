@@ -30,7 +30,7 @@ def test_plan_json_is_one_document_with_alternatives_and_search_stats() -> None:
     result = run("plan", *SMALL, "--top", "3", "--json")
     assert result.exit_code == 0, result.stderr
     document = json.loads(result.stdout)  # the whole of stdout: one JSON document
-    assert document["schema_version"] == 1
+    assert document["schema_version"] == 2
     assert len(document["alternatives"]) == 2
     stats = document["search"]
     for key in ("configurations", "pruned_memory", "pruned_time", "ilps_solved", "proven_by_bound", "cache_hits",

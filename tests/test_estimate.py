@@ -98,8 +98,10 @@ def test_config_errors_name_the_values() -> None:
         ParallelConfig(dp=4, tp=2, pp=1, micro_batch=2).num_microbatches(100)
     with pytest.raises(PlannerError, match="sequence_parallel needs tp > 1"):
         ParallelConfig(dp=1, tp=1, pp=1, sequence_parallel=True)
-    with pytest.raises(PlannerError, match="ZeRO-2"):
-        ParallelConfig(dp=2, tp=1, pp=2, zero_stage=2)
+    with pytest.raises(PlannerError, match="hsdp_replicas 2 shards within replicas and needs zero_stage 3"):
+        ParallelConfig(dp=2, tp=1, pp=2, zero_stage=2, hsdp_replicas=2)
+    with pytest.raises(PlannerError, match="cp_comm must be one of p2p, all-gather, a2a"):
+        ParallelConfig(dp=2, tp=1, pp=1, cp=2, cp_comm="ring")
     with pytest.raises(PlannerError, match="needs 64 GPUs"):
         estimate(MODEL, CLUSTER, Training(global_batch=64), ParallelConfig(dp=8, tp=8, pp=1))
 

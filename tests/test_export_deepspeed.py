@@ -129,8 +129,10 @@ def test_interleaved_plan_is_flattened_to_1f1b_with_a_note():
 
 
 def test_a_cluster_the_cost_model_cannot_rebuild_still_exports_with_the_splits_listed():
-    document = plan_document()
-    document["cluster"].update(name="my-lab", gpu="NoSuchGPU")
+    """A version 1 plan file names its cluster only; an unknown one cannot be rebuilt for the cost model."""
+    document = {key: value for key, value in plan_document().items() if key != "calibration"}
+    document.update(schema_version=1, cluster={"name": "my-lab", "num_nodes": 2, "gpus_per_node": 8,
+                                               "gpu": "NoSuchGPU", "num_gpus": 16, "nodes": ["node0", "node1"]})
     result = export_deepspeed(parse_plan_document(document))
     assert "splits not costed" in result.notes[-1] and "type:transformer: 8,8,8,8" in result.notes[-1]
     assert json.loads(result.files["ds_config.json"])["train_batch_size"] == 128

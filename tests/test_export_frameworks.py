@@ -21,17 +21,20 @@ from planner.export import TARGETS, export_plan
 from planner.model import catalog_model_names, load_model
 from planner.plan import Plan
 
-# Configurations cycled over the catalog: plain 1F1B, the distributed optimizer (→ FSDP, ZeRO-1), no pipeline
-# with ZeRO-3 (→ FSDP, ZeRO-3 in DeepSpeed).
-VARIANTS = (dict(pp=2), dict(pp=2, distributed_optimizer=True, micro_batch=2), dict(pp=1, zero_stage=3))
+# Configurations cycled over the catalog, each as the target runs it (export never substitutes): plain 1F1B;
+# optimizer states sharded with PP (Megatron's distributed optimizer, DeepSpeed's ZeRO-1; torchtitan has no
+# such sharding, so DDP); no pipeline with ZeRO-3 (Megatron-FSDP, DeepSpeed ZeRO-3, FSDP2).
+SHARDED_WITH_PP = {"megatron": dict(distributed_optimizer=True), "deepspeed": dict(zero_stage=1), "torchtitan": {}}
+VARIANTS = (lambda _t: dict(pp=2), lambda t: dict(pp=2, micro_batch=2, **SHARDED_WITH_PP[t]),
+            lambda _t: dict(pp=1, zero_stage=3))
 # What each target refuses: ALiBi in both Megatron parsers; torchtitan 0.2.2 has only llama3's architectures.
 REFUSED = {"megatron": {"bloom-176b"}, "deepspeed": {"bloom-176b"},
            "torchtitan": set(catalog_model_names()) - {"llama3-8b", "llama3-70b", "llama3-405b"}}
 
 
-def catalog_plan(index: int, name: str) -> Plan:
+def catalog_plan(index: int, name: str, target: str) -> Plan:
     """A plan for catalog model `name` on 2×8 H100 with TP 2 (fits or not: only the export is checked)."""
-    variant = VARIANTS[index % len(VARIANTS)]
+    variant = VARIANTS[index % len(VARIANTS)](target)
     layers, pp = load_model(name).num_layers, variant["pp"]
     blocks = tuple(layers // pp + (s < layers % pp) for s in range(pp))
     return make_plan(model=name, blocks=blocks, global_batch=64, seq_len=2048, **variant)
@@ -42,8 +45,8 @@ def exports() -> dict[str, dict[str, tuple[Plan, dict[str, str]]]]:
     """target → model → (plan, files) for every catalog model the target accepts."""
     result: dict[str, dict[str, tuple[Plan, dict[str, str]]]] = {target: {} for target in TARGETS}
     for index, name in enumerate(catalog_model_names()):
-        plan = catalog_plan(index, name)
         for target in TARGETS:
+            plan = catalog_plan(index, name, target)
             try:
                 result[target][name] = (plan, export_plan(plan, target).files)
             except PlannerError as error:

@@ -101,7 +101,7 @@ def test_sbatch_keeps_the_plans_host_order_when_the_cluster_names_its_hosts(tmp_
     """A cluster file's host names: the plan puts node rank 0 on gpu-b; SLURM lists gpu-a first."""
     document = plan_document()
     rename = {"node0": "gpu-b", "node1": "gpu-a"}
-    document["cluster"]["nodes"] = [rename[n] for n in document["cluster"]["nodes"]]
+    document["cluster"]["node_groups"][0]["names"] = ["gpu-b", "gpu-a"]
     for entry in document["placement"]["ranks"]:
         entry["node"] = rename[entry["node"]]
     out = _export(tmp_path, document, "torchtitan")

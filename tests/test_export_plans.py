@@ -28,6 +28,7 @@ def plan_document(model: str = "llama3-8b", cluster: str = "2x8xH100-80GB", bloc
     parallel.setdefault("tp", 2)
     parallel.setdefault("pp", 4)
     parallel.setdefault("dp", machines.num_gpus // (parallel["tp"] * parallel["pp"]))
+    parallel.setdefault("sequence_parallel", parallel["tp"] > 1)  # as planner estimate does
     if parallel.get("vpp", 1) > 1:
         parallel.setdefault("schedule", "interleaved")
     config = ParallelConfig(**parallel)
@@ -140,7 +141,7 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     text = json.dumps(good)
     (tmp_path / "empty.json").write_text("")
     (tmp_path / "truncated.json").write_text(text[: len(text) // 2])
-    write_plan(tmp_path, {**good, "schema_version": 2}, "future.json")
+    write_plan(tmp_path, {**good, "schema_version": 3}, "future.json")
     write_plan(tmp_path, {k: v for k, v in good.items() if k != "stages"}, "nostages.json")
     write_plan(tmp_path, [1, 2], "list.json")
     write_plan(tmp_path, good, "good.json")
@@ -151,7 +152,7 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
         "missing": (["export", str(tmp_path / "absent.json"), "--to", "megatron"], "cannot read plan file"),
         "empty": (["export", str(tmp_path / "empty.json"), "--to", "megatron"], "is empty"),
         "truncated": (["export", str(tmp_path / "truncated.json"), "--to", "deepspeed"], "not valid JSON"),
-        "schema": (["export", str(tmp_path / "future.json"), "--to", "torchtitan"], "schema_version 2"),
+        "schema": (["export", str(tmp_path / "future.json"), "--to", "torchtitan"], "schema_version 3"),
         "no stages": (["export", str(tmp_path / "nostages.json"), "--to", "megatron"], "missing 'stages'"),
         "not an object": (["export", str(tmp_path / "list.json"), "--to", "megatron"], "expected a JSON object"),
         "unknown target": (["export", str(tmp_path / "good.json"), "--to", "jax"], "unknown export target 'jax'"),
@@ -207,7 +208,7 @@ def test_tp_comm_overlap_is_exported_by_the_targets_that_run_it_and_refused_by_d
     assert "--tp-comm-overlap" in args and "--sequence-parallel" in args
     toml = export_plan(plan, "torchtitan").files["torchtitan.toml"]
     assert "enable_async_tensor_parallel = true" in toml and "[compile]" in toml
-    with pytest.raises(PlannerError, match="--no-tp-comm-overlap"):
+    with pytest.raises(PlannerError, match=r"cannot overlap TP communication.*--framework deepspeed"):
         export_plan(plan, "deepspeed")
     plain = make_plan(sequence_parallel=True)
     assert "--tp-comm-overlap" not in parse_flags(export_plan(plain, "megatron").files["megatron_args.txt"])

@@ -188,7 +188,7 @@ def test_out_through_a_symlink_writes_its_target_and_keeps_modes(tmp_path) -> No
     link = tmp_path / "link.json"
     link.symlink_to(target)
     assert_contract(run("estimate", *TINY, "--out", str(link)), (0,))
-    assert link.is_symlink() and json.loads(target.read_text())["schema_version"] == 1
+    assert link.is_symlink() and json.loads(target.read_text())["schema_version"] == 2
     assert stat.S_IMODE(target.stat().st_mode) == 0o640
     fresh = tmp_path / "fresh.json"
     umask = os.umask(0o027)

@@ -52,7 +52,7 @@ def mutate(document: dict, path: list, value) -> dict:
 @pytest.mark.parametrize(
     ("path", "value", "message"),
     [
-        (["schema_version"], 2, "schema_version 2 is not supported"),
+        (["schema_version"], 3, "schema_version 3 is not supported"),
         (["schema_version"], KeyError, "missing 'schema_version'"),
         (["parallelism", "tp"], KeyError, "missing 'parallelism.tp'"),
         (["parallelism", "num_microbatches"], 5, "num_microbatches is 5, expected 32"),

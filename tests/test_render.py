@@ -21,3 +21,13 @@ def test_format_table_aligns_columns() -> None:
     text = format_table(("a", "long header"), [(1, "x"), ("wide cell", 2)])
     lines = text.splitlines()
     assert lines[0].index("long header") == lines[2].index("x") == lines[3].index("2")
+
+
+def test_node_list_abridges_long_lists_and_keeps_short_ones() -> None:
+    """A pipeline rank of 128 nodes prints as the first few, the last and the count, not 128 names."""
+    from planner.render import node_list
+
+    assert node_list(["a", "b"]) == "a, b"
+    names = [f"node{i}" for i in range(128)]
+    text = node_list(names)
+    assert text.startswith("node0, node1") and text.endswith("node127 (128 nodes)") and "node64" not in text

@@ -28,7 +28,7 @@ SMALL = load_model("gpt3-125m")
 
 def _check_plan(model, cluster, plan) -> None:
     config, result = plan.config, plan.estimate
-    assert config.dp * config.tp * config.pp == cluster.num_gpus
+    assert config.dp * config.tp * config.pp * config.cp == cluster.num_gpus
     counts = plan.partition.unit_counts
     assert sum(counts) == model.num_layers + 2 and all(c >= 1 for c in counts)
     assert len(counts) == config.pp * config.vpp

@@ -24,13 +24,13 @@ def test_every_configuration_is_valid() -> None:
         assert c.sequence_parallel == (c.tp > 1)
         if c.schedule is Schedule.INTERLEAVED:
             assert c.pp >= 2 and c.vpp >= 2 and c.num_microbatches(32) % c.pp == 0 and c.pp * c.vpp <= 32
-        assert c.zero_stage < 2 or c.pp == 1
+        assert c.num_gpus == c.dp * c.tp * c.pp * c.cp and c.replicas % c.hsdp_replicas == 0
 
 
 def test_fixed_options_constrain_the_space() -> None:
     fixed = FixedOptions(tp=2, pp=2, micro_batch=2, schedule=Schedule.ONE_F_ONE_B)
     configs = _space(fixed)
-    assert configs and all((c.tp, c.pp, c.dp, c.micro_batch) == (2, 2, 4, 2) for c in configs)
+    assert configs and all((c.tp, c.pp, c.dp * c.cp, c.micro_batch) == (2, 2, 4, 2) for c in configs)
 
 
 @pytest.mark.parametrize("fixed, text", [

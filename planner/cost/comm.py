@@ -11,7 +11,7 @@ from __future__ import annotations
 from planner.cluster import Link
 from planner.profile.calibration import Calibration
 
-__all__ = ["all_gather_time", "all_reduce_time", "p2p_time", "reduce_scatter_time"]
+__all__ = ["all_gather_time", "all_reduce_time", "all_to_all_time", "p2p_time", "reduce_scatter_time"]
 
 
 def _ring_time(size_bytes: float, ranks: int, link: Link, calibration: Calibration, phases: int) -> float:
@@ -32,6 +32,11 @@ def all_gather_time(size_bytes: float, ranks: int, link: Link, calibration: Cali
 
 def reduce_scatter_time(size_bytes: float, ranks: int, link: Link, calibration: Calibration) -> float:
     return _ring_time(size_bytes, ranks, link, calibration, phases=1)
+
+
+def all_to_all_time(local_bytes: float, ranks: int, link: Link, calibration: Calibration) -> float:
+    """Each rank sends (n − 1)/n of its `local_bytes` to the others, one step per peer (NCCL's all-to-all)."""
+    return _ring_time(local_bytes, ranks, link, calibration, phases=1)
 
 
 def p2p_time(size_bytes: float, link: Link, calibration: Calibration) -> float:

@@ -31,7 +31,7 @@ from planner.profile.calibration import Calibration, default_calibration
 
 __all__ = ["BREAKDOWN_KEYS", "Estimate", "MemoryBreakdown", "StageEstimate", "estimate", "model_flops_per_iteration"]
 
-BREAKDOWN_KEYS = ("compute", "recompute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer", "other")
+BREAKDOWN_KEYS = ("compute", "recompute", "bubble", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "optimizer", "other")
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,8 @@ def model_flops_per_iteration(model: ModelSpec, training: Training) -> float:
 
 
 def _sum_costs(kinds: list[UnitKind], costs: dict[UnitKind, UnitCost], start: int, end: int) -> dict[str, float]:
-    totals = dict.fromkeys(("forward", "backward", "recompute", "tp_forward", "tp_backward", "activations",
-                            "params"), 0.0)
+    totals = dict.fromkeys(("forward", "backward", "recompute", "tp_forward", "tp_backward", "cp_forward",
+                            "cp_backward", "activations", "params"), 0.0)
     for kind in kinds[start:end]:
         cost = costs[kind]
         totals["forward"] += cost.forward_s
@@ -97,6 +97,8 @@ def _sum_costs(kinds: list[UnitKind], costs: dict[UnitKind, UnitCost], start: in
         totals["recompute"] += cost.recompute_s
         totals["tp_forward"] += cost.tp_forward_s
         totals["tp_backward"] += cost.tp_backward_s
+        totals["cp_forward"] += cost.cp_forward_s
+        totals["cp_backward"] += cost.cp_backward_s
         totals["activations"] += cost.activation_bytes
         totals["params"] += cost.params
     return totals
@@ -124,8 +126,9 @@ def _pipeline(sums: list[dict[str, float]], p2p: list[float], stage_times: list[
     simulator does not apply (pp = 1, or an interleaved schedule Megatron-LM cannot run)."""
     if config.pp == 1 or not schedule_of(config.schedule).runnable(config.pp, m):
         return pipeline_time(stage_times, config.pp, m, config.schedule)
-    forward = [s["forward"] + s["tp_forward"] + p / 2 for s, p in zip(sums, p2p, strict=True)]
-    backward = [s["backward"] + s["recompute"] + s["tp_backward"] + p / 2 for s, p in zip(sums, p2p, strict=True)]
+    forward = [s["forward"] + s["tp_forward"] + s["cp_forward"] + p / 2 for s, p in zip(sums, p2p, strict=True)]
+    backward = [s["backward"] + s["recompute"] + s["tp_backward"] + s["cp_backward"] + p / 2
+                for s, p in zip(sums, p2p, strict=True)]
     return simulated_pipeline_time(forward, backward, config.pp, m, config.schedule)
 
 
@@ -149,12 +152,14 @@ def estimate(
     placement = placement or default_placement(cluster, config)
     links = links or GroupLinks.from_placement(cluster, config, placement)
     m = config.num_microbatches(training.global_batch)
+    config.check_sequence(training.seq_len)
     for rank, gpu in enumerate(links.gpu):
         if not gpu.supports(training.dtype):
             raise PlannerError(f"{training.dtype} is not supported by {gpu.name} (pipeline rank {rank})")
 
-    rank_costs = [unit_costs(model, training, config, links.gpu[r], links.tp[r], timer, calibration)
-                  for r in range(config.pp)]
+    config.check_experts(model.num_experts)
+    rank_costs = [unit_costs(model, training, config, links.gpu[r], links.tp[r], timer, calibration, links.cp[r],
+                             links.ep[r]) for r in range(config.pp)]
     bounds = partition.bounds()
     boundary = [p2p_boundary_time(model, training, config, link, calibration) for link in links.pp]
     p2p = stage_boundary_s(boundary, len(bounds))
@@ -163,8 +168,8 @@ def estimate(
     for k, (start, end) in enumerate(bounds):
         totals = _sum_costs(kinds, rank_costs[k % config.pp], start, end)
         sums.append(totals)
-        stage_times.append(totals["forward"] + totals["backward"] + totals["recompute"]
-                           + totals["tp_forward"] + totals["tp_backward"] + p2p[k])
+        stage_times.append(totals["forward"] + totals["backward"] + totals["recompute"] + totals["tp_forward"]
+                           + totals["tp_backward"] + totals["cp_forward"] + totals["cp_backward"] + p2p[k])
 
     pipeline = _pipeline(sums, p2p, stage_times, config, m)
     memories, dp_exposed, optimizer = [], [], []
@@ -175,7 +180,7 @@ def estimate(
         memories.append(rank_memory.breakdown(params, sum(sums[k]["activations"] for k in mine),
                                               float(links.capacity_bytes[r])))
         units = [rank_costs[r][kind] for k in mine for kind in kinds[bounds[k][0]:bounds[k][1]]]
-        dp_time = data_parallel_time(units, training, config, links.dp[r], calibration, m)
+        dp_time = data_parallel_time(units, training, config, links.dp[r], calibration, m, links.replicate[r])
         dp_exposed.append(dp_time.exposed_s)
         optimizer.append(optimizer_step_time(params, config, links.gpu[r], calibration))
 
@@ -187,6 +192,7 @@ def estimate(
         "recompute": steady["recompute"],
         "bubble": pipeline.bubble_s,
         "tp_comm": steady["tp_forward"] + steady["tp_backward"],
+        "cp_comm": steady["cp_forward"] + steady["cp_backward"],
         "pp_comm": m * sum(p2p[k] for k in bottleneck),
         "dp_comm": max(dp_exposed) + embedding_sync,
         "optimizer": max(optimizer),
@@ -197,6 +203,9 @@ def estimate(
         "dp_gradient_exposed": max(dp_exposed),
         "embedding_grad_allreduce": embedding_sync,
         "p2p_per_microbatch": max(p2p),
+        # the expert all-to-all inside tp_comm on the bottleneck rank (MoE)
+        "ep_alltoall": m * sum(partition.blocks_per_stage()[k] for k in bottleneck)
+        * rank_costs[pipeline.bottleneck_rank][UnitKind.BLOCK].ep_s,
         "pipeline_closed_form": pipeline_time(stage_times, config.pp, m, config.schedule).total_s,
         "pipeline_simulated": pipeline.total_s,
         "fixed_per_iteration": calibration.iteration_overhead_s,
@@ -210,8 +219,8 @@ def estimate(
         stages.append(StageEstimate(
             index=k, pp_rank=r, virtual_index=k // config.pp, units=(start, end), blocks=blocks,
             embedding=start == 0, head=end == model.num_layers + 2, gpu=links.gpu[r].name,
-            forward_s=sums[k]["forward"] + sums[k]["tp_forward"],
-            backward_s=sums[k]["backward"] + sums[k]["recompute"] + sums[k]["tp_backward"],
+            forward_s=sums[k]["forward"] + sums[k]["tp_forward"] + sums[k]["cp_forward"],
+            backward_s=sums[k]["backward"] + sums[k]["recompute"] + sums[k]["tp_backward"] + sums[k]["cp_backward"],
             p2p_s=p2p[k], memory=memories[r],
         ))
     return Estimate(

@@ -30,6 +30,7 @@ __all__ = [
     "nccl_communicators",
     "rank_memory_model",
     "recompute_working_bytes",
+    "sharded_state_bytes",
 ]
 
 PARAM_BYTES = 2  # 16-bit weights (fp8 training keeps bf16 weights; FP8 copies are transient)
@@ -67,11 +68,26 @@ def model_state_bytes(
     )
 
 
+def sharded_state_bytes(config: ParallelConfig, grad_bytes: int) -> ModelStateBytes:
+    """Model states per parameter under the configuration's sharding over its shard group. Under a pipeline
+    schedule PyTorch's pipeline stages turn FSDP's gradient sync and resharding after backward off until the
+    last micro-batch's backward: gradients stay unsharded, and every unit's 16-bit weights stay gathered from
+    its first backward on (a forward's reshard is undone by the next backward). Without pipelining and without
+    `reshard_after_forward` the gathered weights stay from forward to backward (no gather buffer extra)."""
+    states = model_state_bytes(1.0, config.shard_group, config.optimizer_sharding, grad_bytes)
+    if config.pp > 1 and config.optimizer_sharding >= 2:
+        return ModelStateBytes(PARAM_BYTES, float(grad_bytes), states.optimizer)
+    if config.optimizer_sharding == 3 and not config.reshard_after_forward:
+        return ModelStateBytes(PARAM_BYTES, states.gradients, states.optimizer)
+    return states
+
+
 def block_activation_bytes(
     model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
-    recompute: Recompute, attention: str = "unfused",
+    recompute: Recompute, attention: str = "unfused", cp: int = 1,
 ) -> float:
-    """Activation bytes one transformer layer keeps for backward, per micro-batch on one TP rank.
+    """Activation bytes one transformer layer keeps for backward, per micro-batch on one TP rank and one
+    of `cp` context-parallel ranks (each keeps its seq_len / cp tokens; unfused scores span all keys).
 
     Tensor by tensor (2 bytes each, masks 1 byte): layer-norm inputs, QKV input, Q, K, V,
     softmax output + dropout mask + dropout output (unfused attention only; FlashAttention keeps
@@ -79,7 +95,7 @@ def block_activation_bytes(
     output, and two dropout masks. Tensors outside the TP-sharded regions are replicated unless
     sequence parallelism shards them.
     """
-    s, b, t, h = seq_len, micro_batch, tp, model.hidden_size
+    s, b, t, h = seq_len / cp, micro_batch, tp, model.hidden_size
     sbh = s * b * h
     replicated_divisor = t if sequence_parallel else 1
     if recompute is Recompute.FULL:
@@ -96,7 +112,7 @@ def block_activation_bytes(
     if recompute is Recompute.NONE:
         if attention == "unfused":
             score_bytes_per_element = 5 if model.dropout else 2  # softmax out (2) [+ mask (1) + dropout out (2)]
-            sharded += score_bytes_per_element * heads * s * s * b
+            sharded += score_bytes_per_element * heads * s * seq_len * b
         else:
             sharded += 4 * s * b * heads  # fp32 log-sum-exp
     return replicated / replicated_divisor + sharded
@@ -105,13 +121,13 @@ def block_activation_bytes(
 def activation_bytes(
     model: ModelSpec, kind: UnitKind, training: Training, config: ParallelConfig
 ) -> float:
-    """Activation bytes of one unit per micro-batch on one TP rank (Korthikanti §4.3 for the ends)."""
-    s, b, t = training.seq_len, config.micro_batch, config.tp
+    """Activation bytes of one unit per micro-batch on one TP and CP rank (Korthikanti §4.3 for the ends)."""
+    s, b, t = training.seq_len / config.cp, config.micro_batch, config.tp
     sbh = s * b * model.hidden_size
     divisor = t if config.sequence_parallel else 1
     if kind is UnitKind.BLOCK:
         return block_activation_bytes(
-            model, s, b, t, config.sequence_parallel, config.recompute, training.attention
+            model, training.seq_len, b, t, config.sequence_parallel, config.recompute, training.attention, config.cp
         )
     if kind is UnitKind.EMBEDDING:
         return (sbh if model.dropout else 0) / divisor  # embedding-output dropout mask
@@ -125,7 +141,7 @@ def recompute_working_bytes(model: ModelSpec, training: Training, config: Parall
     if config.recompute is not Recompute.FULL:
         return 0.0
     return block_activation_bytes(model, training.seq_len, config.micro_batch, config.tp, config.sequence_parallel,
-                                  Recompute.NONE, training.attention)
+                                  Recompute.NONE, training.attention, config.cp)
 
 
 def in_flight_microbatches(config: ParallelConfig, pp_rank: int, num_microbatches: int) -> float:
@@ -231,9 +247,10 @@ class RankMemoryModel:
 def nccl_communicators(model: ModelSpec, config: ParallelConfig, pp_rank: int) -> int:
     """NCCL communicators that move data on a rank, each with its own buffers (NCCL allocates them per
     communicator, NVIDIA/nccl#864 and #986): TP, the pipeline's send/recv, DP (gradients, and ZeRO-3's
-    gathers), and the tied-embedding group joining the first and last pipeline ranks."""
+    gathers; HSDP's replicas another), context parallelism's KV exchange, and the tied-embedding group
+    joining the first and last pipeline ranks."""
     tied_end = model.tie_embeddings and config.pp > 1 and pp_rank in (0, config.pp - 1)
-    return sum((config.tp > 1, config.pp > 1, config.dp > 1, tied_end))
+    return sum((config.tp > 1, config.pp > 1, config.replicas > 1, config.hsdp_replicas > 1, config.cp > 1, tied_end))
 
 
 def largest_transient_bytes(model: ModelSpec, training: Training, config: ParallelConfig, pp_rank: int) -> float:
@@ -242,9 +259,9 @@ def largest_transient_bytes(model: ModelSpec, training: Training, config: Parall
     (Megatron-LM's vocab-parallel cross-entropy casts the logits to fp32; the fp32 ones are counted as
     activations); in a block, the gradient of the attention scores (unfused) or FlashAttention's fp32
     dQ accumulator."""
-    s, b, t = training.seq_len, config.micro_batch, config.tp
+    s, b, t = training.seq_len / config.cp, config.micro_batch, config.tp
     heads = max(model.num_attention_heads / t, 1.0)
-    per_token = 2 * heads * s if training.attention == "unfused" else 4 * heads * model.head_dim
+    per_token = 2 * heads * training.seq_len if training.attention == "unfused" else 4 * heads * model.head_dim
     attention = per_token * s * b
     loss = 2 * s * b * model.vocab_size / t if pp_rank == config.pp - 1 else 0.0
     return max(loss, attention)
@@ -255,10 +272,10 @@ def framework_buffer_bytes(model: ModelSpec, training: Training,
     """Buffers the data-parallel engine allocates besides the model states: ZeRO-3 / FSDP's gathered
     units (`ZERO3_GATHERED_UNITS` of the largest unit's 16-bit weights plus its unsharded gradient
     before the reduce-scatter), DeepSpeed ZeRO-1/2's gradient bucket (at most the rank's gradients)."""
-    if config.optimizer_sharding == 3:
+    if config.optimizer_sharding == 3 and config.reshard_after_forward and config.pp == 1:
         unit = max(unit.num_parameters for unit in model.units()) / config.tp
         return (("gathered_units", unit * (ZERO3_GATHERED_UNITS * PARAM_BYTES + training.grad_bytes)),)
-    if config.zero_stage in (1, 2) and not config.distributed_optimizer and config.dp > 1:
+    if config.zero_stage in (1, 2) and not config.distributed_optimizer and config.replicas > 1:
         elements = min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, model.num_parameters / config.tp)
         return (("gradient_bucket", elements * training.grad_bytes),)
     return ()
@@ -274,7 +291,7 @@ def rank_memory_model(model: ModelSpec, training: Training, config: ParallelConf
     buffers = (*framework_buffer_bytes(model, training, config),
                ("largest_transient", largest_transient_bytes(model, training, config, pp_rank)))
     return RankMemoryModel(
-        states=model_state_bytes(1.0, config.dp, config.optimizer_sharding, training.grad_bytes),
+        states=sharded_state_bytes(config, training.grad_bytes),
         in_flight=in_flight_microbatches(config, pp_rank, num_microbatches),
         working_bytes=recompute_working_bytes(model, training, config),
         buffers=buffers, runtime=runtime, fragmentation=calibration.allocator_fragmentation,

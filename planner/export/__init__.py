@@ -6,16 +6,19 @@ atomically, so a failed export leaves no partial output behind.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from planner.errors import PlannerError
-from planner.export.common import ExportResult
+from planner.export.common import ExportResult, estimate_split
 from planner.export.deepspeed import export_deepspeed
 from planner.export.megatron import export_megatron
 from planner.export.torchtitan import export_torchtitan
+from planner.frameworks import framework_named
 from planner.plan import Plan, write_atomic
 
 __all__ = ["MANIFEST", "TARGETS", "ExportResult", "export_plan", "exporter", "render_stdout", "write_export"]
@@ -31,10 +34,25 @@ TARGETS = tuple(_EXPORTERS)
 
 
 def exporter(target: str) -> Callable[[Plan], ExportResult]:
-    """The export function for `target` (one of TARGETS)."""
+    """The export function for `target` (one of TARGETS): it never substitutes, so a plan the target cannot
+    run exactly as planned is refused (PlannerError naming why and which --framework to plan with)."""
     if target not in _EXPORTERS:
         raise PlannerError(f"unknown export target {target!r}: use one of {', '.join(TARGETS)}")
-    return _EXPORTERS[target]
+    return functools.partial(_export_runnable, target)
+
+
+def _export_runnable(target: str, plan: Plan) -> ExportResult:
+    """The target's files for a plan it runs; a note when its engine runs the plan unlike the estimate assumed."""
+    framework = framework_named(target)
+    framework.require(plan.parallel)
+    result = _EXPORTERS[target](plan)
+    if framework.runs(plan.parallel) == plan.parallel:
+        return result
+    seconds = estimate_split(plan, framework=target)
+    note = (f"the plan was estimated with {plan.framework}'s execution semantics; as {framework.version} runs it "
+            f"(gradient reduction, TP backward overlap, pipeline sends) the cost model estimates {seconds:.3f} "
+            f"s/iteration; plan with --framework {target} to search for {target}")
+    return replace(result, notes=(*result.notes, note))
 
 
 def export_plan(plan: Plan, target: str) -> ExportResult:

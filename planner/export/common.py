@@ -16,6 +16,7 @@ from planner.cluster import Cluster, load_cluster, uniform_cluster
 from planner.config import Partition, Schedule
 from planner.cost.estimate import estimate
 from planner.errors import PlannerError
+from planner.frameworks import framework_named
 from planner.gpu import lookup_gpu
 from planner.placement import Placement, default_placement
 from planner.plan import Plan
@@ -151,7 +152,10 @@ def placement_notes(order: HostOrder) -> tuple[str, ...]:
 
 
 def rebuild_cluster(plan: Plan) -> Cluster:
-    """The plan's cluster: by name (catalog or NODESxGPUSxGPU), else identical nodes of the plan's GPU."""
+    """The plan's cluster: the one its file describes in full (schema v2: GPU profiles, links, slowdowns);
+    for a version 1 file by name (catalog or NODESxGPUSxGPU), else identical nodes of the plan's GPU."""
+    if plan.machines is not None:
+        return plan.machines
     name = str(plan.cluster.get("name", ""))
     try:
         cluster = load_cluster(name)
@@ -179,17 +183,20 @@ def _plan_placement(plan: Plan, cluster: Cluster) -> Placement:
 
 
 def estimate_split(plan: Plan, blocks_per_stage: tuple[int, ...] | None = None,
-                   without_interleaving: bool = False) -> float:
-    """Iteration time (s) per the cost model of the plan with another block split per stage.
+                   without_interleaving: bool = False, framework: str | None = None) -> float:
+    """Iteration time (s) per the cost model (the plan's calibration) of the plan with another block split
+    per stage.
 
     `blocks_per_stage` None keeps the plan's own split; `without_interleaving` runs plain 1F1B
-    with one stage per pipeline rank (for frameworks that have no interleaved schedule).
+    with one stage per pipeline rank (for frameworks that have no interleaved schedule); `framework`
+    runs it with that framework's execution semantics instead of the plan's.
     """
     cluster = rebuild_cluster(plan)
-    config = plan.parallel
+    config = plan.parallel if framework is None else framework_named(framework).runs(plan.parallel)
     if without_interleaving and config.vpp != 1:
         config = replace(config, vpp=1, schedule=Schedule.ONE_F_ONE_B)
     partition = (plan.partition if blocks_per_stage is None
                  else Partition.from_blocks(list(blocks_per_stage), plan.model.num_layers))
     placement = _plan_placement(plan, cluster)
-    return estimate(plan.model, cluster, plan.training, config, partition, placement).iteration_time_s
+    return estimate(plan.model, cluster, plan.training, config, partition, placement,
+                    calibration=plan.calibration).iteration_time_s

@@ -180,12 +180,6 @@ def megatron_deepspeed_arguments(plan: Plan, zero: int) -> tuple[tuple[FlagGroup
     """Megatron-DeepSpeed flags in titled groups (the Megatron ones it shares, then its DeepSpeed switches),
     and what it has no flag for."""
     config = plan.parallel
-    if config.cp > 1:
-        raise PlannerError(f"the plan uses context parallelism (cp={config.cp}), which Megatron-DeepSpeed does not "
-                           "implement (its --ds-sequence-parallel-size is Ulysses); export to megatron or torchtitan")
-    if config.tp_comm_overlap:
-        raise PlannerError("the plan overlaps TP communication with its GEMMs, which Megatron-DeepSpeed does not "
-                           "implement; plan again with --no-tp-comm-overlap, or export to megatron or torchtitan")
     deepspeed: list[Flag] = []
     if config.recompute is Recompute.FULL:
         deepspeed.append(("--deepspeed-activation-checkpointing",))

@@ -112,6 +112,11 @@ def model_flags(model: ModelSpec, training: Training, dialect: Dialect) -> Model
         flags += [("--num-experts", experts), ("--moe-router-topk", top_k)] if lm else [
             ("--num-experts", experts), ("--topk", top_k), ("--expert-interval", "1"),
             ("--disable-moe-token-dropping",)]
+        if lm:
+            flags += _megatron_moe_flags(model)
+        elif model.shared_expert_ffn_hidden_size or model.first_dense_layers or model.is_mla:
+            unsupported.append(f"{dialect.value} has no shared experts, dense first layers or MLA; the model is "
+                               "built without them")
     flags.append(("--fp16",) if training.dtype == "fp16" else ("--bf16",))
     if training.dtype == "fp8" and lm:
         flags.append(("--fp8-format", "hybrid"))
@@ -123,6 +128,25 @@ def model_flags(model: ModelSpec, training: Training, dialect: Dialect) -> Model
     elif training.attention == "flash":
         flags.append(("--use-flash-attn-v2",))
     return ModelFlags(tuple(flags), tuple(unsupported))
+
+
+def _megatron_moe_flags(model: ModelSpec) -> list[Flag]:
+    """Megatron-LM's expert, shared-expert, dense-first-layer and MLA flags (megatron/training/arguments.py
+    MoE and MLA groups), with the grouped GEMM and the all-to-all dispatcher the cost model prices."""
+    flags: list[Flag] = [("--moe-ffn-hidden-size", str(model.expert_ffn_hidden_size)), ("--moe-grouped-gemm",),
+                         ("--moe-token-dispatcher-type", "alltoall")]
+    if model.shared_expert_ffn_hidden_size:
+        flags.append(("--moe-shared-expert-intermediate-size", str(model.shared_expert_ffn_hidden_size)))
+    if model.first_dense_layers:  # a Python list expression: 0 = dense, 1 = MoE per layer
+        dense, moe = model.first_dense_layers, model.num_moe_layers
+        flags.append(("--moe-layer-freq", f"[0]*{dense}+[1]*{moe}"))
+    if model.is_mla:
+        flags += [("--multi-latent-attention",), ("--kv-lora-rank", str(model.kv_lora_rank)),
+                  ("--qk-head-dim", str(model.head_dim)), ("--qk-pos-emb-head-dim", str(model.qk_rope_head_dim)),
+                  ("--v-head-dim", str(model.value_head_dim))]
+        if model.q_lora_rank:
+            flags.append(("--q-lora-rank", str(model.q_lora_rank)))
+    return flags
 
 
 def _rope_flags(model: ModelSpec, dialect: Dialect) -> tuple[list[Flag], list[str]]:
@@ -160,8 +184,9 @@ def parallel_flags(config: ParallelConfig, global_batch: int, split: tuple[Flag,
 
 
 def cuda_connections_line(config: ParallelConfig) -> str | None:
-    """The export Megatron-LM asserts with TP or CP > 1 (Megatron-DeepSpeed with sequence parallelism)."""
-    if config.tp > 1 or config.cp > 1:
+    """The export Megatron-LM asserts with TP or CP > 1 (Megatron-DeepSpeed with sequence parallelism); FSDP
+    (ZeRO-2/3) asserts the opposite, so it runs without it."""
+    if (config.tp > 1 or config.cp > 1) and config.zero_stage < 2:
         return "export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron asserts it with TP>1 or CP>1 (pre-Blackwell)"
     return None
 

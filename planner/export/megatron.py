@@ -96,11 +96,19 @@ def megatron_arguments(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
     """Every `pretrain_gpt.py` flag the plan decides, in titled groups, and what Megatron-LM has no flag for."""
     config = plan.parallel
     parallel = list(parallel_flags(config, plan.training.global_batch, split_arguments(plan)))
-    if config.cp > 1:
-        parallel.append(("--context-parallel-size", str(config.cp)))
+    if config.cp > 1:  # Megatron-LM spells the all-gather variant "allgather" (--cp-comm-type choices)
+        parallel += [("--context-parallel-size", str(config.cp)),
+                     ("--cp-comm-type", config.cp_comm.replace("all-gather", "allgather"))]
+    if plan.model.is_moe:  # always explicit: Megatron-LM's etp default is tp, the planner's may differ
+        parallel += [("--expert-model-parallel-size", str(config.ep)),
+                     ("--expert-tensor-parallel-size", str(config.etp))]
     if config.tp_comm_overlap:
         parallel.append(("--tp-comm-overlap",))  # Transformer Engine userbuffers; asserts --sequence-parallel
     distributed_optimizer = config.optimizer_sharding >= 1
+    if config.zero_stage >= 2:  # Megatron-FSDP (core 0.16 user guide's required flags); ZeRO-2 keeps weights whole
+        strategy = "optim_grads_params" if config.zero_stage == 3 else "optim_grads"
+        parallel += [("--use-megatron-fsdp",), ("--data-parallel-sharding-strategy", strategy),
+                     ("--no-gradient-accumulation-fusion",), ("--ckpt-format", "fsdp_dtensor")]
     if distributed_optimizer:
         parallel.append(("--use-distributed-optimizer",))
     if config.dp > 1 and config.overlap_grad_reduce:
@@ -118,11 +126,6 @@ def megatron_notes(plan: Plan) -> tuple[str, ...]:
     if config.schedule is Schedule.INTERLEAVED and m % config.pp:
         notes.append(f"Megatron's interleaved schedule needs num_microbatches ({m}) divisible by pp ({config.pp}); "
                      "pass --microbatch-group-size-per-virtual-pipeline-stage or change the global batch")
-    if config.schedule is Schedule.GPIPE:
-        notes.append("Megatron-LM has no GPipe schedule; it runs 1F1B (same bubble, less activation memory)")
-    if config.zero_stage >= 2:
-        notes.append(f"ZeRO-{config.zero_stage} has no stock Megatron-LM flag; --use-distributed-optimizer shards "
-                     "optimizer states only (ZeRO-1); Megatron-FSDP (--use-megatron-fsdp) shards more")
     return tuple(notes)
 
 

@@ -96,6 +96,11 @@ def _value(value: object) -> str:
     return json.dumps(value)
 
 
+ROTATE_METHODS = {"all-gather": "allgather", "p2p": "alltoall"}
+"""torchtitan's context_parallel_rotate_method per planner cp_comm: "allgather" gathers K/V before attention,
+"alltoall" passes K/V shards between ranks step by step (the ring); Ulysses has none (frameworks.py refuses it)."""
+
+
 def torchtitan_toml(plan: Plan, notes: tuple[str, ...] = ()) -> str:
     """The [job]/[model]/[training]/[parallelism]/[activation_checkpoint] TOML for the plan, notes in its header."""
     config, training = plan.parallel, plan.training
@@ -124,17 +129,26 @@ def torchtitan_toml(plan: Plan, notes: tuple[str, ...] = ()) -> str:
     if training.dtype == "fp8":
         lines.append('# fp8: add [model] converters = ["float8"] with a [float8] section (torchao)')
     lines += ["", "[parallelism]",
-              "# ZeRO / Megatron's distributed optimizer map to FSDP (data_parallel_shard_degree): FSDP shards",
+              "# ZeRO-2/3 run as FSDP2 (data_parallel_shard_degree): FSDP shards",
               "# parameters, gradients and optimizer states; without sharding the plan's dp is plain DDP (replicate).",
-              f"data_parallel_replicate_degree = {1 if sharded else config.dp}",
-              f"data_parallel_shard_degree = {config.dp if sharded else 1}"]
+              "# HSDP: FSDP within dp/R ranks (times cp: torchtitan shards over dp_shard·cp), R replicas",
+              f"data_parallel_replicate_degree = {config.hsdp_replicas if sharded else config.dp}",
+              f"data_parallel_shard_degree = {config.dp // config.hsdp_replicas if sharded else 1}"]
+    if config.dp % config.hsdp_replicas:
+        raise PlannerError(f"torchtitan replicates over data_parallel_replicate_degree, which must divide dp = "
+                           f"{config.dp}; the plan has hsdp_replicas {config.hsdp_replicas}")
+    if config.optimizer_sharding == 3 and config.reshard_after_forward != (config.pp == 1):
+        # torchtitan's "default" reshards after forward without PP and not with it, as planner's default does
+        lines.append(f"fsdp_reshard_after_forward = {_value('always' if config.reshard_after_forward else 'never')}")
     if sharded and config.optimizer_sharding < 3:
         lines.append('fsdp_reshard_after_forward = "never"  # keep parameters gathered between forward and '
-                     "backward, like ZeRO-1/2")
+                     "backward, like ZeRO-2")
     lines += [f"tensor_parallel_degree = {config.tp}",
               f"enable_async_tensor_parallel = {_value(config.tp_comm_overlap)}",
               f"disable_loss_parallel = {_value(False)}",
               f"context_parallel_degree = {config.cp}",
+              *([f"context_parallel_rotate_method = {_value(ROTATE_METHODS[config.cp_comm])}"]
+                if config.cp > 1 else []),
               f"pipeline_parallel_degree = {config.pp}"]
     if config.pp > 1:
         lines += [f"pipeline_parallel_schedule = {_value(SCHEDULE_NAMES[config.schedule])}",

@@ -10,7 +10,8 @@ from pathlib import Path
 from planner.errors import PlannerError
 from planner.resources import load_structured_file, profiles_dir
 
-__all__ = ["EFFICIENCY_RANGE", "Calibration", "check_efficiency", "default_calibration", "load_calibration"]
+__all__ = ["EFFICIENCY_RANGE", "Calibration", "calibration_from_constants", "check_efficiency", "default_calibration",
+           "load_calibration"]
 
 EFFICIENCY_RANGE = (0.01, 1.0)
 """Plausible efficiencies, as fractions of a peak. Above 1 the spec's peak is wrong, not the kernel
@@ -69,7 +70,12 @@ def load_calibration(path: Path) -> Calibration:
     """Read a calibration file; every constant must be present, finite and non-negative, and every
     efficiency plausible (`EFFICIENCY_RANGE`)."""
     document = load_structured_file(path)
-    constants = document.get("constants") if isinstance(document, dict) else None
+    return calibration_from_constants(document.get("constants") if isinstance(document, dict) else None, str(path))
+
+
+def calibration_from_constants(constants: object, path: str) -> Calibration:
+    """A Calibration from a 'constants' mapping (name → value or {value, source}), checked like a file's
+    (also a plan file's `calibration.constants`); `path` names where it came from in errors."""
     if not isinstance(constants, dict):
         raise PlannerError(f"{path}: expected a 'constants' mapping")
     values = {}

@@ -83,7 +83,7 @@ class MeasuredProfile:
         if self.gpu is None:
             self._note(f"times measured on {self.device} applied to every GPU ({gpu.name})")
         by_batch = self._at_tp(self.times_by_setting, kind, setting.tp)
-        weights = self._micro_batch_weights(sorted(by_batch), setting.micro_batch)
+        weights = self._micro_batch_weights(sorted(by_batch), self._per_rank_batch(setting))
         values = [max(0.0, sum(w * getattr(by_batch[b], name) for b, w in weights)) for name in _TIME_FIELDS]
         return UnitTimes(*values)
 
@@ -102,8 +102,16 @@ class MeasuredProfile:
         self._check(setting)
         by_batch = self._at_tp(self.activation_bytes_by_setting, kind, setting.tp)
         self._note(f"activation memory measured on {self.device} (allocated after forward, per unit)")
-        weights = self._micro_batch_weights(sorted(by_batch), setting.micro_batch)
+        weights = self._micro_batch_weights(sorted(by_batch), self._per_rank_batch(setting))
         return max(0.0, sum(w * by_batch[b] for b, w in weights))
+
+    def _per_rank_batch(self, setting: UnitSetting) -> int | float:
+        """The measured micro-batch with this rank's work: a context-parallel rank holds seq_len / cp tokens and
+        does 1/cp of the causal attention, as micro-batch b / cp does at the whole sequence."""
+        if setting.cp == 1:
+            return setting.micro_batch
+        self._note(f"cp={setting.cp}: a rank's work taken as micro-batch {setting.micro_batch}/{setting.cp}")
+        return setting.micro_batch / setting.cp
 
     def _at_tp(self, table: dict[tuple[UnitKind, int], dict[int, _T]], kind: UnitKind,
                tp: int) -> dict[int, _T]:

@@ -41,6 +41,7 @@ __all__ = [
 
 # "Optimal" means within 0.01 % of the optimum: interleaved splits have many equivalent optima.
 GAP_REL = 1e-4
+MEMORY_TOLERANCE = 1e-9  # relative slack on memory budgets for float rounding (1 byte per GB)
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,13 @@ def fits(problem: PartitionProblem, counts: Sequence[int]) -> bool:
     for k, count in enumerate(counts):
         used[k % problem.pp] += sum(problem.unit_memory_bytes[k % problem.pp][start:start + count])
         start += count
-    return all(u <= b for u, b in zip(used, problem.memory_budget_bytes, strict=True))
+    return all(within_budget(u, b) for u, b in zip(used, problem.memory_budget_bytes, strict=True))
+
+
+def within_budget(used: float | np.ndarray, budget: float) -> bool | np.ndarray:
+    """`used` ≤ `budget` up to float rounding (sums and prefix differences of the same bytes may differ
+    in the last bits; the DP, the relaxation and the ILP's check must agree)."""
+    return used <= budget + MEMORY_TOLERANCE * abs(budget)
 
 
 # ---- rank-load relaxation: a lower bound that usually closes the problem -------------------------
@@ -208,7 +215,8 @@ def _min_sum(problem: PartitionProblem, cap_s: float) -> tuple[float, list[int]]
         prefix_t = np.concatenate(([0.0], np.cumsum(problem.unit_time_s[k])))
         prefix_m = np.concatenate(([0.0], np.cumsum(problem.unit_memory_bytes[k])))
         cost = prefix_t[None, :] - prefix_t[:, None] + boundaries[k]
-        ok = upper & (cost <= cap_s) & (prefix_m[None, :] - prefix_m[:, None] <= problem.memory_budget_bytes[k])
+        ok = upper & (cost <= cap_s) & within_budget(prefix_m[None, :] - prefix_m[:, None],
+                                                     problem.memory_budget_bytes[k])
         total = np.where(ok, best[:, None] + cost, np.inf)
         choices.append(np.argmin(total, axis=0))
         best = total[choices[-1], np.arange(n + 1)]

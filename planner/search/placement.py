@@ -369,9 +369,10 @@ class Replan:
         return 1.0 - self.after.iteration_time_s / self.before.iteration_time_s
 
 
-def pinned_options(config: ParallelConfig) -> FixedOptions:
-    """Every searched dimension fixed to `config`'s: the search then only splits stages."""
-    return FixedOptions(
+def pinned_options(config: ParallelConfig, framework: str | None = None) -> FixedOptions:
+    """Every searched dimension fixed to `config`'s, run by `framework` (its execution semantics): the search
+    then only splits stages."""
+    return FixedOptions(framework=framework,
         tp=config.tp, pp=config.pp, dp=config.dp, micro_batch=config.micro_batch, vpp=config.vpp,
         recompute=config.recompute, schedule=config.schedule, zero_stage=config.zero_stage,
         distributed_optimizer=config.distributed_optimizer, sequence_parallel=config.sequence_parallel,
@@ -381,14 +382,15 @@ def pinned_options(config: ParallelConfig) -> FixedOptions:
 
 def repartition(model: ModelSpec, cluster: Cluster, training: Training, config: ParallelConfig,
                 placement: Placement, timer: UnitTimer | None = None,
-                calibration: Calibration | None = None) -> tuple[Partition, Estimate] | None:
+                calibration: Calibration | None = None, framework: str | None = None,
+                ) -> tuple[Partition, Estimate] | None:
     """The search's ILP stage split for `config` on `placement` (each rank's own speed and memory).
 
     None when no split fits.
     """
     try:
-        found = search(model, cluster, training, pinned_options(config), top_k=1, placement_fn=lambda _c, _k: placement,
-                       timer=timer, calibration=calibration)
+        found = search(model, cluster, training, pinned_options(config, framework), top_k=1,
+                       placement_fn=lambda _c, _k: placement, timer=timer, calibration=calibration)
     except InfeasibleError:
         return None
     best = found.plans[0]
@@ -399,7 +401,7 @@ def replan(
     model: ModelSpec, cluster: Cluster, training: Training, config: ParallelConfig,
     partition: Partition | None = None, *, fixed_partition: bool = False, seed: int = 0,
     max_evaluations: int = 1500, time_limit_s: float = 30.0, timer: UnitTimer | None = None,
-    calibration: Calibration | None = None,
+    calibration: Calibration | None = None, framework: str | None = None,
 ) -> Replan:
     """Re-plan placement and (unless `fixed_partition`) the stage split of `config` on `cluster`.
 
@@ -417,7 +419,7 @@ def replan(
                                  time_limit_s=time_limit_s)
         options = [(found.estimate, found.placement, split)]
         if not fixed_partition:
-            better = repartition(model, cluster, training, config, found.placement, timer, calibration)
+            better = repartition(model, cluster, training, config, found.placement, timer, calibration, framework)
             if better is not None:
                 options.append((better[1], found.placement, better[0]))
         round_best = min(options, key=lambda option: _score(option[0]))
@@ -446,13 +448,14 @@ def replan_record(cluster: Cluster, config: ParallelConfig, result: Replan) -> d
 
 def place_plans(model: ModelSpec, cluster: Cluster, training: Training, plans: Sequence[RankedPlan], *,
                 seed: int = 0, max_evaluations: int = 1500, timer: UnitTimer | None = None,
-                calibration: Calibration | None = None) -> list[tuple[RankedPlan, Replan]]:
+                calibration: Calibration | None = None, framework: str | None = None,
+                ) -> list[tuple[RankedPlan, Replan]]:
     """Re-plan the placement and split of each searched plan on this cluster's links and devices,
     best first. Each plan comes back with its re-plan (whose `before` is the rank-order estimate)."""
     out = []
     for plan in plans:
         result = replan(model, cluster, training, plan.config, plan.partition, seed=seed,
-                        max_evaluations=max_evaluations, timer=timer, calibration=calibration)
+                        max_evaluations=max_evaluations, timer=timer, calibration=calibration, framework=framework)
         if _score(result.after) < _score(plan.estimate):
             plan = replace(plan, placement=result.placement, partition=result.partition, estimate=result.after)
         out.append((plan, result))

@@ -47,7 +47,8 @@ def plan(
     time_limit_s: float = 10.0, *, unslowed: Cluster | None = None, timer: UnitTimer | None = None,
     calibration: Calibration | None = None, placement_evaluations: int = PLACEMENT_EVALUATIONS,
 ) -> Planned:
-    """The top-k plans for `model` on `cluster`, the best one placed where placement matters.
+    """The top-k plans for `model` on `cluster`, the best one placed where placement matters; only
+    configurations `fixed.framework` runs, each estimated as that framework runs it.
 
     `unslowed` is the cluster before --slowdown (the record then says what ignoring it costs).
     Raises InfeasibleError when nothing fits, PlannerError on bad options.
@@ -56,7 +57,7 @@ def plan(
     if not needs_placement(cluster):
         return Planned(found.plans, found.stats, None)
     placed = place_plans(model, cluster, training, found.plans[:1], max_evaluations=placement_evaluations,
-                         timer=timer, calibration=calibration)
+                         timer=timer, calibration=calibration, framework=fixed.framework if fixed else None)
     record = heterogeneity_record(model, cluster, training, placed, unslowed=unslowed, fixed=fixed,
                                   time_limit_s=time_limit_s, timer=timer, calibration=calibration)
     return Planned((placed[0][0], *found.plans[1:]), found.stats, record)

@@ -24,7 +24,7 @@ import numpy as np
 from planner.cluster import Cluster
 from planner.config import ParallelConfig, Partition, Recompute, Training
 from planner.cost.estimate import Estimate, estimate
-from planner.cost.memory import rank_memory_model
+from planner.cost.memory import RankMemoryModel, rank_memory_model
 from planner.cost.schedule import RankTerms, schedule_of
 from planner.cost.time import (
     UnitCost,
@@ -56,7 +56,7 @@ from planner.search.space import FixedOptions, enumerate_configs, require_nonemp
 
 __all__ = ["PlacementFn", "RankedPlan", "SearchResult", "SearchStats", "search"]
 
-# Maps a configuration to GPUs. Called once per (dp, tp, pp), so it must depend on those only.
+# Maps a configuration to GPUs. Called once per (dp, tp, pp, cp, hsdp replicas), so it must depend on those only.
 PlacementFn = Callable[[Cluster, ParallelConfig], Placement]
 
 
@@ -124,7 +124,7 @@ class _Context:
                  timer: UnitTimer, calibration: Calibration) -> None:
         self.model, self.cluster, self.training = model, cluster, training
         self.placement_fn, self.timer, self.calibration = placement_fn, timer, calibration
-        self.links: dict[tuple[int, int, int], tuple[Placement, GroupLinks]] = {}
+        self.links: dict[tuple[int, ...], tuple[Placement, GroupLinks]] = {}
         self.costs: dict[tuple, dict[UnitKind, UnitCost]] = {}
         self.boundaries: dict[tuple, float] = {}
         self.partitions: dict[PartitionProblem, PartitionResult | None] = {}
@@ -132,9 +132,10 @@ class _Context:
         self.dp_tables: dict[tuple, np.ndarray] = {}
         self.per_config: dict[tuple, tuple] = {}  # per-rank costs and boundaries per (links, setting)
         self.terms: dict[tuple, RankTerms] = {}
+        self.memories: dict[tuple, tuple[RankMemoryModel, float]] = {}
 
     def placed(self, config: ParallelConfig) -> tuple[Placement, GroupLinks]:
-        key = (config.dp, config.tp, config.pp)
+        key = (config.dp, config.tp, config.pp, config.cp, config.hsdp_replicas, config.ep, config.etp)
         if key not in self.links:
             placement = self.placement_fn(self.cluster, config)
             links = GroupLinks.from_placement(self.cluster, config, placement)
@@ -145,25 +146,29 @@ class _Context:
         return self.links[key]
 
     def rank_costs(self, config: ParallelConfig, links: GroupLinks) -> tuple[dict[UnitKind, UnitCost], ...]:
-        setting = (config.tp, config.micro_batch, config.sequence_parallel, config.recompute, config.tp_comm_overlap)
+        setting = (config.tp, config.micro_batch, config.sequence_parallel, config.recompute, config.tp_comm_overlap,
+                   config.cp, config.cp_comm, config.ep, config.etp,
+                   # an MoE block's state weighting (`_block_state_parameters`) depends on the sharding
+                   *((config.dp, config.distributed_optimizer, config.zero_stage) if self.model.is_moe else ()))
         whole = (id(links), *setting)
         if whole not in self.per_config:
             out = []
-            for gpu, tp_link in zip(links.gpu, links.tp, strict=True):
-                key = (gpu, tp_link, *setting)
+            for gpu, tp_link, cp_link, ep_link in zip(links.gpu, links.tp, links.cp, links.ep, strict=True):
+                key = (gpu, tp_link, cp_link if config.cp > 1 else None, ep_link if config.ep > 1 else None,
+                       *setting)
                 if key not in self.costs:
                     self.costs[key] = unit_costs(self.model, self.training, config, gpu, tp_link, self.timer,
-                                                 self.calibration)
+                                                 self.calibration, cp_link, ep_link)
                 out.append(self.costs[key])
             self.per_config[whole] = tuple(out)
         return self.per_config[whole]
 
     def boundary(self, config: ParallelConfig, links: GroupLinks) -> tuple[float, ...]:
-        whole = (id(links), "p2p", config.tp, config.micro_batch)
+        whole = (id(links), "p2p", config.tp, config.micro_batch, config.cp)
         if whole not in self.per_config:
             out = []
             for link in links.pp:
-                key = (link, config.tp, config.micro_batch)
+                key = (link, config.tp, config.micro_batch, config.cp)
                 if key not in self.boundaries:
                     self.boundaries[key] = p2p_boundary_time(self.model, self.training, config, link,
                                                              self.calibration)
@@ -171,6 +176,26 @@ class _Context:
             self.per_config[whole] = tuple(out)
         return self.per_config[whole]
 
+
+    def memory_terms(self, config: ParallelConfig, links: GroupLinks, m: int) -> tuple[RankMemoryModel, float]:
+        """The last pipeline rank's memory model and the fixed bytes of all ranks, shared by configurations
+        that differ only in what does not touch memory (the CP exchange variant, TP communication overlap)."""
+        key = (id(links), m, _memory_key(config))
+        if key not in self.memories:
+            # a rank's fixed bytes depend on its rank only through being first or last (the tied-embedding
+            # communicator, the loss's logits) and on its GPU: one model per kind of rank, not per rank
+            kinds: dict[tuple, float] = {}
+            fixed = 0.0
+            for r in range(config.pp):
+                kind = (r == 0, r == config.pp - 1, links.gpu[r])
+                if kind not in kinds:
+                    kinds[kind] = rank_memory_model(self.model, self.training, config, r, m, links.gpu[r],
+                                                    self.calibration).fixed_bytes
+                fixed += kinds[kind]
+            last = rank_memory_model(self.model, self.training, config, config.pp - 1, m, links.gpu[-1],
+                                     self.calibration)
+            self.memories[key] = (last, fixed)
+        return self.memories[key]
 
     def rank_terms(self, config: ParallelConfig, costs: tuple[dict[UnitKind, UnitCost], ...],
                    boundary_s: tuple[float, ...]) -> RankTerms:
@@ -188,7 +213,7 @@ class _Context:
                 fixed.append(ends + outgoing + incoming)
                 block.append(cost[UnitKind.BLOCK].total_s)
                 lower.append(max(v - first - last, 0))
-                forward = {kind: cost[kind].forward_s + cost[kind].tp_forward_s for kind in UnitKind}
+                forward = {kind: cost[kind].forward_pass_s for kind in UnitKind}
                 # a pass carries half of each boundary it touches
                 own_p2p = ((not last) * boundary_s[r] + (not first) * boundary_s[r - 1]) / 2
                 forward_fixed.append(forward[UnitKind.EMBEDDING] * first + forward[UnitKind.HEAD] * last + own_p2p)
@@ -215,9 +240,9 @@ def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
                    + first[UnitKind.HEAD].activation_bytes)
     # Every rank shares the per-parameter cost; in-flight micro-batches never grow with the rank, so the
     # last rank holds the fewest; each rank's fixed bytes (context, NCCL, buffers) are its own.
-    ranks = [rank_memory_model(model, training, config, r, m, links.gpu[r], cal) for r in range(config.pp)]
-    need = ranks[-1].param_bytes * params + ranks[-1].activation_factor * activations
-    available = sum(links.capacity_bytes) - sum(rank.fixed_bytes for rank in ranks)
+    last_rank, fixed_bytes = ctx.memory_terms(config, links, m)
+    need = last_rank.param_bytes * params + last_rank.activation_factor * activations
+    available = sum(links.capacity_bytes) - fixed_bytes
     if need > available:  # rejected: no time bound needed
         return _Candidate(order, config, math.inf, need, available, costs, (), m, 0.0, 0.0)
     boundary = ctx.boundary(config, links)
@@ -233,6 +258,37 @@ def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
                       split_free_s, dp_exposed)
 
 
+def _memory_key(config: ParallelConfig) -> tuple:
+    """The configuration without the fields memory does not depend on (CP exchange variant, TP overlap)."""
+    return tuple(value for name, value in vars(config).items() if name not in ("cp_comm", "tp_comm_overlap"))
+
+
+def _undominated_cp_comms(ctx: _Context, configs: list[ParallelConfig]) -> set[int]:
+    """Indices of the configurations to bound: all but the CP exchange variants another variant of the same
+    configuration dominates. Variants differ only in each block's exposed CP time (memory, DP traffic and
+    everything else are equal), and the estimate only grows with a unit's time, so a variant no faster
+    than another on every pipeline rank can never rank above it (ties keep the earlier variant)."""
+    kept: set[int] = set()
+    groups: dict[tuple, list[int]] = {}
+    for order, config in enumerate(configs):
+        if config.cp == 1:
+            kept.add(order)
+        else:
+            key = tuple(value for name, value in vars(config).items() if name != "cp_comm")
+            groups.setdefault(key, []).append(order)
+    for orders in groups.values():
+        times = []
+        for order in orders:
+            config = configs[order]
+            costs = ctx.rank_costs(config, ctx.placed(config)[1])
+            times.append([(cost[UnitKind.BLOCK].cp_forward_s, cost[UnitKind.BLOCK].cp_backward_s) for cost in costs])
+        for i, order in enumerate(orders):
+            if not any(all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(times[j], times[i], strict=True))
+                       and (j < i or times[j] != times[i]) for j in range(len(orders)) if j != i):
+                kept.add(order)
+    return kept
+
+
 def _tighten(ctx: _Context, candidate: _Candidate) -> _Candidate:
     """The candidate with its time bound refined one level: first the pipeline's rank-load relaxation,
     then (pipelines only) the least exposed DP traffic any split can have — both from each rank's
@@ -240,7 +296,10 @@ def _tighten(ctx: _Context, candidate: _Candidate) -> _Candidate:
     config, m, costs = candidate.config, candidate.num_microbatches, candidate.rank_costs
     if candidate.refined == 1:
         _, links = ctx.placed(config)
-        exposed = _least_dp_exposure(ctx, config, m, costs, links)
+        # ZeRO-2/3 under a pipeline: its table costs O(layers²) estimates of per-unit collectives; 0 is a
+        # valid (weaker) bound there, and the partition and estimate that follow are exact anyway
+        sharded_pipeline = config.optimizer_sharding >= 2 and config.pp > 1
+        exposed = 0.0 if sharded_pipeline else _least_dp_exposure(ctx, config, m, costs, links)
         bound = candidate.pipeline_s + exposed + candidate.split_free_s
         return replace(candidate, time_bound_s=max(bound, candidate.time_bound_s), dp_exposed_s=exposed, refined=2)
     terms = ctx.rank_terms(config, costs, candidate.boundary_s)
@@ -269,10 +328,11 @@ def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tup
     layers, pp, v = ctx.model.num_layers, config.pp, config.vpp
     groups: dict[tuple, list[int]] = {}
     for r in range(pp):
-        groups.setdefault((id(costs[r]), links.dp[r], r == 0, r == pp - 1), []).append(r)
+        groups.setdefault((id(costs[r]), links.dp[r], links.replicate[r], r == 0, r == pp - 1), []).append(r)
     tables, weights = [], []
-    for (_, dp_link, first, last), ranks in groups.items():
-        key = (id(costs[ranks[0]]), dp_link, first, last, v, config.dp, config.optimizer_sharding,
+    for (_, dp_link, replicate_link, first, last), ranks in groups.items():
+        key = (id(costs[ranks[0]]), dp_link, replicate_link, first, last, v, config.pp > 1, config.replicas,
+               config.hsdp_replicas, config.optimizer_sharding, config.reshard_after_forward,
                config.overlap_grad_reduce, config.overlap_param_gather, m if config.optimizer_sharding >= 2 else 0)
         if key not in ctx.dp_tables:
             cost = costs[ranks[0]]
@@ -280,7 +340,8 @@ def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tup
             table = np.full(layers + 1, np.inf)
             for n in range(layers if pp == 1 else max(v - first - last, 0), layers + 1):
                 units = [cost[UnitKind.EMBEDDING]] * first + [block] * n + [cost[UnitKind.HEAD]] * last
-                table[n] = data_parallel_time(units, ctx.training, config, dp_link, ctx.calibration, m).exposed_s
+                table[n] = data_parallel_time(units, ctx.training, config, dp_link, ctx.calibration, m,
+                                              replicate_link).exposed_s
             ctx.dp_tables[key] = table
         tables.append(ctx.dp_tables[key])
         weights.append(len(ranks))
@@ -316,10 +377,12 @@ def _problem(ctx: _Context, candidate: _Candidate) -> PartitionProblem:
     times, memories, budgets = [], [], []
     for r, costs in enumerate(candidate.rank_costs):
         rank = rank_memory_model(ctx.model, ctx.training, config, r, m, links.gpu[r], cal)
-        times.append(tuple(costs[kind].total_s for kind in kinds))
-        memories.append(tuple(rank.total(costs[kind].params, costs[kind].activation_bytes) - rank.fixed_bytes
-                              for kind in kinds))
-        budgets.append(float(links.capacity_bytes[r]) - rank.fixed_bytes)
+        fixed = rank.fixed_bytes
+        time_of = {kind: cost.total_s for kind, cost in costs.items()}
+        memory_of = {kind: rank.total(cost.params, cost.activation_bytes) - fixed for kind, cost in costs.items()}
+        times.append(tuple(time_of[kind] for kind in kinds))
+        memories.append(tuple(memory_of[kind] for kind in kinds))
+        budgets.append(float(links.capacity_bytes[r]) - fixed)
     return PartitionProblem(tuple(times), candidate.boundary_s, tuple(memories), tuple(budgets), config.vpp, m,
                             config.schedule)
 
@@ -373,7 +436,8 @@ def search(
     ctx = _Context(model, cluster, training, placement_fn, timer or AnalyticProfile(model, calibration), calibration)
     configs = require_nonempty(list(enumerate_configs(model, cluster, training, fixed)), model, cluster, training,
                                fixed)
-    candidates = [_bound(ctx, order, config) for order, config in enumerate(configs)]
+    kept = _undominated_cp_comms(ctx, configs)
+    candidates = [_bound(ctx, order, config) for order, config in enumerate(configs) if order in kept]
     fitting = [c for c in candidates if c.memory_need_bytes <= c.memory_available_bytes]
     rejected: list[_Candidate] = [c for c in candidates if c.memory_need_bytes > c.memory_available_bytes]
     # Best bound first; a cheap bound is tightened when popped and pushed back (lazy best-first).
@@ -408,9 +472,9 @@ def search(
         plans.append(plan)
         plans.sort(key=_rank_key)
         del plans[top_k:]
-    pruned_time = len(heap)
+    pruned_time = len(heap) + len(configs) - len(candidates)
     stats = SearchStats(
-        configurations=len(candidates), pruned_memory=len(candidates) - len(fitting), pruned_time=pruned_time,
+        configurations=len(configs), pruned_memory=len(candidates) - len(fitting), pruned_time=pruned_time,
         infeasible=len(rejected) - (len(candidates) - len(fitting)), ilps_solved=ilps, proven_by_bound=proven,
         cache_hits=hits, bounds_tightened=tightened,
         time_limited=limited, solver=solver_name(), wall_s=time.perf_counter() - started,
@@ -487,7 +551,7 @@ def _nearest(ctx: _Context, rejected: list[_Candidate]) -> tuple[_Candidate, Est
 def _gpus_for_states(ctx: _Context, config: ParallelConfig, gpu: GPUSpec, capacity_bytes: float) -> float:
     """GPUs of this type that the model states alone need, sharded perfectly over all of them: the
     replicated states (weights, gradients, optimizer) over what a GPU holds beyond its fixed bytes."""
-    replicated = replace(config, dp=1, zero_stage=0, distributed_optimizer=False)
+    replicated = replace(config, dp=1, cp=1, hsdp_replicas=1, zero_stage=0, distributed_optimizer=False)
     rank = rank_memory_model(ctx.model, ctx.training, replicated, 0, 1, gpu, ctx.calibration)
     room = capacity_bytes - rank.fixed_bytes
     return math.inf if room <= 0 else math.ceil(ctx.model.num_parameters * rank.param_bytes / room)

@@ -1,31 +1,40 @@
 """The configuration space: every valid `ParallelConfig` for a model, cluster and training job.
 
-Rules (Megatron-LM's, see ../shared/REFERENCE.md): all GPUs are used, dp·tp·pp = GPUs (cp = 1);
+Rules (Megatron-LM's, see ../shared/REFERENCE.md): all GPUs are used, dp·tp·pp·cp = GPUs;
 tp stays inside a node (a power of two dividing the GPUs per node) and divides both the attention
 heads and the KV heads (Megatron-LM splits query groups with `divide()`, so tp > KV heads is not
 allowed); pp·vpp ≤ layers so every virtual stage gets a block; the global batch divides by
-micro-batch × dp; interleaving needs pp ≥ 2, vpp ≥ 2 and micro-batches a multiple of pp. ZeRO-2/3
-only without pipeline parallelism; ZeRO-1 and the distributed optimizer shard alike, so the search
-explores the distributed optimizer and takes ZeRO-1 only when asked for. Sequence parallelism is
-on whenever tp > 1 (Megatron-LM's recommended setting) unless the user fixes it.
+micro-batch × dp; interleaving needs pp ≥ 2, vpp ≥ 2 and micro-batches a multiple of pp. Context
+parallelism: the sequence divides by 2·cp (causal load balancing), every cp_comm variant is tried, and
+a2a (Ulysses) needs the attention and KV heads of a TP rank to divide by cp. ZeRO-2/3 (FSDP) with
+or without pipeline parallelism (DeepSpeed alone refuses it with PP; its export says so); HSDP only
+when asked for. ZeRO-1 and the distributed optimizer shard alike, so the search explores the
+distributed optimizer and takes ZeRO-1 only when asked for. Sequence parallelism is on whenever
+tp > 1 (Megatron-LM's recommended setting) unless the user fixes it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from itertools import product
 from typing import Any
 
 from planner.cluster import Cluster
-from planner.config import ParallelConfig, Recompute, Schedule, Training
+from planner.config import CP_COMMS, ParallelConfig, Recompute, Schedule, Training
 from planner.errors import PlannerError
+from planner.frameworks import framework_named
 from planner.model import ModelSpec
 
-__all__ = ["MAX_SEARCHED_VPP", "FixedOptions", "complete_config", "degree_triples", "enumerate_configs",
-           "require_nonempty"]
+__all__ = ["MAX_SEARCHED_VPP", "MIN_SEARCHED_CP_TOKENS", "FixedOptions", "complete_config", "degree_triples",
+           "enumerate_configs", "require_nonempty"]
 
+# Fewest tokens a context-parallel rank keeps when the search picks cp (a fixed --cp may go lower): the
+# published CP runs keep 4K-32K tokens per rank (long_context_cp_throughput.csv: NeMo long-sequence table,
+# Megatron-Bridge 405B at 8K with cp=2; Llama 3 405B at 128K with cp=16, 8K per rank); below that the ring's
+# per-step latency and kernel launches dominate the attention they hide behind.
+MIN_SEARCHED_CP_TOKENS = 4096
 # Larger vpp only adds p2p traffic for a bubble already ≤ 1/8 of the 1F1B one; users may fix more.
 MAX_SEARCHED_VPP = 8
 
@@ -45,6 +54,12 @@ class FixedOptions:
     distributed_optimizer: bool | None = None
     sequence_parallel: bool | None = None
     tp_comm_overlap: bool | None = None
+    cp: int | None = None
+    cp_comm: str | None = None
+    hsdp_replicas: int | None = None
+    ep: int | None = None
+    etp: int | None = None
+    framework: str | None = None  # planner.frameworks name; None: any (every layout, Megatron-LM's semantics)
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> FixedOptions:
@@ -56,15 +71,10 @@ class FixedOptions:
             schedule=Schedule(schedule) if schedule else None, zero_stage=options.get("zero_stage"),
             distributed_optimizer=options.get("distributed_optimizer"),
             sequence_parallel=options.get("sequence_parallel"),
-            tp_comm_overlap=options.get("tp_comm_overlap"),
+            tp_comm_overlap=options.get("tp_comm_overlap"), cp=options.get("cp"), cp_comm=options.get("cp_comm"),
+            hsdp_replicas=options.get("hsdp_replicas"), framework=options.get("framework"),
+            ep=options.get("ep"), etp=options.get("etp"),
         )
-
-    def runnable_by(self, target: str | None) -> FixedOptions:
-        """These options with what an export target cannot run pinned off where the user left it open:
-        Megatron-DeepSpeed has no TP communication overlap (`planner plan --export deepspeed`)."""
-        if target == "deepspeed" and self.tp_comm_overlap is None:
-            return replace(self, tp_comm_overlap=False)
-        return self
 
 
 def _divisors(n: int) -> list[int]:
@@ -84,16 +94,31 @@ def _tp_allowed(tp: int, model: ModelSpec, cluster: Cluster) -> str | None:
     return None
 
 
+def _cp_allowed(cp: int, cp_comm: str | None, tp: int, model: ModelSpec, training: Training) -> str | None:
+    """None if cp (with this variant, if given) is valid at this tp, else why not."""
+    if training.seq_len % (2 * cp):
+        return f"must divide the sequence length {training.seq_len} into 2·cp chunks (causal load balancing)"
+    if cp_comm == "a2a" and cp > 1 and (model.num_attention_heads % (tp * cp) or model.num_key_value_heads % (tp * cp)):
+        return (f"with --cp-comm a2a, tp·cp must divide the attention heads ({model.num_attention_heads}) and KV "
+                f"heads ({model.num_key_value_heads})")
+    return None
+
+
 def _check_fixed(model: ModelSpec, cluster: Cluster, training: Training, fixed: FixedOptions) -> None:
     """Reject fixed values that are wrong on their own, naming the value and what is allowed."""
     gpus = cluster.num_gpus
-    for name in ("tp", "pp", "dp", "micro_batch", "vpp"):
+    for name in ("tp", "pp", "dp", "micro_batch", "vpp", "cp", "hsdp_replicas"):
         value = getattr(fixed, name)
         if value is not None and value < 1:
-            raise PlannerError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+            flag = "hsdp" if name == "hsdp_replicas" else name.replace("_", "-")
+            raise PlannerError(f"--{flag} must be a positive integer, got {value}")
+    if fixed.cp_comm is not None and fixed.cp_comm not in CP_COMMS:
+        raise PlannerError(f"--cp-comm must be one of {', '.join(CP_COMMS)}, got {fixed.cp_comm!r}")
+    if fixed.cp is not None and (why := _cp_allowed(fixed.cp, fixed.cp_comm, fixed.tp or 1, model, training)):
+        raise PlannerError(f"--cp {fixed.cp} is not allowed: cp {why}")
     if fixed.tp is not None and (why := _tp_allowed(fixed.tp, model, cluster)):
         raise PlannerError(f"--tp {fixed.tp} is not allowed: tp {why}")
-    for name in ("tp", "pp", "dp"):
+    for name in ("tp", "pp", "dp", "cp"):
         value = getattr(fixed, name)
         if value is not None and gpus % value:
             raise PlannerError(f"--{name} {value} does not divide the cluster's {gpus} GPUs")
@@ -112,28 +137,44 @@ def _check_fixed(model: ModelSpec, cluster: Cluster, training: Training, fixed: 
         given = "--tp 1" if fixed.tp == 1 else "--no-sequence-parallel"
         raise PlannerError(f"--tp-comm-overlap overlaps the sequence-parallel collectives and needs tp > 1 with "
                            f"sequence parallelism, got {given}")
-    if fixed.zero_stage is not None and fixed.zero_stage >= 2 and fixed.pp not in (None, 1):
-        raise PlannerError(f"--zero {fixed.zero_stage} is not supported with --pp {fixed.pp}; use --zero 0 or 1")
+    if fixed.hsdp_replicas not in (None, 1) and fixed.zero_stage not in (None, 3):
+        raise PlannerError(f"--hsdp {fixed.hsdp_replicas} shards within replicas and needs --zero 3, "
+                           f"got --zero {fixed.zero_stage}")
+    if fixed.hsdp_replicas is not None and gpus % fixed.hsdp_replicas:
+        raise PlannerError(f"--hsdp {fixed.hsdp_replicas} does not divide the cluster's {gpus} GPUs")
     if fixed.distributed_optimizer and fixed.zero_stage not in (None, 0, 1):
         raise PlannerError(f"--distributed-optimizer cannot be combined with --zero {fixed.zero_stage}")
 
 
 def degree_triples(model: ModelSpec, cluster: Cluster, training: Training,
-                   fixed: FixedOptions = FixedOptions()) -> list[tuple[int, int, int]]:
-    """(dp, tp, pp) with dp·tp·pp = GPUs, valid tp, pp ≤ layers and dp dividing the global batch."""
+                   fixed: FixedOptions = FixedOptions()) -> list[tuple[int, int, int, int]]:
+    """(dp, tp, pp, cp) with dp·tp·pp·cp = GPUs, valid tp and cp, pp ≤ layers and dp dividing the global batch."""
     _check_fixed(model, cluster, training, fixed)
     gpus = cluster.num_gpus
-    triples = []
+    out = []
     for tp in _divisors(cluster.gpus_per_node):
         if _tp_allowed(tp, model, cluster) or fixed.tp not in (None, tp) or gpus % tp:
             continue
-        for pp in _divisors(gpus // tp):
-            dp = gpus // (tp * pp)
-            if (pp > model.num_layers or fixed.pp not in (None, pp) or fixed.dp not in (None, dp)
-                    or training.global_batch % dp):
+        for cp in _divisors(gpus // tp):
+            if fixed.cp not in (None, cp) or _cp_allowed(cp, None, tp, model, training):
                 continue
-            triples.append((dp, tp, pp))
-    return triples
+            if fixed.cp is None and cp > 1 and training.seq_len / cp < MIN_SEARCHED_CP_TOKENS:
+                continue
+            for pp in _divisors(gpus // (tp * cp)):
+                dp = gpus // (tp * cp * pp)
+                if (pp > model.num_layers or fixed.pp not in (None, pp) or fixed.dp not in (None, dp)
+                        or training.global_batch % dp):
+                    continue
+                out.append((dp, tp, pp, cp))
+    return out
+
+
+def _cp_comms(cp: int, tp: int, model: ModelSpec, training: Training, fixed: FixedOptions) -> list[str]:
+    """The CP variants to try: all that this cp and tp allow, or the fixed one (irrelevant at cp = 1)."""
+    if cp == 1:
+        return [fixed.cp_comm or "p2p"]
+    wanted = [fixed.cp_comm] if fixed.cp_comm else list(CP_COMMS)
+    return [comm for comm in wanted if not _cp_allowed(cp, comm, tp, model, training)]
 
 
 def _schedules(pp: int, m: int, num_layers: int, fixed: FixedOptions) -> list[tuple[Schedule, int]]:
@@ -153,17 +194,21 @@ def _schedules(pp: int, m: int, num_layers: int, fixed: FixedOptions) -> list[tu
     return out
 
 
-def _sharding_options(pp: int, dp: int, fixed: FixedOptions) -> list[tuple[int, bool]]:
-    """(zero_stage, distributed_optimizer) pairs; sharding is pointless (identical) at dp = 1."""
+def _sharding_options(replicas: int, fixed: FixedOptions) -> list[tuple[int, bool, int]]:
+    """(zero_stage, distributed_optimizer, hsdp_replicas) triples; sharding is pointless (identical) when no
+    other rank holds the same weights (dp·cp = 1). FSDP (ZeRO-2/3) is explored with pipelines too; HSDP
+    only when fixed."""
+    hsdp = fixed.hsdp_replicas or 1
+    if replicas % hsdp:
+        return []
     if fixed.zero_stage is not None or fixed.distributed_optimizer is not None:
-        zero_stage = fixed.zero_stage or 0
-        return [] if zero_stage >= 2 and pp > 1 else [(zero_stage, bool(fixed.distributed_optimizer))]
-    if dp == 1:
-        return [(0, False)]
-    options = [(0, False), (0, True)]
-    if pp == 1:
-        options += [(2, False), (3, False)]
-    return options
+        zero_stage = fixed.zero_stage or (3 if hsdp > 1 else 0)
+        return [(zero_stage, bool(fixed.distributed_optimizer), hsdp)]
+    if hsdp > 1:
+        return [(3, False, hsdp)]
+    if replicas == 1:
+        return [(0, False, 1)]
+    return [(0, False, 1), (0, True, 1), (2, False, 1), (3, False, 1)]
 
 
 def _sequence_parallel(fixed: FixedOptions, tp: int) -> bool:
@@ -180,35 +225,106 @@ def _tp_comm_overlaps(fixed: FixedOptions, sequence_parallel: bool) -> list[bool
     return [True] if fixed.tp_comm_overlap is None else [fixed.tp_comm_overlap]
 
 
+def _check_fixed_experts(model: ModelSpec, cluster: Cluster, fixed: FixedOptions) -> None:
+    """Reject a fixed --ep / --etp that no layout can run: on a dense model, an ep not dividing the routed
+    experts (an EP group larger than the expert count included), or ep·etp not dividing the GPUs."""
+    ep, etp = fixed.ep or 1, fixed.etp or 1
+    for name, value in (("ep", fixed.ep), ("etp", fixed.etp)):
+        if value is not None and value < 1:
+            raise PlannerError(f"--{name} must be a positive integer, got {value}")
+    if ep * etp > 1 and not model.is_moe:
+        raise PlannerError(f"--ep {ep} / --etp {etp}: {model.name} has no routed experts; use ep = etp = 1")
+    if model.num_experts % ep:
+        raise PlannerError(f"--ep {ep} must divide {model.name}'s {model.num_experts} routed experts "
+                           f"(allowed: {', '.join(map(str, _divisors(model.num_experts)))})")
+    if cluster.num_gpus % (ep * etp):
+        raise PlannerError(f"--ep {ep} × --etp {etp} = {ep * etp} does not divide the cluster's "
+                           f"{cluster.num_gpus} GPUs")
+    if fixed.etp is not None and model.expert_ffn_hidden_size % fixed.etp:
+        raise PlannerError(f"--etp {fixed.etp} must divide the expert intermediate size "
+                           f"{model.expert_ffn_hidden_size}")
+
+
+def _expert_options(model: ModelSpec, tp: int, ranks: int, fixed: FixedOptions) -> list[tuple[int, int]]:
+    """(ep, etp) pairs for a stage of `ranks` = tp·cp·dp GPUs (Megatron-Core's parallel folding: the expert
+    grid etp·ep·edp is laid over those ranks independently of tp·cp·dp). etp is 1 or tp (torchtitan allows
+    only these; Megatron-LM defaults to tp), ep a power of two dividing the routed experts and ranks / etp."""
+    if not model.is_moe:
+        return [(1, 1)]
+    etps = [fixed.etp] if fixed.etp else sorted({1, tp})
+    out = []
+    for etp in etps:
+        if ranks % etp or model.expert_ffn_hidden_size % etp:
+            continue
+        for ep in _divisors(model.num_experts):
+            if (ep & (ep - 1) and fixed.ep != ep) or fixed.ep not in (None, ep) or (ranks // etp) % ep:
+                continue
+            out.append((ep, etp))
+    return out
+
+
 def complete_config(fixed: FixedOptions, model: ModelSpec, cluster: Cluster, training: Training) -> ParallelConfig:
     """The one configuration `estimate` evaluates from what the user fixed, checked like the search's:
     unspecified degrees default to 1 with dp taking the remaining GPUs, the defaults of the search
     (1F1B, or interleaved when vpp > 1; sequence parallelism with tp > 1; no recompute, sharding or TP
-    communication overlap, Megatron-LM's defaults)."""
+    communication overlap, Megatron-LM's defaults), as `fixed.framework` runs it (PlannerError if it cannot)."""
     _check_fixed(model, cluster, training, fixed)
-    tp, pp = fixed.tp or 1, fixed.pp or 1
+    tp, pp, cp = fixed.tp or 1, fixed.pp or 1, fixed.cp or 1
     dp = fixed.dp
     if dp is None:
-        if cluster.num_gpus % (tp * pp):
-            raise PlannerError(
-                f"tp × pp = {tp * pp} does not divide the cluster's {cluster.num_gpus} GPUs; give --dp explicitly")
-        dp = cluster.num_gpus // (tp * pp)
+        if cluster.num_gpus % (tp * pp * cp):
+            raise PlannerError(f"tp × pp × cp = {tp * pp * cp} does not divide the cluster's {cluster.num_gpus} GPUs; "
+                               f"give --dp explicitly")
+        dp = cluster.num_gpus // (tp * pp * cp)
     vpp = fixed.vpp or 1
-    return ParallelConfig(
-        dp=dp, tp=tp, pp=pp, vpp=vpp, micro_batch=fixed.micro_batch or 1,
+    hsdp = fixed.hsdp_replicas or 1
+    _check_fixed_experts(model, cluster, fixed)
+    etp = fixed.etp or (tp if model.is_moe else 1)  # Megatron-LM: --expert-tensor-parallel-size defaults to tp
+    ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, ep=fixed.ep or 1, etp=etp).check_experts(model.num_experts)
+    return framework_named(fixed.framework or "any").require(ParallelConfig(
+        dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, cp_comm=fixed.cp_comm or "p2p", hsdp_replicas=hsdp,
+        ep=fixed.ep or 1, etp=etp,
+        micro_batch=fixed.micro_batch or 1,
         sequence_parallel=_sequence_parallel(fixed, tp), recompute=fixed.recompute or Recompute.NONE,
-        tp_comm_overlap=bool(fixed.tp_comm_overlap), zero_stage=fixed.zero_stage or 0,
+        tp_comm_overlap=bool(fixed.tp_comm_overlap), zero_stage=fixed.zero_stage or (3 if hsdp > 1 else 0),
         distributed_optimizer=bool(fixed.distributed_optimizer),
         schedule=fixed.schedule or (Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B),
-    )
+    ))
 
 
 def enumerate_configs(model: ModelSpec, cluster: Cluster, training: Training,
                       fixed: FixedOptions = FixedOptions()) -> Iterator[ParallelConfig]:
-    """Every valid configuration in a fixed, deterministic order."""
+    """Every valid configuration `fixed.framework` runs, as it runs it, in a fixed, deterministic order."""
+    return runnable_by_framework(_layouts(model, cluster, training, fixed), fixed)
+
+
+def runnable_by_framework(configs: Iterable[ParallelConfig], fixed: FixedOptions) -> Iterator[ParallelConfig]:
+    """The configurations the framework runs, with its execution semantics. Where the user left them open,
+    the framework's own way of sharding only optimizer states stands for the distributed optimizer
+    (DeepSpeed: ZeRO-1; torchtitan has none), and TP communication overlap is off where it has none."""
+    framework = framework_named(fixed.framework or "any")
+    sharding_open = fixed.zero_stage is None and fixed.distributed_optimizer is None
+    overlap_off = fixed.tp_comm_overlap is None and not framework.tp_comm_overlap
+    for config in configs:
+        if sharding_open and (config.zero_stage, config.distributed_optimizer) == (0, True):
+            if framework.optimizer_sharding_only is None:
+                continue
+            zero_stage, distributed_optimizer = framework.optimizer_sharding_only
+            config = replace(config, zero_stage=zero_stage, distributed_optimizer=distributed_optimizer)
+        if overlap_off and config.tp_comm_overlap:
+            config = replace(config, tp_comm_overlap=False)
+        if framework.why_not(config) is None:
+            yield framework.runs(config)
+
+
+def _layouts(model: ModelSpec, cluster: Cluster, training: Training, fixed: FixedOptions) -> Iterator[ParallelConfig]:
+    """Every valid configuration in a fixed, deterministic order, whichever framework runs it."""
     recomputes = [fixed.recompute] if fixed.recompute else list(Recompute)
-    for dp, tp, pp in degree_triples(model, cluster, training, fixed):
+    _check_fixed_experts(model, cluster, fixed)
+    for dp, tp, pp, cp in degree_triples(model, cluster, training, fixed):
         sp = _sequence_parallel(fixed, tp)
+        experts = _expert_options(model, tp, tp * cp * dp, fixed)
+        comms = _cp_comms(cp, tp, model, training, fixed)
         for micro_batch in _divisors(training.global_batch // dp):
             if fixed.micro_batch not in (None, micro_batch):
                 continue
@@ -216,12 +332,13 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, training: Training,
             for schedule, vpp in _schedules(pp, m, model.num_layers, fixed):
                 if pp * vpp > model.num_layers:
                     continue
-                for zero_stage, dist_opt in _sharding_options(pp, dp, fixed):
-                    for recompute, overlap in product(recomputes, _tp_comm_overlaps(fixed, sp)):
+                for zero_stage, dist_opt, hsdp in _sharding_options(dp * cp, fixed):
+                    for recompute, overlap, comm, (ep, etp) in product(recomputes, _tp_comm_overlaps(fixed, sp), comms,
+                                                                       experts):
                         yield ParallelConfig(
-                            dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, vpp=vpp, sequence_parallel=sp,
-                            recompute=recompute, zero_stage=zero_stage, distributed_optimizer=dist_opt,
-                            schedule=schedule, tp_comm_overlap=overlap,
+                            dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, vpp=vpp, cp=cp, cp_comm=comm, ep=ep, etp=etp,
+                            hsdp_replicas=hsdp, sequence_parallel=sp, recompute=recompute, zero_stage=zero_stage,
+                            distributed_optimizer=dist_opt, schedule=schedule, tp_comm_overlap=overlap,
                         )
 
 

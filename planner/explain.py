@@ -1,0 +1,207 @@
+"""Why a plan is as fast as it is: its bottleneck in words, one step of each knob re-planned, the
+search's nearest alternatives, and the one change that buys the most.
+
+Every what-if is planned, not just re-estimated: a neighbour (tp doubled, one more recompute level,
+…) runs the search with every option fixed, so it gets its own best stage split — a fair
+comparison with a plan whose split was optimised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from planner.config import ParallelConfig, Recompute, Schedule
+from planner.cost.estimate import BREAKDOWN_KEYS, Estimate
+from planner.errors import InfeasibleError, PlannerError
+from planner.gpu import GIB
+from planner.replay import PlanProblem
+from planner.search.planning import plan
+from planner.search.space import FixedOptions
+
+__all__ = ["Alternative", "Explanation", "bottleneck", "explain", "fixed_of", "neighbours"]
+
+COMPUTE_BOUND_SHARE = 0.75  # compute at least this share of the iteration: the layout is not the limit
+TIGHT_HEADROOM_SHARE = 0.05  # less free memory than this share of capacity is tight
+WORTH_IT = 1e-3  # a change must save more than this fraction of the iteration to be recommended
+_RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+_SHARDING = ((0, False), (0, True), (2, False), (3, False))  # ZeRO-0, dist-opt (≈ ZeRO-1), ZeRO-2, ZeRO-3
+
+_WORDS = {
+    "compute": "compute: the GPUs spend {share} of the iteration on the model's own math (MFU {mfu}); the layout "
+               "is not the limit — faster kernels, FP8 or more GPUs are",
+    "recompute": "activation recompute: {share} of the iteration repeats forward work to save memory; "
+                 "a lighter recompute, where memory allows, gives it back",
+    "bubble": "pipeline bubble: ranks idle {share} of the iteration while the pipeline fills and drains "
+              "(pp={pp}, {m} micro-batches); more micro-batches, interleaving (vpp) or a smaller pp shrink it",
+    "tp_comm": "tensor-parallel communication: {share} of the iteration is exposed TP collectives (tp={tp}); "
+               "a smaller tp or TP communication overlap hides it",
+    "pp_comm": "pipeline p2p: {share} of the iteration sends activations and gradients between stages (pp={pp}); "
+               "a smaller pp or a larger micro-batch amortises it",
+    "dp_comm": "data-parallel communication: {share} of the iteration is gradient/parameter sync the backward "
+               "cannot hide (dp={dp}); fewer, larger micro-batches or a less sharded optimizer expose less",
+    "optimizer": "optimizer step: {share} of the iteration updates the weights; sharding it (distributed "
+                 "optimizer / ZeRO) splits this work over dp",
+    "other": "fixed per-iteration overhead: {share} of the iteration; a larger global batch amortises it",
+}
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """A planned configuration next to the explained one: what changed, its time, and the delta."""
+
+    change: str
+    config: ParallelConfig | None
+    iteration_time_s: float | None  # None: no stage split fits in memory
+    delta_s: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"change": self.change, "parallelism": self.config.describe() if self.config else None,
+                "iteration_time_s": self.iteration_time_s, "delta_s": self.delta_s,
+                "fits": self.iteration_time_s is not None}
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """The explained plan's bottleneck, breakdown, headroom, what-ifs, search alternatives and best change."""
+
+    describe: str
+    iteration_time_s: float
+    breakdown_s: dict[str, float]
+    bottleneck: str
+    verdict: str
+    headroom_bytes: float
+    capacity_bytes: float
+    what_ifs: tuple[Alternative, ...]
+    alternatives: tuple[Alternative, ...]
+    best_change: Alternative | None
+
+    @property
+    def memory_note(self) -> str:
+        """The memory headroom in words (tight when under TIGHT_HEADROOM_SHARE of capacity)."""
+        share = self.headroom_bytes / self.capacity_bytes
+        text = (f"memory headroom {self.headroom_bytes / GIB:.1f} GiB ({100 * share:.0f} % of "
+                f"{self.capacity_bytes / GIB:.0f} GiB)")
+        if self.headroom_bytes < 0:
+            return text + ": it does NOT fit; only changes that save memory help"
+        return text + ("; tight: a change that needs more memory will not fit" if share < TIGHT_HEADROOM_SHARE
+                       else "")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"parallelism": self.describe, "iteration_time_s": self.iteration_time_s,
+                "breakdown_s": self.breakdown_s, "bottleneck": self.bottleneck, "verdict": self.verdict,
+                "memory": {"headroom_bytes": self.headroom_bytes, "capacity_bytes": self.capacity_bytes,
+                           "note": self.memory_note},
+                "what_ifs": [w.as_dict() for w in self.what_ifs],
+                "alternatives": [a.as_dict() for a in self.alternatives],
+                "best_change": self.best_change.as_dict() if self.best_change else None}
+
+
+def bottleneck(result: Estimate, config: ParallelConfig) -> tuple[str, str]:
+    """The breakdown term that limits the plan and a sentence saying so: compute when it is at least
+    COMPUTE_BOUND_SHARE of the iteration, else the largest overhead term."""
+    terms = result.breakdown_s
+    total = result.iteration_time_s
+    key = "compute" if terms["compute"] >= COMPUTE_BOUND_SHARE * total else max(
+        (k for k in BREAKDOWN_KEYS if k != "compute"), key=lambda k: terms[k])
+    words = _WORDS[key].format(share=f"{100 * terms[key] / total:.1f} %", mfu=f"{100 * result.mfu:.1f} %",
+                               pp=config.pp, tp=config.tp, dp=config.dp, m=result.num_microbatches)
+    return key, words
+
+
+def fixed_of(config: ParallelConfig) -> FixedOptions:
+    """Every option of a configuration fixed, so the search plans exactly it (its split optimised)."""
+    return FixedOptions(**{f.name: getattr(config, f.name) for f in fields(FixedOptions) if hasattr(config, f.name)})
+
+
+def _degree_steps(config: ParallelConfig, name: str) -> list[tuple[str, dict[str, Any]]]:
+    """`name` doubled and halved with dp taking the difference (the GPUs stay the same)."""
+    value, steps = getattr(config, name), []
+    for new in (value * 2, value // 2):
+        if new < 1 or new == value or (config.dp * value) % new:
+            continue
+        change: dict[str, Any] = {name: new, "dp": config.dp * value // new}
+        if name == "tp":
+            change["sequence_parallel"] = new > 1
+            change["tp_comm_overlap"] = config.tp_comm_overlap and new > 1
+        if name == "pp" and new == 1:
+            change.update(vpp=1, schedule=Schedule.ONE_F_ONE_B)
+        steps.append((f"{name} {value}→{new}", change))
+    return steps
+
+
+def _ladder_steps(label: str, levels: tuple[Any, ...], current: Any,
+                  change: Callable[[Any], dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """One rung down and one up a ladder of settings (recompute levels, optimizer sharding)."""
+    if current not in levels:
+        return []
+    i = levels.index(current)
+    return [(f"{label} {_rung(current)}→{_rung(levels[j])}", change(levels[j]))
+            for j in (i - 1, i + 1) if 0 <= j < len(levels)]
+
+
+def _rung(level: Any) -> str:
+    """A ladder setting as the CLI writes it: `selective`, `dist-opt`, `zero2`."""
+    if isinstance(level, Recompute):
+        return level.value
+    zero, dist_opt = level
+    return "dist-opt" if dist_opt else f"zero{zero}"
+
+
+def neighbours(config: ParallelConfig) -> list[tuple[str, ParallelConfig]]:
+    """One step of each knob (tp, pp, cp/ep where modelled, micro-batch, vpp, recompute, ZeRO),
+    as valid configurations on the same GPUs; steps the configuration rules refuse are left out."""
+    steps = [*_degree_steps(config, "tp"), *_degree_steps(config, "pp")]
+    steps += [step for name in ("cp", "ep") if hasattr(config, name) for step in _degree_steps(config, name)]
+    steps += [(f"micro-batch {config.micro_batch}→{mb}", {"micro_batch": mb})
+              for mb in (config.micro_batch * 2, config.micro_batch // 2) if mb >= 1]
+    if config.pp > 1:
+        steps += [(f"vpp {config.vpp}→{v}", {"vpp": v, "schedule": Schedule.INTERLEAVED if v > 1
+                                             else Schedule.ONE_F_ONE_B})
+                  for v in (config.vpp + 1, config.vpp - 1) if v >= 1]
+    steps += _ladder_steps("recompute", _RECOMPUTE, config.recompute, lambda r: {"recompute": r})
+    sharding = (0, True) if config.zero_stage == 1 else (config.zero_stage, config.distributed_optimizer)
+    steps += _ladder_steps("sharding", _SHARDING, sharding,
+                           lambda s: {"zero_stage": s[0], "distributed_optimizer": s[1]})
+    out = []
+    for label, change in steps:
+        try:
+            out.append((label, replace(config, **change)))
+        except (PlannerError, ValueError):
+            continue
+    return out
+
+
+def _planned(problem: PlanProblem, config: ParallelConfig, time_limit_s: float) -> tuple[float | None, bool]:
+    """The configuration's time with its best split (None when no split fits), and whether it is valid."""
+    try:
+        found = plan(problem.model, problem.cluster, problem.training, fixed_of(config), 1, time_limit_s)
+    except InfeasibleError:
+        return None, True
+    except PlannerError:
+        return None, False
+    return found.best.estimate.iteration_time_s, True
+
+
+def explain(problem: PlanProblem, result: Estimate, top_k: int = 5, time_limit_s: float = 1.0) -> Explanation:
+    """The explanation of a plan whose estimate is `result` (see the module docstring)."""
+    base = result.iteration_time_s
+    what_ifs = []
+    for label, config in neighbours(problem.config):
+        seconds, valid = _planned(problem, config, time_limit_s)
+        if valid:
+            what_ifs.append(Alternative(label, config, seconds, None if seconds is None else seconds - base))
+    try:
+        searched = plan(problem.model, problem.cluster, problem.training, None, top_k, time_limit_s).plans
+    except InfeasibleError:
+        searched = ()
+    alternatives = tuple(Alternative(p.config.describe(), p.config, p.estimate.iteration_time_s,
+                                     p.estimate.iteration_time_s - base) for p in searched)
+    gains = [(w.delta_s, i) for i, w in enumerate(what_ifs) if w.delta_s is not None and w.delta_s < -WORTH_IT * base]
+    key, verdict = bottleneck(result, problem.config)
+    tightest = result.tightest_stage().memory
+    return Explanation(
+        problem.config.describe(), base, dict(result.breakdown_s), key, verdict,
+        tightest.capacity - tightest.total, tightest.capacity, tuple(what_ifs), alternatives,
+        what_ifs[min(gains)[1]] if gains else None)

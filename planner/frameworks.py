@@ -1,0 +1,161 @@
+"""The export targets at a stated version: what each can run, and how its engine runs it.
+
+A plan is only worth launching if the framework runs it as planned, so a `Framework` answers two
+questions. `why_not(config)`: None when the framework runs the configuration exactly (sharding kind
+with or without pipeline parallelism, schedule, sequence parallelism, TP communication overlap,
+CP, EP), else the reason in one line. `runs(config)`: the configuration with the framework's
+execution semantics, the ParallelConfig flags the cost model reads (`p2p_scatter_gather`,
+`overlap_grad_reduce`, `overlap_tp_backward`); a plan is estimated the way its engine runs.
+
+Versions and sources (../shared/REFERENCE.md): Megatron-LM core 0.16 (`megatron/training/arguments.py`;
+Megatron-FSDP: `--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads|optim_grads_params`),
+DeepSpeed 0.19 driven by Megatron-DeepSpeed (`PipelineEngine` asserts ZeRO < 2 with PP, reduces
+gradients after the pipeline flush, sends whole activations from every TP rank; no interleaving),
+torchtitan 0.2.2 (FSDP2/HSDP, TP always with sequence parallelism, async TP under torch.compile).
+"any" searches every configuration planner models, with Megatron-LM's semantics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from planner.config import CP_COMMS, ParallelConfig, Schedule
+from planner.errors import PlannerError
+
+__all__ = ["FRAMEWORKS", "FRAMEWORK_NAMES", "TARGET_NAMES", "Framework", "framework_named", "runs_on"]
+
+Semantics = Callable[[ParallelConfig], dict[str, bool]]
+
+
+def _megatron_semantics(_config: ParallelConfig) -> dict[str, bool]:
+    """Megatron-LM: 1/tp of a boundary tensor per rank, gradient reduction and backward TP collectives overlapped."""
+    return {"p2p_scatter_gather": True, "overlap_grad_reduce": True, "overlap_tp_backward": True}
+
+
+def _deepspeed_semantics(config: ParallelConfig) -> dict[str, bool]:
+    """DeepSpeed: the pipeline engine sends whole activations from every TP rank and reduces gradients after
+    the flush; without PP only ZeRO's overlap_comm hides the reduction (ZeRO-0 all-reduces after backward);
+    Megatron-DeepSpeed's TP backward all-reduces are not overlapped."""
+    return {"p2p_scatter_gather": False, "overlap_grad_reduce": config.pp == 1 and config.zero_stage >= 1,
+            "overlap_tp_backward": False}
+
+
+def _torchtitan_semantics(_config: ParallelConfig) -> dict[str, bool]:
+    """torchtitan: DDP/FSDP2 reduce during backward; DTensor TP's backward collectives are synchronous."""
+    return {"p2p_scatter_gather": True, "overlap_grad_reduce": True, "overlap_tp_backward": False}
+
+
+@dataclass(frozen=True)
+class Framework:
+    """One target at one version: what it runs (`why_not`) and how it runs it (`runs`)."""
+
+    name: str
+    version: str
+    schedules: frozenset[Schedule]
+    # (zero_stage, distributed_optimizer) it runs without and with pipeline parallelism
+    sharding: frozenset[tuple[int, bool]]
+    sharding_with_pp: frozenset[tuple[int, bool]]
+    tp_without_sp: bool
+    tp_comm_overlap: bool
+    cp_comms: frozenset[str]  # context-parallel exchanges it runs (empty: no CP)
+    expert_parallel: bool
+    expert_tp_any: bool  # expert TP of any degree, not only 1 or tp
+    hsdp: bool  # ZeRO-3 sharded within replica groups
+    keeps_gathered_weights: bool  # ZeRO-3 without re-sharding after forward
+    semantics: Semantics
+    # how it shards optimizer states only (the search's ZeRO-1 / distributed-optimizer option); None: it cannot
+    optimizer_sharding_only: tuple[int, bool] | None
+
+    def why_not(self, config: ParallelConfig) -> str | None:
+        """None if this framework runs `config` exactly as planned, else why not (one line)."""
+        sharding = (config.zero_stage, config.distributed_optimizer)
+        allowed = self.sharding_with_pp if config.pp > 1 else self.sharding
+        if sharding not in allowed:
+            with_pp = " with pipeline parallelism" if config.pp > 1 else ""
+            return f"{self.version} cannot run {_sharding_name(sharding)}{with_pp}"
+        if config.pp > 1 and config.schedule not in self.schedules:
+            return f"{self.version} has no {config.schedule.value} pipeline schedule"
+        if config.pp == 1 and config.schedule is Schedule.GPIPE and Schedule.GPIPE not in self.schedules:
+            return f"{self.version} runs micro-batches one after another, not GPipe's all-forwards-first"
+        if config.tp > 1 and not config.sequence_parallel and not self.tp_without_sp:
+            return f"{self.version} always runs tensor parallelism with sequence parallelism"
+        if config.tp_comm_overlap and not self.tp_comm_overlap:
+            return f"{self.version} cannot overlap TP communication with its GEMMs"
+        if config.cp > 1 and config.cp_comm not in self.cp_comms:
+            return f"{self.version} has no {config.cp_comm} context parallelism (cp={config.cp})"
+        if config.ep > 1 and not self.expert_parallel:
+            return f"{self.version} has no expert parallelism"
+        if config.etp not in (1, config.tp) and not self.expert_tp_any:
+            return f"{self.version} splits experts over 1 or tp={config.tp} ranks, not etp={config.etp}"
+        if config.hsdp_replicas > 1 and not self.hsdp:
+            return f"{self.version} has no HSDP (hsdp_replicas={config.hsdp_replicas})"
+        if config.zero_stage == 3 and not config.reshard_after_forward and not self.keeps_gathered_weights:
+            return f"{self.version} re-shards ZeRO-3 weights after every forward"
+        return None
+
+    def runs(self, config: ParallelConfig) -> ParallelConfig:
+        """`config` with this framework's execution semantics (what the cost model reads of the engine)."""
+        semantics = self.semantics(config)
+        if all(getattr(config, name) == value for name, value in semantics.items()):
+            return config
+        return replace(config, **semantics)
+
+    def require(self, config: ParallelConfig) -> ParallelConfig:
+        """`config` as this framework runs it; PlannerError naming why and what to plan with when it cannot."""
+        why = self.why_not(config)
+        if why:
+            others = runs_on(config)
+            where = f"it runs on {', '.join(others)}" if others else "no target runs it"
+            raise PlannerError(f"{why} ({config.describe()}); {where}; plan with --framework {self.name} "
+                               f"for a plan {self.version} runs")
+        return self.runs(config)
+
+
+def _sharding_name(sharding: tuple[int, bool]) -> str:
+    zero_stage, distributed_optimizer = sharding
+    if distributed_optimizer:
+        return "Megatron-LM's distributed optimizer"
+    return f"ZeRO-{zero_stage}" if zero_stage else "unsharded data parallelism"
+
+
+_ALL_SCHEDULES = frozenset(Schedule)
+_ANY_SHARDING = frozenset({(0, False), (1, False), (2, False), (3, False), (0, True), (1, True)})
+
+_CP_COMMS = frozenset(CP_COMMS)
+
+FRAMEWORKS: dict[str, Framework] = {
+    "any": Framework(
+        "any", "any framework", _ALL_SCHEDULES, _ANY_SHARDING, _ANY_SHARDING, True, True, _CP_COMMS, True, True,
+        True, True, _megatron_semantics, (0, True)),
+    # ZeRO-2/3 through Megatron-FSDP (optim_grads / optim_grads_params), which it does not claim with PP
+    "megatron": Framework(
+        "megatron", "Megatron-LM core 0.16", frozenset({Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED}),
+        frozenset({(0, False), (0, True), (2, False), (3, False)}), frozenset({(0, False), (0, True)}),
+        True, True, _CP_COMMS, True, True, False, False, _megatron_semantics, (0, True)),
+    # ZeRO-2/3 only without PP (PipelineEngine asserts stage < 2); CP only as Ulysses, which planner's cp is not
+    "deepspeed": Framework(
+        "deepspeed", "DeepSpeed 0.19 (Megatron-DeepSpeed)", frozenset({Schedule.ONE_F_ONE_B}),
+        frozenset({(0, False), (1, False), (2, False), (3, False)}), frozenset({(0, False), (1, False)}),
+        True, False, frozenset(), True, False, False, False, _deepspeed_semantics, (1, False)),
+    # FSDP2 (reshard_after_forward never: ZeRO-2; default: ZeRO-3) or DDP, with PP too; CP rotates KV by
+    # all-gather or a ring of exchanges; etp in {1, tp} (ParallelDims v0.2.2)
+    "torchtitan": Framework(
+        "torchtitan", "torchtitan 0.2.2", _ALL_SCHEDULES,
+        frozenset({(0, False), (2, False), (3, False)}), frozenset({(0, False), (2, False), (3, False)}),
+        False, True, frozenset({"p2p", "all-gather"}), True, False, True, True, _torchtitan_semantics, None),
+}
+FRAMEWORK_NAMES = tuple(FRAMEWORKS)
+TARGET_NAMES = FRAMEWORK_NAMES[1:]
+
+
+def framework_named(name: str) -> Framework:
+    """The framework called `name` (one of FRAMEWORK_NAMES)."""
+    if name not in FRAMEWORKS:
+        raise PlannerError(f"unknown framework {name!r}: use one of {', '.join(FRAMEWORK_NAMES)}")
+    return FRAMEWORKS[name]
+
+
+def runs_on(config: ParallelConfig) -> list[str]:
+    """The targets that run `config` exactly as planned (its layout; each with its own execution semantics)."""
+    return [name for name in TARGET_NAMES if FRAMEWORKS[name].why_not(config) is None]

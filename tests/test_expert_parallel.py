@@ -1,0 +1,110 @@
+"""Expert parallelism: degrees checked against the experts and GPUs, the dispatch/combine all-to-all priced
+on the links it crosses, expert states sharded over EP (and reduced over EDP), MoE compute per rank."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.cluster import parse_shorthand
+from planner.config import ParallelConfig, Training
+from planner.cost.estimate import estimate
+from planner.cost.time import expert_all_to_all_s
+from planner.errors import PlannerError
+from planner.model import load_model
+from planner.placement import ExpertLink, GroupLinks, default_placement
+from planner.profile.analytic import block_forward_flops
+from planner.profile.calibration import default_calibration
+from planner.search.space import FixedOptions, complete_config
+
+MIXTRAL = load_model("mixtral-8x7b")
+TRAINING = Training(global_batch=256, seq_len=4096)
+
+
+@pytest.mark.parametrize(("fixed", "match"), [
+    (FixedOptions(ep=3), "--ep 3 must divide mixtral-8x7b's 8 routed experts"),
+    (FixedOptions(ep=16), "--ep 16 must divide"),  # an EP group larger than the expert count
+    (FixedOptions(ep=8, etp=2), "does not divide the cluster's 8 GPUs"),
+])
+def test_bad_expert_degrees_name_the_value_and_what_is_allowed(fixed: FixedOptions, match: str) -> None:
+    with pytest.raises(PlannerError, match=match):
+        complete_config(fixed, MIXTRAL, parse_shorthand("1x8xH100-80GB"), TRAINING)
+
+
+def test_expert_grid_larger_than_a_stage_is_refused() -> None:
+    with pytest.raises(PlannerError, match=r"ep·etp = 8·2 must divide tp·cp·dp = 8"):
+        complete_config(FixedOptions(tp=8, pp=2, ep=8, etp=2), MIXTRAL, parse_shorthand("2x8xH100-80GB"), TRAINING)
+
+
+def test_ep_on_a_dense_model_is_refused() -> None:
+    with pytest.raises(PlannerError, match="no routed experts"):
+        complete_config(FixedOptions(ep=2), load_model("llama3-8b"), parse_shorthand("1x8xH100-80GB"), TRAINING)
+
+
+def test_etp_defaults_to_tp_as_in_megatron() -> None:
+    config = complete_config(FixedOptions(tp=2, ep=4), MIXTRAL, parse_shorthand("1x8xH100-80GB"), TRAINING)
+    assert (config.ep, config.etp, config.edp) == (4, 2, 1)
+
+
+def test_expert_groups_follow_parallel_folding() -> None:
+    """etp·ep·edp = tp·cp·dp: tp=2, dp=8 on 16 GPUs with ep=8, etp=1 gives edp=2, EP groups of 8
+    consecutive ranks, each inside one 8-GPU node."""
+    cluster = parse_shorthand("2x8xH100-80GB")
+    config = ParallelConfig(dp=8, tp=2, pp=1, ep=8, etp=1)
+    links = GroupLinks.from_placement(cluster, config, default_placement(cluster, config))
+    assert config.edp == 2 and links.ep[0].ranks_per_node == 8 and links.ep[0].intra.kind == "intra"
+
+
+def test_all_to_all_crossing_nodes_is_priced_on_the_nic() -> None:
+    """Inside a node the all-to-all moves (ep−1)/ep of the bytes over NVLink; across two nodes half the
+    bytes leave through the GPU's own NIC, which is ~9x slower on a DGX H100 (450 vs 50 GB/s)."""
+    cluster, cal = parse_shorthand("2x8xH100-80GB"), default_calibration()
+    intra, inter = cluster.link(0, 0), cluster.link(0, 1)
+    size = 64e6
+    inside = expert_all_to_all_s(size, 8, ExpertLink(intra, inter, 8), cal)
+    across = expert_all_to_all_s(size, 16, ExpertLink(intra, inter, 8), cal)
+    assert inside == pytest.approx(size * 7 / 8 / (intra.bandwidth_bytes_per_s * cal.collective_efficiency("intra"))
+                                   + intra.latency_s)
+    nic = size * 8 / 16 / (inter.bandwidth_bytes_per_s * cal.collective_efficiency("inter"))
+    assert across == pytest.approx(nic + intra.latency_s + inter.latency_s)
+    assert across > 3 * inside
+
+
+def test_expert_states_shard_over_ep() -> None:
+    """Mixtral on 8 GPUs (dp=8): with ep=8 each GPU holds one expert per layer instead of eight, so the
+    model states shrink by about the experts' 7/8 share of 96 % of the parameters."""
+    cluster = parse_shorthand("1x8xH100-80GB")
+    replicated = estimate(MIXTRAL, cluster, TRAINING, ParallelConfig(dp=8, tp=1, pp=1, micro_batch=1,
+                                                                     distributed_optimizer=True))
+    sharded = estimate(MIXTRAL, cluster, TRAINING, ParallelConfig(dp=8, tp=1, pp=1, ep=8, micro_batch=1,
+                                                                  distributed_optimizer=True))
+    weights = [e.stages[0].memory.weights for e in (replicated, sharded)]
+    assert weights[0] == pytest.approx(2 * MIXTRAL.num_parameters)
+    experts = MIXTRAL.num_layers * 8 * MIXTRAL.expert_parameters()
+    held = MIXTRAL.num_parameters - experts * 7 / 8
+    states = sum(getattr(sharded.stages[0].memory, k) for k in ("weights", "gradients", "optimizer"))
+    # weights 2 B + fp32 grads 4 B on what the GPU holds; Adam's 12 B sharded over dp (dense) / edp = 1 (experts)
+    dense = MIXTRAL.num_parameters - experts
+    assert states == pytest.approx(6 * held + 12 * (dense / 8 + experts / 8))
+    assert sharded.breakdown_detail_s["ep_alltoall"] > 0 and replicated.breakdown_detail_s["ep_alltoall"] == 0
+
+
+def test_load_imbalance_slows_the_experts() -> None:
+    cluster = parse_shorthand("1x8xH100-80GB")
+    config = ParallelConfig(dp=8, tp=1, pp=1, ep=8, distributed_optimizer=True)
+    balanced = estimate(MIXTRAL, cluster, TRAINING, config)
+    skewed = estimate(MIXTRAL, cluster, Training(global_batch=256, seq_len=4096, moe_load_imbalance=1.5), config)
+    capped = estimate(MIXTRAL, cluster, Training(global_batch=256, seq_len=4096, moe_load_imbalance=1.5,
+                                                 moe_capacity_factor=1.0), config)
+    assert skewed.iteration_time_s > 1.2 * balanced.iteration_time_s
+    assert capped.iteration_time_s == pytest.approx(balanced.iteration_time_s)
+
+
+def test_mla_and_moe_model_flops_count_active_parameters() -> None:
+    """Forward GEMM FLOPs per token ≈ 2 × the active non-embedding parameters (DeepSeek-V3: dense first
+    layers, top-8 of 256 experts plus the shared one, MLA projections)."""
+    model = load_model("deepseek-v3")
+    tokens = 1000
+    attention_core = 2 * tokens * 1 * model.num_attention_heads * (model.qk_head_dim + model.value_head_dim)
+    gemm = model.num_layers * (block_forward_flops(model, tokens, 1) - attention_core)
+    active_blocks = model.active_parameters - model.embedding_parameters() - model.head_parameters()
+    assert gemm / tokens == pytest.approx(2 * active_blocks, rel=1e-3)  # norms are the difference

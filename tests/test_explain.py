@@ -1,0 +1,103 @@
+"""`planner explain` and `planner compare`: the one change that buys the most agrees with the search,
+and a comparison's term deltas add up to the difference in iteration time."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cli import main
+from planner.config import Recompute
+from planner.explain import WORTH_IT, bottleneck, explain, neighbours
+from planner.plan import build_plan_document, load_plan
+from planner.replay import problem_of
+from planner.search.planning import plan
+
+SMALL = ["--model", "tiny-llama", "--cluster", "1x8xH100-80GB", "--global-batch", "16", "--seq-len", "1024"]
+POOR = [*SMALL, "--tp", "2", "--pp", "4", "--recompute", "full"]
+
+
+def write_plan(tmp_path: Path, name: str, *args: str) -> Path:
+    """`planner estimate ARGS --out`, or the search's best plan (`plan` as the first argument)."""
+    path = tmp_path / f"{name}.json"
+    if args[0] == "plan":
+        problem = problem_of(load_plan(write_plan(tmp_path, f"{name}-seed", "estimate", *args[1:])))
+        best = plan(problem.model, problem.cluster, problem.training, None, 1).best
+        path.write_text(json.dumps(build_plan_document(problem.model, problem.cluster, problem.training, best.config,
+                                                       best.placement, best.estimate)))
+        return path
+    result = CliRunner().invoke(main, [*args, "--out", str(path)])
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def test_a_poor_plans_best_change_is_its_fastest_neighbour_and_no_faster_than_the_search(tmp_path: Path) -> None:
+    problem = problem_of(load_plan(write_plan(tmp_path, "poor", "estimate", *POOR)))
+    result = problem.estimate()
+    explanation = explain(problem, result)
+    best = explanation.best_change
+    assert best is not None and best.delta_s < 0
+    assert best.iteration_time_s == min(w.iteration_time_s for w in explanation.what_ifs if w.iteration_time_s)
+    searched = plan(problem.model, problem.cluster, problem.training, None, 1).best.estimate.iteration_time_s
+    assert best.iteration_time_s >= searched * (1 - 1e-9)
+    assert explanation.alternatives[0].iteration_time_s == pytest.approx(searched)
+
+
+def test_the_searchs_best_plan_has_no_single_change_that_buys_anything(tmp_path: Path) -> None:
+    problem = problem_of(load_plan(write_plan(tmp_path, "best", "plan", *SMALL)))
+    result = problem.estimate()
+    explanation = explain(problem, result)
+    assert explanation.best_change is None
+    assert all(w.delta_s is None or w.delta_s >= -WORTH_IT * result.iteration_time_s for w in explanation.what_ifs)
+
+
+def test_neighbours_are_one_step_of_one_knob_on_the_same_gpus(tmp_path: Path) -> None:
+    config = load_plan(write_plan(tmp_path, "poor", "estimate", *POOR)).parallel
+    labels = {label.split()[0] for label, _ in neighbours(config)}
+    assert {"tp", "pp", "micro-batch", "recompute", "sharding"} <= labels
+    for label, other in neighbours(config):
+        assert other.num_gpus == config.num_gpus, label
+        assert other != config
+    assert ("recompute full→selective", Recompute.SELECTIVE) in [
+        (label, other.recompute) for label, other in neighbours(config) if label.startswith("recompute")]
+
+
+def test_the_bottleneck_is_named_in_words(tmp_path: Path) -> None:
+    problem = problem_of(load_plan(write_plan(tmp_path, "poor", "estimate", *POOR)))
+    result = problem.estimate()
+    key, words = bottleneck(result, problem.config)
+    assert key in result.breakdown_s and words.split(":")[0] in (
+        "compute", "activation recompute", "pipeline bubble", "tensor-parallel communication", "pipeline p2p",
+        "data-parallel communication", "optimizer step", "fixed per-iteration overhead")
+
+
+def test_explain_json_is_one_document(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["explain", str(write_plan(tmp_path, "poor", "estimate", *POOR)), "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert {"bottleneck", "verdict", "breakdown_s", "memory", "what_ifs", "alternatives", "best_change"} <= set(
+        document)
+
+
+def test_compare_names_the_faster_plan_and_its_terms_add_up(tmp_path: Path) -> None:
+    fast = write_plan(tmp_path, "fast", "plan", *SMALL)
+    slow = write_plan(tmp_path, "slow", "estimate", *POOR)
+    result = CliRunner().invoke(main, ["compare", str(slow), str(fast), "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert document["fastest"] == str(fast)
+    times = [json.loads(p.read_text())["estimate"]["iteration_time_s"] for p in (slow, fast)]
+    assert sum(document["deltas_s"][str(slow)].values()) == pytest.approx(times[0] - times[1], rel=1e-9)
+    differing = {row["field"] for row in document["rows"] if row["differs"]}
+    assert {"pp", "recompute", "iteration time"} <= differing and "model" not in differing
+    text = CliRunner().invoke(main, ["compare", str(slow), str(fast)]).output
+    assert f"{fast} is" in text and "faster than" in text
+
+
+def test_compare_needs_two_plans_and_readable_files(tmp_path: Path) -> None:
+    one = write_plan(tmp_path, "fast", "plan", *SMALL)
+    assert CliRunner().invoke(main, ["compare", str(one)]).exit_code == 2
+    assert CliRunner().invoke(main, ["compare", str(one), str(tmp_path / "missing.json")]).exit_code == 2
