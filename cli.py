@@ -23,7 +23,7 @@ from planner import InfeasibleError, PlannerError, __version__
 from planner.cluster import Cluster, catalog_cluster_names, load_cluster
 from planner.compare import compare_plans
 from planner.config import DTYPES, ParallelConfig, Partition, Training
-from planner.cost.estimate import Estimate, estimate
+from planner.cost.estimate import Estimate, estimate, fit_advice
 from planner.explain import explain
 from planner.export import TARGETS, exporter, render_stdout, write_export
 from planner.frameworks import FRAMEWORK_NAMES, framework_named
@@ -264,13 +264,13 @@ def load_problem(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     return Problem(model, cluster, training, calibration, timer, warnings)
 
 
-def shortfall_message(result: Estimate) -> str:
+def shortfall_message(config: ParallelConfig, result: Estimate) -> str:
     stage = result.tightest_stage()
     short = stage.memory.total - stage.memory.capacity
     return (
         f"stage {stage.index} (pipeline rank {stage.pp_rank}) needs {stage.memory.total / GIB:.1f} GiB, "
         f"{stage.gpu} has {stage.memory.capacity / GIB:.1f} GiB (short by {short / GIB:.1f} GiB); "
-        "try more GPUs, a larger --tp/--pp, --recompute full or --distributed-optimizer"
+        f"{fit_advice(config, result)}"
     )
 
 
@@ -432,7 +432,7 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
         if "replan" in extra:
             echo_replan(extra["replan"])
     if not result.fits:
-        click.echo(f"does not fit: {shortfall_message(result)}", err=True)
+        click.echo(f"does not fit: {shortfall_message(config, result)}", err=True)
         sys.exit(1)
 
 

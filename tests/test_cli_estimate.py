@@ -89,3 +89,18 @@ def test_list(what: str) -> None:
 def test_degrees_must_be_positive(command: str, option: str) -> None:
     result = run(command, option, "0")
     assert result.exit_code == 2 and option in result.stderr and "Traceback" not in result.output
+
+
+def test_a_plan_that_does_not_fit_is_told_only_options_that_would_help() -> None:
+    """States alone too big: more sharding or GPUs, never a smaller batch or more recompute; activations
+    too big: what shrinks them, never --distributed-optimizer when it is already on."""
+    states = run("estimate", "--model", "llama3-70b", "--cluster", "1x8xH100-80GB", "--tp", "8",
+                 "--global-batch", "8", "--seq-len", "1024")
+    assert states.exit_code == 1
+    assert "model states alone" in states.stderr and "--recompute" not in states.stderr
+    assert "--global-batch" not in states.stderr
+    activations = run("estimate", "--model", "llama3-8b", "--cluster", "1x8xH100-80GB", "--tp", "2",
+                      "--distributed-optimizer", "--micro-batch", "8", "--global-batch", "32", "--seq-len", "8192")
+    assert activations.exit_code == 1
+    assert "activations need" in activations.stderr and "--recompute full" in activations.stderr
+    assert "--distributed-optimizer" not in activations.stderr.split("try", 1)[1]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner.cluster import Cluster
-from planner.config import ParallelConfig, Partition, Training
+from planner.config import ParallelConfig, Partition, Recompute, Training
 from planner.cost.memory import MemoryBreakdown, rank_memory_model
 from planner.cost.schedule import PipelineTime, pipeline_time, schedule_of, simulated_pipeline_time
 from planner.cost.time import (
@@ -24,12 +24,14 @@ from planner.cost.time import (
     unit_costs,
 )
 from planner.errors import PlannerError
+from planner.gpu import GIB
 from planner.model import ModelSpec, UnitKind
 from planner.placement import GroupLinks, Placement, default_placement
 from planner.profile.analytic import AnalyticProfile, block_forward_flops, head_forward_flops
 from planner.profile.calibration import Calibration, default_calibration
 
-__all__ = ["BREAKDOWN_KEYS", "Estimate", "MemoryBreakdown", "StageEstimate", "estimate", "model_flops_per_iteration"]
+__all__ = ["BREAKDOWN_KEYS", "Estimate", "MemoryBreakdown", "StageEstimate", "estimate", "fit_advice",
+           "model_flops_per_iteration"]
 
 BREAKDOWN_KEYS = ("compute", "recompute", "bubble", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "optimizer", "other")
 
@@ -233,3 +235,29 @@ def estimate(
         num_microbatches=m,
         breakdown_detail_s=detail,
     )
+
+
+def fit_advice(config: ParallelConfig, result: Estimate) -> str:
+    """What would make a configuration that does not fit fit, naming only options that help: when the
+    model states alone exceed the GPU, more sharding or more GPUs (a smaller batch or more recompute
+    frees nothing there); otherwise what shrinks activations, never an option already in use."""
+    stage = result.tightest_stage()
+    memory = stage.memory
+    states = memory.weights + memory.gradients + memory.optimizer
+    options = []
+    if states + memory.other > memory.capacity:
+        if config.optimizer_sharding < 3:
+            options.append("--distributed-optimizer or --zero 3" if config.optimizer_sharding == 0 else "--zero 3")
+        options.append("a larger --tp/--pp")
+        return (f"the model states alone need {states / GIB:.1f} GiB on this GPU: try "
+                + ", ".join(options) + " or more GPUs")
+    if config.recompute is not Recompute.FULL:
+        options.append("--recompute full")
+    if config.micro_batch > 1:
+        options.append("a smaller --micro-batch")
+    if config.tp > 1 and not config.sequence_parallel:
+        options.append("--sequence-parallel")
+    options += ["a larger --tp/--pp/--cp", "a shorter --seq-len"]
+    if config.optimizer_sharding == 0:
+        options.append("--distributed-optimizer")
+    return f"activations need {memory.activations / GIB:.1f} GiB: try " + ", ".join(options)

@@ -462,7 +462,8 @@ def _periodic_iteration_s(forward_s: Sequence[float], backward_s: Sequence[float
     zeros = [0.0] * len(forward_s)
     growth = behaviour.growth_s(forward_s, backward_s, pp)
     base = pp * vpp
-    while (start := base + num_microbatches % pp) + 2 * pp < num_microbatches:
+    # three prefix simulations cost about 3·(m₀ + pp) micro-batches: worth it only when m is larger
+    while 3 * ((start := base + num_microbatches % pp) + pp) < num_microbatches:
         times = [simulate(forward_s, backward_s, zeros, pp, start + i * pp, schedule, record=False).iteration_s
                  for i in range(3)]
         if all(abs(b - a - pp * growth) <= 1e-9 * b for a, b in itertools.pairwise(times)):

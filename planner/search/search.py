@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from planner.cluster import Cluster
-from planner.config import ParallelConfig, Partition, Recompute, Training
-from planner.cost.estimate import Estimate, estimate
+from planner.config import ParallelConfig, Partition, Training
+from planner.cost.estimate import Estimate, estimate, fit_advice
 from planner.cost.memory import RankMemoryModel, rank_memory_model
 from planner.cost.schedule import RankTerms, schedule_of
 from planner.cost.time import (
@@ -565,10 +565,7 @@ def _infeasible_message(ctx: _Context, rejected: list[_Candidate]) -> str:
     needed = _gpus_for_states(ctx, closest.config, ctx.placed(closest.config)[1].gpu[stage.pp_rank],
                               stage.memory.capacity)
     advice = (f"the model states alone need at least {needed:,.0f} {stage.gpu} GPUs, the cluster has "
-              f"{ctx.cluster.num_gpus:,}" if needed > ctx.cluster.num_gpus else
-              "try more GPUs" + (", a smaller --global-batch/--seq-len or --recompute full"
-                                 if closest.config.recompute is not Recompute.FULL
-                                 else " or a smaller --global-batch/--seq-len"))
+              f"{ctx.cluster.num_gpus:,}" if needed > ctx.cluster.num_gpus else fit_advice(closest.config, result))
     return (
         f"no configuration fits in memory; the closest ({closest.config.describe()}) has stage {stage.index} "
         f"needing {stage.memory.total / GIB:.1f} GiB, {stage.gpu} has {stage.memory.capacity / GIB:.1f} GiB "
