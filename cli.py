@@ -453,7 +453,7 @@ def plan_file_problem(plan_path: Path, framework: str | None,
                            f"drop {', '.join(given)}")
     source = load_plan(plan_path)
     inputs = problem_of(source)
-    calibration = source.calibration or default_calibration()
+    calibration = inputs.calibration
     profile = source.document.get("profile")
     timer, profile_path = None, None
     if isinstance(profile, dict) and isinstance(profile.get("path"), str):

@@ -176,7 +176,8 @@ def neighbours(config: ParallelConfig) -> list[tuple[str, ParallelConfig]]:
 def _planned(problem: PlanProblem, config: ParallelConfig, time_limit_s: float) -> tuple[float | None, bool]:
     """The configuration's time with its best split (None when no split fits), and whether it is valid."""
     try:
-        found = plan(problem.model, problem.cluster, problem.training, fixed_of(config), 1, time_limit_s)
+        found = plan(problem.model, problem.cluster, problem.training, fixed_of(config), 1, time_limit_s,
+                     calibration=problem.calibration)
     except InfeasibleError:
         return None, True
     except PlannerError:
@@ -193,7 +194,8 @@ def explain(problem: PlanProblem, result: Estimate, top_k: int = 5, time_limit_s
         if valid:
             what_ifs.append(Alternative(label, config, seconds, None if seconds is None else seconds - base))
     try:
-        searched = plan(problem.model, problem.cluster, problem.training, None, top_k, time_limit_s).plans
+        searched = plan(problem.model, problem.cluster, problem.training, None, top_k, time_limit_s,
+                        calibration=problem.calibration).plans
     except InfeasibleError:
         searched = ()
     alternatives = tuple(Alternative(p.config.describe(), p.config, p.estimate.iteration_time_s,

@@ -22,7 +22,6 @@ from planner.errors import PlannerError
 from planner.gpu import GIB
 from planner.placement import GroupLinks
 from planner.profile.analytic import AnalyticProfile
-from planner.profile.calibration import default_calibration
 from planner.replay import PlanProblem
 
 __all__ = ["CATEGORIES", "IterationTimeline", "MemorySample", "Slice", "chrome_trace", "iteration_timeline",
@@ -81,7 +80,7 @@ def _stage_parts(problem: PlanProblem, result: Estimate) -> list[dict[str, float
     backward); compute is the rest of the estimate's pass times."""
     config = problem.config
     links = GroupLinks.from_placement(problem.cluster, config, problem.placement)
-    calibration = default_calibration()
+    calibration = problem.calibration
     timer = AnalyticProfile(problem.model, calibration)
     costs = [unit_costs(problem.model, problem.training, config, links.gpu[r], links.tp[r], timer, calibration)
              for r in range(config.pp)]

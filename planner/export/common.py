@@ -32,6 +32,7 @@ __all__ = [
     "hostfile_text",
     "hosts_named",
     "placement_notes",
+    "plan_placement",
     "plan_summary",
     "rebuild_cluster",
     "stage_units",
@@ -173,7 +174,7 @@ def rebuild_cluster(plan: Plan) -> Cluster:
     return uniform_cluster(name or "plan-cluster", gpu, num_nodes, per_node)
 
 
-def _plan_placement(plan: Plan, cluster: Cluster) -> Placement:
+def plan_placement(plan: Plan, cluster: Cluster) -> Placement:
     """The plan's rank → GPU map on the rebuilt cluster; the default one when node names differ."""
     try:
         ranks = sorted(plan.document["placement"]["ranks"], key=lambda r: r["rank"])
@@ -197,6 +198,6 @@ def estimate_split(plan: Plan, blocks_per_stage: tuple[int, ...] | None = None,
         config = replace(config, vpp=1, schedule=Schedule.ONE_F_ONE_B)
     partition = (plan.partition if blocks_per_stage is None
                  else Partition.from_blocks(list(blocks_per_stage), plan.model.num_layers))
-    placement = _plan_placement(plan, cluster)
+    placement = plan_placement(plan, cluster)
     return estimate(plan.model, cluster, plan.training, config, partition, placement,
                     calibration=plan.calibration).iteration_time_s
