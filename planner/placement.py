@@ -10,6 +10,7 @@ with hosts listed in node order.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from planner.cluster import Cluster, GpuId, Link
@@ -76,7 +77,7 @@ def expert_link(cluster: Cluster, config: ParallelConfig, members: tuple[GpuId, 
         for node, _gpu in group:
             nodes[node] = nodes.get(node, 0) + 1
         first = next(iter(nodes))
-        inter = _worst([cluster.link(a, b) for a in nodes for b in nodes if a < b] or [cluster.link(first, first)])
+        inter = _worst_between(cluster, list(nodes)) if len(nodes) > 1 else cluster.link(first, first)
         link = ExpertLink(_worst(cluster.link(n, n) for n in nodes), inter, min(nodes.values()))
         if worst is None or (link.ranks_per_node, link.inter.bandwidth_bytes_per_s) < (
                 worst.ranks_per_node, worst.inter.bandwidth_bytes_per_s):
@@ -185,6 +186,15 @@ def _ring_links(cluster: Cluster):
         return memo[shape]
 
     return ring
+
+
+def _worst_between(cluster: Cluster, nodes: list[int]) -> Link:
+    """The slowest link between two of `nodes` (at least two): O(k) without pair overrides, where a pair's
+    link is the slower NIC's, so the slowest NIC's node with any other gives it."""
+    if cluster.pair_links:
+        return _worst(cluster.link(a, b) for a, b in itertools.combinations(nodes, 2))
+    slowest = min(nodes, key=lambda node: cluster.nodes[node].nic_bandwidth_bytes_per_s)
+    return cluster.link(slowest, next(node for node in nodes if node != slowest))
 
 
 def _worst(links) -> Link:

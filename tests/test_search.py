@@ -4,22 +4,24 @@ options, determinism and the infeasible message (small models and clusters, so i
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.cluster import Link, cluster_from_dict, parse_shorthand
+from planner.cluster import Link, cluster_from_dict, parse_shorthand, uniform_cluster
 from planner.config import ParallelConfig, Partition, Recompute, Schedule, Training
 from planner.cost.estimate import estimate
-from planner.cost.schedule import relaxed_rank_counts
+from planner.cost.schedule import relaxed_rank_counts, schedule_of
 from planner.errors import InfeasibleError
+from planner.gpu import GIB, lookup_gpu
 from planner.model import load_model
 from planner.placement import default_placement
 from planner.profile.analytic import AnalyticProfile
 from planner.profile.calibration import default_calibration
 from planner.search.partition import PartitionProblem, bound_partition, fits, objective_s
-from planner.search.search import _bound, _Context, _partition, _problem, _tighten, search
+from planner.search.search import _bound, _Context, _partition, _problem, _tighten, _with_memory, search
 from planner.search.space import FixedOptions, enumerate_configs
 from planner.slowdown import apply_slowdowns, parse_slowdown
 
@@ -114,7 +116,7 @@ def test_infeasible_names_the_tightest_stage_and_the_shortfall() -> None:
 @pytest.mark.parametrize("slowdown", [None, "node1=2"])
 def test_search_bounds_never_exceed_the_estimate_of_a_split(slowdown) -> None:
     """The cheap and the refined time bounds are lower bounds for the estimate (event simulator) of
-    the uniform split and of the searched split of every configuration — else the best-first scan
+    the uniform split and of the searched split of every configuration that fit — else the best-first scan
     could stop before a better plan. Uneven splits on slowed ranks are where closed forms overshoot."""
     model, cluster = load_model("gpt3-350m"), parse_shorthand("4x2xA100-80GB")
     if slowdown:
@@ -124,8 +126,8 @@ def test_search_bounds_never_exceed_the_estimate_of_a_split(slowdown) -> None:
     ctx = _Context(model, cluster, training, default_placement, AnalyticProfile(model, calibration), calibration)
     checked = 0
     for order, config in enumerate(enumerate_configs(model, cluster, training)):
-        cheap = _bound(ctx, order, config)
-        if cheap.memory_need_bytes > cheap.memory_available_bytes:
+        cheap = _with_memory(ctx, _bound(ctx, order, config))
+        if not cheap.fits_bound:
             assert not estimate(model, cluster, training, config).fits
             continue
         tight = _tighten(ctx, _tighten(ctx, cheap)) if config.pp > 1 else _tighten(ctx, cheap)
@@ -133,17 +135,44 @@ def test_search_bounds_never_exceed_the_estimate_of_a_split(slowdown) -> None:
         found, _ = _partition(_problem(ctx, tight), 1.0)
         for split in (None, found.partition if found else None):
             result = estimate(model, cluster, training, config, split)
-            assert tight.time_bound_s <= result.iteration_time_s * (1 + 1e-9), config.describe()
-            checked += 1
+            if result.fits:  # the refined bound holds over the splits that fit (it caps blocks by memory)
+                assert tight.time_bound_s <= result.iteration_time_s * (1 + 1e-9), config.describe()
+                checked += 1
     assert checked > 100
+
+
+def test_memory_caps_raise_the_bound_and_no_split_that_fits_beats_it() -> None:
+    """Where the uniform split does not fit (1F1B's first rank holds pp micro-batches), the refined bound caps
+    each rank's blocks by its memory: it rises above the uncapped one, yet stays at or below the estimate of
+    every split that fits (brute force over all of them)."""
+    gpu = replace(lookup_gpu("A100-80GB"), memory_bytes=int(4.7 * GIB))
+    cluster, training = uniform_cluster("small", gpu, 1, 4), Training(global_batch=64, seq_len=2048)
+    config = ParallelConfig(dp=1, tp=1, pp=4, micro_batch=4, schedule=Schedule.ONE_F_ONE_B)
+    calibration = default_calibration()
+    ctx = _Context(SMALL, cluster, training, default_placement, AnalyticProfile(SMALL, calibration), calibration)
+    cheap = _with_memory(ctx, _bound(ctx, 0, config))
+    tight = _tighten(ctx, _tighten(ctx, cheap))
+    m = config.num_microbatches(training.global_batch)
+    uncapped = schedule_of(config.schedule).lower_bound(ctx.rank_terms(config, cheap.rank_costs, cheap.boundary_s),
+                                                        m, SMALL.num_layers)
+    assert cheap.fits_bound and not estimate(SMALL, cluster, training, config).fits
+    assert tight.pipeline_s > uncapped * 1.001
+    units = SMALL.num_layers + 2
+    fitting = []
+    for cuts in itertools.combinations(range(1, units), config.pp - 1):
+        counts = [b - a for a, b in itertools.pairwise((0, *cuts, units))]
+        result = estimate(SMALL, cluster, training, config, Partition(tuple(counts)))
+        if result.fits:
+            fitting.append(result.iteration_time_s)
+    assert fitting and tight.time_bound_s <= min(fitting) * (1 + 1e-9)
 
 
 def test_a_slowed_node_gets_fewer_blocks_and_no_ilp_is_needed() -> None:
     model = load_model("gpt3-350m")
     cluster = apply_slowdowns(parse_shorthand("4x2xA100-80GB"), [parse_slowdown("node1=2")])
     training = Training(global_batch=16, seq_len=1024)
-    fixed = FixedOptions(tp=2, pp=4, micro_batch=1, schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.NONE,
-                         distributed_optimizer=False)
+    fixed = FixedOptions(tp=2, pp=4, micro_batch=4, schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.NONE,
+                         distributed_optimizer=False)  # GPU-bound: at micro-batch 1 the host sets the pace
     found = search(model, cluster, training, fixed, top_k=1)
     plan = found.plans[0]
     blocks = plan.partition.blocks_per_stage()

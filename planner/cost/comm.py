@@ -15,11 +15,12 @@ __all__ = ["all_gather_time", "all_reduce_time", "all_to_all_time", "p2p_time", 
 
 
 def _ring_time(size_bytes: float, ranks: int, link: Link, calibration: Calibration, phases: int) -> float:
-    if ranks <= 1 or size_bytes <= 0:
+    """A ring collective's time; 0 for no bytes (elementwise when `size_bytes` is a numpy array)."""
+    if ranks <= 1:
         return 0.0
     steps = phases * (ranks - 1)
     bandwidth = link.bandwidth_bytes_per_s * calibration.collective_efficiency(link.kind)
-    return steps * link.latency_s + steps / ranks * size_bytes / bandwidth
+    return (steps * link.latency_s + steps / ranks * size_bytes / bandwidth) * (size_bytes > 0)
 
 
 def all_reduce_time(size_bytes: float, ranks: int, link: Link, calibration: Calibration) -> float:

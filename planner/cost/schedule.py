@@ -19,6 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -76,10 +77,14 @@ class RankTerms:
     forward_fixed_s: tuple[float, ...]
     forward_block_s: tuple[float, ...]
     least_stage_s: tuple[float, ...]  # the least work a stage on the rank can have (its first unit, boundary)
+    upper: tuple[float, ...] | None = None  # most blocks the rank's memory holds (None: no limit known)
 
     @property
     def pp(self) -> int:
         return len(self.fixed_s)
+
+    def most_blocks(self) -> tuple[float, ...]:
+        return (math.inf,) * self.pp if self.upper is None else self.upper
 
 
 FORWARD, BACKWARD = "F", "B"
@@ -138,10 +143,6 @@ class PipelineSchedule:
         total = a * rank_loads[slowest] + b * sum(rank_loads)
         return PipelineTime(total, slowest, num_microbatches * rank_loads[slowest])
 
-    def growth_s(self, forward_s: Sequence[float], backward_s: Sequence[float], pp: int) -> float:
-        """What each further micro-batch adds to the simulated time once it is periodic: the busiest
-        rank's work per micro-batch (its own forward–backward cycle is the critical one)."""
-        return max(rank_times([f + b for f, b in zip(forward_s, backward_s, strict=True)], pp))
 
     def bound_form(self, num_microbatches: int) -> tuple[float, float]:
         """(a, b) with a·max R + b·Σ R a lower bound on the simulated time (the cheap search bound)."""
@@ -160,10 +161,6 @@ class GPipe(PipelineSchedule):
 
     def warmup(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> int:
         return num_microbatches
-
-    def growth_s(self, forward_s: Sequence[float], backward_s: Sequence[float], pp: int) -> float:
-        """All forwards, then all backwards: the slowest forward stage, then the slowest backward one."""
-        return max(forward_s) + max(backward_s)
 
     def bound_form(self, num_microbatches: int) -> tuple[float, float]:
         return num_microbatches - 1, 1.0  # the closed form, which the simulator reproduces exactly
@@ -191,10 +188,11 @@ class OneFOneB(PipelineSchedule):
         for r in range(pp):
             warmup = self.warmup(r, pp, 1, m)
             slope = terms.block_s[r] - warmup * terms.forward_block_s[r] / (m - 1)
-            # a non-positive slope: the term is least with every block on this rank
-            shifted.append(terms.fixed_s[r] - warmup * terms.forward_fixed_s[r] / (m - 1) + blocks * min(slope, 0.0))
+            # a non-positive slope: the term is least with as many blocks as the rank can hold
+            most = min(blocks, terms.most_blocks()[r])
+            shifted.append(terms.fixed_s[r] - warmup * terms.forward_fixed_s[r] / (m - 1) + most * min(slope, 0.0))
             per_block.append(max(slope, 0.0))
-        relaxed = relaxed_rank_counts(shifted, per_block, terms.lower, [math.inf] * pp, blocks, 1.0, 0.0)
+        relaxed = relaxed_rank_counts(shifted, per_block, terms.lower, terms.most_blocks(), blocks, 1.0, 0.0)
         return math.inf if relaxed is None else (m - 1) * relaxed[0] + least_sum
 
 
@@ -241,7 +239,7 @@ class Interleaved(PipelineSchedule):
 
 def _least_linear(fixed_s: Sequence[float], terms: RankTerms, blocks: int, a: float, b: float) -> float:
     """Least a·max R + b·Σ R over block counts per rank (math.inf when no count vector exists)."""
-    relaxed = relaxed_rank_counts(fixed_s, terms.block_s, terms.lower, [math.inf] * terms.pp, blocks, a, b)
+    relaxed = relaxed_rank_counts(fixed_s, terms.block_s, terms.lower, terms.most_blocks(), blocks, a, b)
     if relaxed is None:
         return math.inf
     loads = [f + n * t for f, n, t in zip(fixed_s, relaxed[1], terms.block_s, strict=True)]
@@ -295,18 +293,15 @@ def relaxed_rank_counts(fixed_s: Sequence[float], block_s: Sequence[float], lowe
     hi = np.minimum(np.asarray(upper, dtype=float), blocks).astype(np.int64)
     if np.any(lo > hi) or lo.sum() > blocks or hi.sum() < blocks:
         return None
-    cheapest = sorted(range(pp), key=lambda r: (time_[r], r))
+    cheapest = np.lexsort((np.arange(pp), time_))  # by block time, then rank
 
     def fill(cap: np.ndarray) -> list[int] | None:
         if np.any(cap < lo) or cap.sum() < blocks:
             return None
-        counts, left = lo.copy(), blocks - int(lo.sum())
-        for r in cheapest:
-            take = min(left, int(cap[r] - lo[r]))
-            counts[r] += take
-            left -= take
-            if not left:
-                break
+        room = (cap - lo)[cheapest]  # the blocks beyond the least go to the cheapest ranks first
+        before = np.cumsum(room) - room
+        counts = lo.copy()
+        counts[cheapest] += np.clip(blocks - lo.sum() - before, 0, room)
         return counts.tolist()
 
     def value(counts: Sequence[int]) -> float:
@@ -448,35 +443,42 @@ def _input_ready(ends: dict[str, list[list[float]]], kind: str, k: int, mb: int,
     return max(own_forward, downstream + p2p_s[k]), None
 
 
-def _periodic_iteration_s(forward_s: Sequence[float], backward_s: Sequence[float], pp: int,
+@lru_cache(maxsize=4096)
+def _periodic_iteration_s(forward_s: tuple[float, ...], backward_s: tuple[float, ...], pp: int,
                           num_microbatches: int, schedule: Schedule) -> float:
-    """The simulated iteration time at a cost that does not grow with m.
+    """The simulated iteration time at a cost that does not grow with m. Cached: configurations that
+    differ only in what the pipeline does not see (ZeRO stage, optimizer sharding) share one simulation.
 
     The order is fixed, so the simulation is a longest path in a max-plus system: past a transient
-    every further micro-batch adds the schedule's `growth_s` (its critical cycle). Simulations at
-    m₀, m₀ + pp, m₀ + 2pp (m₀ ≡ m mod pp) that grow by exactly that show the transient is over and
-    the rest is extrapolated; otherwise m₀ doubles, and a transient as long as m is simulated whole.
+    every further group of pp micro-batches adds the same time (its critical cycle, which for interleaved
+    orders can exceed the busiest rank's work). Simulations at m₀ + i·pp, i < 4 (m₀ ≡ m mod pp) that grow
+    by one equal step three times, and a fifth at m₀ + 8pp that the step predicts, show the transient is
+    over and the rest is extrapolated at that step; otherwise m₀ doubles, and a transient as long as m is
+    simulated whole.
     """
-    behaviour = schedule_of(schedule)
     vpp = len(forward_s) // pp
     zeros = [0.0] * len(forward_s)
-    growth = behaviour.growth_s(forward_s, backward_s, pp)
     base = pp * vpp
-    # three prefix simulations cost about 3·(m₀ + pp) micro-batches: worth it only when m is larger
-    while 3 * ((start := base + num_microbatches % pp) + pp) < num_microbatches:
-        times = [simulate(forward_s, backward_s, zeros, pp, start + i * pp, schedule, record=False).iteration_s
-                 for i in range(3)]
-        if all(abs(b - a - pp * growth) <= 1e-9 * b for a, b in itertools.pairwise(times)):
-            return times[2] + (num_microbatches - start - 2 * pp) * growth
+
+    def simulated(m: int) -> float:
+        return simulate(forward_s, backward_s, zeros, pp, m, schedule, record=False).iteration_s
+
+    # the prefix simulations cost about 5·m₀ + 14pp micro-batches: worth it only when m is larger
+    while 5 * (start := base + num_microbatches % pp) + 14 * pp < num_microbatches:
+        times = [simulated(start + i * pp) for i in range(4)]
+        steps = [b - a for a, b in itertools.pairwise(times)]
+        if (all(abs(step - steps[0]) <= 1e-9 * times[-1] for step in steps)
+                and abs(simulated(start + 8 * pp) - times[3] - 5 * steps[0]) <= 1e-9 * times[-1]):
+            return times[3] + (num_microbatches - start - 3 * pp) / pp * steps[0]
         base *= 2
-    return simulate(forward_s, backward_s, zeros, pp, num_microbatches, schedule, record=False).iteration_s
+    return simulated(num_microbatches)
 
 
 def simulated_pipeline_time(forward_s: Sequence[float], backward_s: Sequence[float], pp: int,
                             num_microbatches: int, schedule: Schedule) -> PipelineTime:
     """`pipeline_time` from the event simulator: pass times include the stage's blocking p2p sends,
     so no separate transfer delay is added; the bottleneck is the busiest rank."""
-    total = _periodic_iteration_s(forward_s, backward_s, pp, num_microbatches, schedule)
+    total = _periodic_iteration_s(tuple(forward_s), tuple(backward_s), pp, num_microbatches, schedule)
     busy = [num_microbatches * t for t in rank_times([f + b for f, b in zip(forward_s, backward_s, strict=True)], pp)]
     slowest = max(range(pp), key=lambda r: (busy[r], -r))
     return PipelineTime(total, slowest, busy[slowest])

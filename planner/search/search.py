@@ -21,15 +21,17 @@ from typing import Any
 
 import numpy as np
 
-from planner.cluster import Cluster
+from planner.cluster import Cluster, Link
 from planner.config import ParallelConfig, Partition, Training
 from planner.cost.estimate import Estimate, estimate, fit_advice
-from planner.cost.memory import RankMemoryModel, rank_memory_model
+from planner.cost.memory import RankMemoryModel, in_flight_microbatches, rank_memory_model
 from planner.cost.schedule import RankTerms, schedule_of
 from planner.cost.time import (
+    CostKey,
     UnitCost,
     UnitTimer,
     data_parallel_time,
+    data_parallel_time_of_runs,
     embedding_sync_time,
     optimizer_step_time,
     p2p_boundary_time,
@@ -37,12 +39,13 @@ from planner.cost.time import (
 )
 from planner.errors import InfeasibleError, PlannerError
 from planner.gpu import GIB, GPUSpec
-from planner.model import ModelSpec, UnitKind
+from planner.model import BlockSpec, ModelSpec, UnitKind
 from planner.placement import GroupLinks, Placement, default_placement
 from planner.profile.analytic import AnalyticProfile
 from planner.profile.calibration import Calibration, default_calibration
 from planner.search.partition import (
     GAP_REL,
+    MEMORY_TOLERANCE,
     PartitionProblem,
     PartitionResult,
     bound_partition,
@@ -78,8 +81,8 @@ class SearchStats:
     """What the search did, for the user and the speed benchmark."""
 
     configurations: int
-    pruned_memory: int  # rejected by the memory lower bound
-    pruned_time: int  # skipped: balanced-time lower bound no better than the k-th best plan
+    pruned_memory: int  # examined and rejected by the memory lower bound
+    pruned_time: int  # skipped: time lower bound no better than the k-th best plan (memory never checked)
     infeasible: int  # partitioned, but no stage split fits in memory
     ilps_solved: int
     proven_by_bound: int  # partitions whose rank-load lower bound was met: no solver needed
@@ -106,15 +109,19 @@ class _Candidate:
     order: int
     config: ParallelConfig
     time_bound_s: float
-    memory_need_bytes: float
-    memory_available_bytes: float
-    rank_costs: tuple[dict[UnitKind, UnitCost], ...]
+    rank_costs: tuple[dict[CostKey, UnitCost], ...]
     boundary_s: tuple[float, ...]
     num_microbatches: int
     split_free_s: float  # the time terms no stage split changes (optimizer, embedding sync, overhead)
     dp_exposed_s: float  # least exposed DP traffic known so far (exact for one stage, else 0 until refined)
     refined: int = 0  # 0: cheap bound; 1: + rank-load pipeline bound; 2: + least DP exposure (`_tighten`)
     pipeline_s: float = 0.0  # the pipeline part of the bound once refined
+    memory_need_bytes: float = 0.0  # the memory bound (`_with_memory`), computed when first examined
+    memory_available_bytes: float = math.inf
+
+    @property
+    def fits_bound(self) -> bool:
+        return self.memory_need_bytes <= self.memory_available_bytes
 
 
 class _Context:
@@ -125,7 +132,11 @@ class _Context:
         self.model, self.cluster, self.training = model, cluster, training
         self.placement_fn, self.timer, self.calibration = placement_fn, timer, calibration
         self.links: dict[tuple[int, ...], tuple[Placement, GroupLinks]] = {}
-        self.costs: dict[tuple, dict[UnitKind, UnitCost]] = {}
+        self.costs: dict[tuple, dict[CostKey, UnitCost]] = {}
+        self.block_types: tuple[tuple[BlockSpec, int], ...] = tuple(model.block_types().items())
+        keys = tuple(dict.fromkeys(model.unit_cost_keys))
+        # the distinct cost keys and each unit's position among them (no per-unit hashing of block types)
+        self.unit_types = (keys, tuple(keys.index(key) for key in model.unit_cost_keys))
         self.boundaries: dict[tuple, float] = {}
         self.partitions: dict[PartitionProblem, PartitionResult | None] = {}
         self.rank_bounds: dict[tuple, float] = {}
@@ -145,9 +156,9 @@ class _Context:
             self.links[key] = (placement, links)
         return self.links[key]
 
-    def rank_costs(self, config: ParallelConfig, links: GroupLinks) -> tuple[dict[UnitKind, UnitCost], ...]:
+    def rank_costs(self, config: ParallelConfig, links: GroupLinks) -> tuple[dict[CostKey, UnitCost], ...]:
         setting = (config.tp, config.micro_batch, config.sequence_parallel, config.recompute, config.tp_comm_overlap,
-                   config.cp, config.cp_comm, config.ep, config.etp,
+                   config.cp, config.cp_comm, config.ep, config.etp, config.moe_dispatcher, config.moe_ep_overlap,
                    # an MoE block's state weighting (`_block_state_parameters`) depends on the sharding
                    *((config.dp, config.distributed_optimizer, config.zero_stage) if self.model.is_moe else ()))
         whole = (id(links), *setting)
@@ -177,32 +188,46 @@ class _Context:
         return self.per_config[whole]
 
 
-    def memory_terms(self, config: ParallelConfig, links: GroupLinks, m: int) -> tuple[RankMemoryModel, float]:
-        """The last pipeline rank's memory model and the fixed bytes of all ranks, shared by configurations
-        that differ only in what does not touch memory (the CP exchange variant, TP communication overlap)."""
+    def memory_kinds(self, links: GroupLinks) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The pipeline ranks memory tells apart — by being first or last (the tied-embedding communicator,
+        the loss's logits) and by GPU; within a kind only the in-flight micro-batches differ — as (a
+        representative rank per kind, the last rank's kind last; each rank's kind)."""
+        whole = (id(links), "memory kinds")
+        if whole not in self.per_config:
+            pp = len(links.gpu)
+            keys = [(r == 0, r == pp - 1, id(links.gpu[r])) for r in range(pp)]
+            order = [*dict.fromkeys(key for key in keys if key != keys[-1]), keys[-1]]
+            self.per_config[whole] = (tuple(keys.index(key) for key in order),
+                                      tuple(order.index(key) for key in keys))
+        return self.per_config[whole]
+
+    def memory_models(self, config: ParallelConfig, links: GroupLinks, m: int) -> tuple[tuple[RankMemoryModel, ...],
+                                                                                          float]:
+        """The memory model of each kind of rank (`memory_kinds`) and the fixed bytes of all ranks, shared by
+        configurations that differ only in what does not touch memory (the CP exchange variant, TP overlap)."""
         key = (id(links), m, _memory_key(config))
         if key not in self.memories:
-            # a rank's fixed bytes depend on its rank only through being first or last (the tied-embedding
-            # communicator, the loss's logits) and on its GPU: one model per kind of rank, not per rank
-            kinds: dict[tuple, float] = {}
-            fixed = 0.0
-            for r in range(config.pp):
-                kind = (r == 0, r == config.pp - 1, links.gpu[r])
-                if kind not in kinds:
-                    kinds[kind] = rank_memory_model(self.model, self.training, config, r, m, links.gpu[r],
-                                                    self.calibration).fixed_bytes
-                fixed += kinds[kind]
-            last = rank_memory_model(self.model, self.training, config, config.pp - 1, m, links.gpu[-1],
-                                     self.calibration)
-            self.memories[key] = (last, fixed)
+            representatives, kind_of = self.memory_kinds(links)
+            models = tuple(rank_memory_model(self.model, self.training, config, r, m, links.gpu[r], self.calibration)
+                           for r in representatives)
+            self.memories[key] = (models, sum(models[kind].fixed_bytes for kind in kind_of))
         return self.memories[key]
 
-    def rank_terms(self, config: ParallelConfig, costs: tuple[dict[UnitKind, UnitCost], ...],
+    def in_flight(self, config: ParallelConfig, m: int) -> tuple[float, ...]:
+        """Each pipeline rank's in-flight micro-batches."""
+        key = ("in flight", config.schedule, config.pp, config.vpp, m)
+        if key not in self.per_config:
+            self.per_config[key] = tuple(in_flight_microbatches(config, r, m) for r in range(config.pp))
+        return self.per_config[key]
+
+    def rank_terms(self, config: ParallelConfig, costs: tuple[dict[CostKey, UnitCost], ...],
                    boundary_s: tuple[float, ...]) -> RankTerms:
         """Per rank: what a split cannot change (its end units, its stages' boundaries at both ends —
-        `stage_boundary_s`'s rule: v − last outgoing and v − first incoming), one block's time and
-        forward time, the fewest blocks (every stage needs a unit) and its least stage."""
-        key = (config.pp, config.vpp, tuple(map(id, costs)), boundary_s)
+        `stage_boundary_s`'s rule: v − last outgoing and v − first incoming), the cheapest block type's time and
+        the largest block forward time (with mixed block types every bound term stays a lower bound: a rank's
+        load grows by at least the cheapest block, and 1F1B's bound subtracts forward work), the fewest blocks
+        (every stage needs a unit) and its least stage."""
+        key = (config.pp, config.vpp, id(costs), id(boundary_s))  # both are this context's cached tuples
         if key not in self.terms:
             pp, v = config.pp, config.vpp
             fixed, block, lower, forward_fixed, forward_block, least_stage = [], [], [], [], [], []
@@ -211,51 +236,65 @@ class _Context:
                 outgoing, incoming = (v - last) * boundary_s[r], (v - first) * boundary_s[r - 1]
                 ends = cost[UnitKind.EMBEDDING].total_s * first + cost[UnitKind.HEAD].total_s * last
                 fixed.append(ends + outgoing + incoming)
-                block.append(cost[UnitKind.BLOCK].total_s)
+                block.append(min(cost[b].total_s for b, _ in self.block_types))
                 lower.append(max(v - first - last, 0))
-                forward = {kind: cost[kind].forward_pass_s for kind in UnitKind}
                 # a pass carries half of each boundary it touches
                 own_p2p = ((not last) * boundary_s[r] + (not first) * boundary_s[r - 1]) / 2
-                forward_fixed.append(forward[UnitKind.EMBEDDING] * first + forward[UnitKind.HEAD] * last + own_p2p)
-                forward_block.append(forward[UnitKind.BLOCK])
-                least_stage.append(cost[UnitKind.EMBEDDING if first else UnitKind.BLOCK].total_s + boundary_s[r])
+                forward_fixed.append(cost[UnitKind.EMBEDDING].forward_pass_s * first
+                                     + cost[UnitKind.HEAD].forward_pass_s * last + own_p2p)
+                forward_block.append(max(cost[b].forward_pass_s for b, _ in self.block_types))
+                least_stage.append((cost[UnitKind.EMBEDDING].total_s if first else block[-1]) + boundary_s[r])
             self.terms[key] = RankTerms(tuple(fixed), tuple(block), tuple(lower), tuple(forward_fixed),
                                         tuple(forward_block), tuple(least_stage))
         return self.terms[key]
 
 
 def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
-    """Cheap lower bounds on time and memory, valid for every stage split, in O(pp): the pipeline
-    time with every rank at the average load, plus the terms of estimate() that do not depend on
-    the split (least optimizer step, tied-embedding all-reduce, fixed overhead; the exposed DP
-    traffic, exact for one stage). `_tighten` refines the time bound for candidates that get close."""
+    """A cheap lower bound on time, valid for every stage split, in O(pp): the pipeline time with every
+    rank at the average load (every block at its type's cheapest rank's time), plus the terms of estimate()
+    that do not depend on the split (least optimizer step, tied-embedding all-reduce, fixed overhead; the
+    exposed DP traffic, exact for one stage).
+    `_tighten` refines it for candidates that get close; memory is checked then (`_with_memory`), so
+    configurations the time bound skips never pay for their memory model."""
     model, training, cal = ctx.model, ctx.training, ctx.calibration
     _, links = ctx.placed(config)
     costs = ctx.rank_costs(config, links)
     m = config.num_microbatches(training.global_batch)
-    layers = model.num_layers
-    first = costs[0]
-    params = first[UnitKind.EMBEDDING].params + layers * first[UnitKind.BLOCK].params + first[UnitKind.HEAD].params
-    activations = (first[UnitKind.EMBEDDING].activation_bytes + layers * first[UnitKind.BLOCK].activation_bytes
-                   + first[UnitKind.HEAD].activation_bytes)
-    # Every rank shares the per-parameter cost; in-flight micro-batches never grow with the rank, so the
-    # last rank holds the fewest; each rank's fixed bytes (context, NCCL, buffers) are its own.
-    last_rank, fixed_bytes = ctx.memory_terms(config, links, m)
-    need = last_rank.param_bytes * params + last_rank.activation_factor * activations
-    available = sum(links.capacity_bytes) - fixed_bytes
-    if need > available:  # rejected: no time bound needed
-        return _Candidate(order, config, math.inf, need, available, costs, (), m, 0.0, 0.0)
     boundary = ctx.boundary(config, links)
     a, b = schedule_of(config.schedule).bound_form(m)
     terms = ctx.rank_terms(config, costs, boundary)
-    least_sum = sum(terms.fixed_s) + layers * min(terms.block_s)
+    # every block runs on some rank: at least its type's cheapest rank's time
+    least_sum = sum(terms.fixed_s) + sum(count * min(cost[block].total_s for cost in costs)
+                                         for block, count in ctx.block_types)
     pipeline = a * least_sum / config.pp + b * least_sum
+    params = _model_total(ctx, costs[0], "params")
     optimizer = min(optimizer_step_time(params / config.pp, config, gpu, cal) for gpu in set(links.gpu))
     embedding_sync = embedding_sync_time(model, training, config, links.pp[-1], cal)
     dp_exposed = _least_dp_exposure(ctx, config, m, costs, links) if config.pp == 1 else 0.0
     split_free_s = optimizer + embedding_sync + cal.iteration_overhead_s
-    return _Candidate(order, config, pipeline + dp_exposed + split_free_s, need, available, costs, boundary, m,
-                      split_free_s, dp_exposed)
+    return _Candidate(order, config, pipeline + dp_exposed + split_free_s, costs, boundary, m, split_free_s,
+                      dp_exposed)
+
+
+def _model_total(ctx: _Context, costs: dict[CostKey, UnitCost], name: str) -> float:
+    """A per-unit quantity of `UnitCost` (parameters, activation bytes) summed over the whole model per TP rank."""
+    return (getattr(costs[UnitKind.EMBEDDING], name) + getattr(costs[UnitKind.HEAD], name)
+            + sum(count * getattr(costs[block], name) for block, count in ctx.block_types))
+
+
+def _with_memory(ctx: _Context, candidate: _Candidate) -> _Candidate:
+    """The candidate with its memory lower bound, valid for every stage split: model states plus the fewest
+    in-flight activations, spread perfectly over all pipeline ranks. Every rank shares the per-parameter
+    cost; in-flight micro-batches never grow with the rank, so the last rank holds the fewest; each
+    rank's fixed bytes (context, NCCL, buffers) are its own."""
+    config, costs = candidate.config, candidate.rank_costs
+    _, links = ctx.placed(config)
+    activations = _model_total(ctx, costs[0], "activation_bytes")
+    models, fixed_bytes = ctx.memory_models(config, links, candidate.num_microbatches)
+    last_rank = models[-1]
+    need = last_rank.param_bytes * _model_total(ctx, costs[0], "params") + last_rank.activation_factor * activations
+    return replace(candidate, memory_need_bytes=need,
+                   memory_available_bytes=float(sum(links.capacity_bytes)) - fixed_bytes)
 
 
 def _memory_key(config: ParallelConfig) -> tuple:
@@ -267,7 +306,8 @@ def _undominated_cp_comms(ctx: _Context, configs: list[ParallelConfig]) -> set[i
     """Indices of the configurations to bound: all but the CP exchange variants another variant of the same
     configuration dominates. Variants differ only in each block's exposed CP time (memory, DP traffic and
     everything else are equal), and the estimate only grows with a unit's time, so a variant no faster
-    than another on every pipeline rank can never rank above it (ties keep the earlier variant)."""
+    than another for every block type on every pipeline rank can never rank above it (ties keep the earlier
+    variant)."""
     kept: set[int] = set()
     groups: dict[tuple, list[int]] = {}
     for order, config in enumerate(configs):
@@ -281,7 +321,8 @@ def _undominated_cp_comms(ctx: _Context, configs: list[ParallelConfig]) -> set[i
         for order in orders:
             config = configs[order]
             costs = ctx.rank_costs(config, ctx.placed(config)[1])
-            times.append([(cost[UnitKind.BLOCK].cp_forward_s, cost[UnitKind.BLOCK].cp_backward_s) for cost in costs])
+            times.append([(cost[block].cp_forward_s, cost[block].cp_backward_s)
+                          for cost in costs for block, _ in ctx.block_types])
         for i, order in enumerate(orders):
             if not any(all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(times[j], times[i], strict=True))
                        and (j < i or times[j] != times[i]) for j in range(len(orders)) if j != i):
@@ -296,17 +337,35 @@ def _tighten(ctx: _Context, candidate: _Candidate) -> _Candidate:
     config, m, costs = candidate.config, candidate.num_microbatches, candidate.rank_costs
     if candidate.refined == 1:
         _, links = ctx.placed(config)
-        # ZeRO-2/3 under a pipeline: its table costs O(layers²) estimates of per-unit collectives; 0 is a
-        # valid (weaker) bound there, and the partition and estimate that follow are exact anyway
-        sharded_pipeline = config.optimizer_sharding >= 2 and config.pp > 1
-        exposed = 0.0 if sharded_pipeline else _least_dp_exposure(ctx, config, m, costs, links)
+        exposed = _least_dp_exposure(ctx, config, m, costs, links)
         bound = candidate.pipeline_s + exposed + candidate.split_free_s
         return replace(candidate, time_bound_s=max(bound, candidate.time_bound_s), dp_exposed_s=exposed, refined=2)
-    terms = ctx.rank_terms(config, costs, candidate.boundary_s)
+    terms = replace(ctx.rank_terms(config, costs, candidate.boundary_s), upper=_most_blocks(ctx, candidate))
     key = (config.schedule, terms, m)
     if key not in ctx.rank_bounds:
         ctx.rank_bounds[key] = schedule_of(config.schedule).lower_bound(terms, m, ctx.model.num_layers)
     return _refined(candidate, ctx.rank_bounds[key])
+
+
+def _most_blocks(ctx: _Context, candidate: _Candidate) -> tuple[float, ...]:
+    """Most blocks each pipeline rank's memory holds beside its end units (the accounting of `estimate`,
+    with the partitioner's float tolerance; each block at the smallest block type's bytes): no split that fits
+    gives a rank more, so the rank-load bound may cap them — the fastest layouts are the memory-tight ones,
+    where this bound matters."""
+    config, m, pp = candidate.config, candidate.num_microbatches, candidate.config.pp
+    _, links = ctx.placed(config)
+    models, _ = ctx.memory_models(config, links, m)
+    kind_of = ctx.memory_kinds(links)[1]
+    most = []
+    for r, (cost, in_flight) in enumerate(zip(candidate.rank_costs, ctx.in_flight(config, m), strict=True)):
+        memory = models[kind_of[r]]
+        ends = [cost[kind] for kind, held in ((UnitKind.EMBEDDING, r == 0), (UnitKind.HEAD, r == pp - 1)) if held]
+        held = memory.total(sum(unit.params for unit in ends), sum(unit.activation_bytes for unit in ends), in_flight)
+        block = min(memory.total(cost[b].params, cost[b].activation_bytes, in_flight)
+                    for b, _ in ctx.block_types) - memory.fixed_bytes  # the smallest block type
+        room = links.capacity_bytes[r] * (1 + MEMORY_TOLERANCE) - held
+        most.append(max(math.floor(room / block + 1e-9), -1) if block > 0 else math.inf)
+    return tuple(most)
 
 
 def _refined(candidate: _Candidate, pipeline_s: float) -> _Candidate:
@@ -316,16 +375,24 @@ def _refined(candidate: _Candidate, pipeline_s: float) -> _Candidate:
                    refined=2 if candidate.config.pp == 1 else 1)
 
 
-def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tuple[dict[UnitKind, UnitCost], ...],
+def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tuple[dict[CostKey, UnitCost], ...],
                        links: GroupLinks) -> float:
     """Least max over ranks of the DP traffic the schedule exposes, over all blocks-per-rank counts.
 
     A rank's exposure depends on its units' parameters (traffic) and compute (hiding), all fixed
-    by how many blocks it holds; so g_r(n) is tabulated per kind of rank, and
+    by how many blocks it holds when the blocks are alike; so g_r(n) is tabulated per kind of rank, and
     the least threshold E with Σ_r min{n: g_r(n) ≤ E} ≤ blocks ≤ Σ_r max{n: g_r(n) ≤ E} is a lower
-    bound (exact when each {n: g_r(n) ≤ E} is an interval, a relaxation otherwise).
+    bound (exact when each {n: g_r(n) ≤ E} is an interval, a relaxation otherwise). With mixed block types
+    it is exact for one stage (the whole model) and 0 for a pipeline (valid, weaker: which blocks a rank holds
+    is not known).
     """
     layers, pp, v = ctx.model.num_layers, config.pp, config.vpp
+    if len(ctx.block_types) > 1:
+        if pp > 1:
+            return 0.0
+        units = [costs[0][key] for key in ctx.model.unit_cost_keys]
+        return data_parallel_time(units, ctx.training, config, links.dp[0], ctx.calibration, m,
+                                  links.replicate[0]).exposed_s
     groups: dict[tuple, list[int]] = {}
     for r in range(pp):
         groups.setdefault((id(costs[r]), links.dp[r], links.replicate[r], r == 0, r == pp - 1), []).append(r)
@@ -335,14 +402,8 @@ def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tup
                config.hsdp_replicas, config.optimizer_sharding, config.reshard_after_forward,
                config.overlap_grad_reduce, config.overlap_param_gather, m if config.optimizer_sharding >= 2 else 0)
         if key not in ctx.dp_tables:
-            cost = costs[ranks[0]]
-            block = cost[UnitKind.BLOCK]
-            table = np.full(layers + 1, np.inf)
-            for n in range(layers if pp == 1 else max(v - first - last, 0), layers + 1):
-                units = [cost[UnitKind.EMBEDDING]] * first + [block] * n + [cost[UnitKind.HEAD]] * last
-                table[n] = data_parallel_time(units, ctx.training, config, dp_link, ctx.calibration, m,
-                                              replicate_link).exposed_s
-            ctx.dp_tables[key] = table
+            ctx.dp_tables[key] = _dp_exposure_table(ctx, config, m, costs[ranks[0]], dp_link, replicate_link,
+                                                    first, last)
         tables.append(ctx.dp_tables[key])
         weights.append(len(ranks))
     thresholds = np.unique(np.concatenate(tables))
@@ -369,19 +430,39 @@ def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tup
     return float(thresholds[lo])
 
 
+def _dp_exposure_table(ctx: _Context, config: ParallelConfig, m: int, cost: dict[CostKey, UnitCost],
+                       dp_link: Link, replicate_link: Link, first: bool, last: bool) -> np.ndarray:
+    """Exposed DP traffic of a rank of this kind holding n (alike) blocks, for every n (inf where it cannot hold
+    n): one call over all block counts at once, the run of blocks' length being an array."""
+    layers = ctx.model.num_layers
+    head, tail = ((cost[UnitKind.EMBEDDING], 1),) * first, ((cost[UnitKind.HEAD], 1),) * last
+
+    def exposed(*middle: tuple[UnitCost, Any]) -> float | np.ndarray:
+        return data_parallel_time_of_runs((*head, *middle, *tail), ctx.training, config, dp_link, ctx.calibration,
+                                          m, replicate_link).exposed_s
+
+    table = np.full(layers + 1, np.inf)
+    least = layers if config.pp == 1 else max(config.vpp - first - last, 0)
+    counts = np.arange(max(least, 1), layers + 1)  # run lengths ≥ 1
+    table[counts] = exposed((cost[ctx.block_types[0][0]], counts))
+    if least == 0:  # a rank with both ends may hold no block
+        table[0] = exposed()
+    return table
+
+
 def _problem(ctx: _Context, candidate: _Candidate) -> PartitionProblem:
-    """The partition problem of a candidate: per-rank unit times and memory, budgets."""
+    """The partition problem of a candidate: per-rank unit times and memory (each unit its type's), budgets."""
     config, cal, m = candidate.config, ctx.calibration, candidate.num_microbatches
     _, links = ctx.placed(config)
-    kinds = [unit.kind for unit in ctx.model.units()]
+    keys, type_of = ctx.unit_types
     times, memories, budgets = [], [], []
     for r, costs in enumerate(candidate.rank_costs):
         rank = rank_memory_model(ctx.model, ctx.training, config, r, m, links.gpu[r], cal)
         fixed = rank.fixed_bytes
-        time_of = {kind: cost.total_s for kind, cost in costs.items()}
-        memory_of = {kind: rank.total(cost.params, cost.activation_bytes) - fixed for kind, cost in costs.items()}
-        times.append(tuple(time_of[kind] for kind in kinds))
-        memories.append(tuple(memory_of[kind] for kind in kinds))
+        time_of = [costs[key].total_s for key in keys]
+        memory_of = [rank.total(costs[key].params, costs[key].activation_bytes) - fixed for key in keys]
+        times.append(tuple(time_of[t] for t in type_of))
+        memories.append(tuple(memory_of[t] for t in type_of))
         budgets.append(float(links.capacity_bytes[r]) - fixed)
     return PartitionProblem(tuple(times), candidate.boundary_s, tuple(memories), tuple(budgets), config.vpp, m,
                             config.schedule)
@@ -408,6 +489,7 @@ def _partition(problem: PartitionProblem, time_limit_s: float) -> tuple[Partitio
         upper = dp_partition(problem)
         if upper is None:
             return None, "none"
+        lower_s = upper.objective_s  # the DP is exact for one chunk per rank: the ILP only has to meet it
     return ilp_partition(problem, time_limit_s, upper, lower_s), "ilp"
 
 
@@ -438,18 +520,24 @@ def search(
                                fixed)
     kept = _undominated_cp_comms(ctx, configs)
     candidates = [_bound(ctx, order, config) for order, config in enumerate(configs) if order in kept]
-    fitting = [c for c in candidates if c.memory_need_bytes <= c.memory_available_bytes]
-    rejected: list[_Candidate] = [c for c in candidates if c.memory_need_bytes > c.memory_available_bytes]
-    # Best bound first; a cheap bound is tightened when popped and pushed back (lazy best-first).
-    heap = [(c.time_bound_s, c.order, c) for c in fitting]
+    # Best bound first; when popped, a cheap bound is checked for memory, tightened and pushed back (lazy
+    # best-first): what the time bound skips is never checked for memory.
+    heap = [(c.time_bound_s, c.order, c) for c in candidates]
     heapq.heapify(heap)
     plans: list[RankedPlan] = []
-    ilps = proven = hits = limited = tightened = 0
+    rejected: list[_Candidate] = []
+    ilps = proven = hits = limited = tightened = pruned_memory = 0
     while heap:
         bound_s, _, candidate = heap[0]
         if len(plans) >= top_k and bound_s > plans[top_k - 1].estimate.iteration_time_s * (1 + 1e-9):
             break
         heapq.heappop(heap)
+        if candidate.refined == 0:
+            candidate = _with_memory(ctx, candidate)
+            if not candidate.fits_bound:
+                rejected.append(candidate)
+                pruned_memory += 1
+                continue
         if candidate.refined < 2:
             candidate = _tighten(ctx, candidate)
             tightened += 1
@@ -474,8 +562,8 @@ def search(
         del plans[top_k:]
     pruned_time = len(heap) + len(configs) - len(candidates)
     stats = SearchStats(
-        configurations=len(configs), pruned_memory=len(candidates) - len(fitting), pruned_time=pruned_time,
-        infeasible=len(rejected) - (len(candidates) - len(fitting)), ilps_solved=ilps, proven_by_bound=proven,
+        configurations=len(configs), pruned_memory=pruned_memory, pruned_time=pruned_time,
+        infeasible=len(rejected) - pruned_memory, ilps_solved=ilps, proven_by_bound=proven,
         cache_hits=hits, bounds_tightened=tightened,
         time_limited=limited, solver=solver_name(), wall_s=time.perf_counter() - started,
     )
@@ -500,7 +588,7 @@ def _evaluate(ctx: _Context, candidate: _Candidate, found: PartitionResult | Non
 
     def evaluate(partition: Partition) -> Estimate:
         return estimate(ctx.model, ctx.cluster, ctx.training, config, partition, placement, ctx.timer,
-                        ctx.calibration, links)
+                        ctx.calibration, links, candidate.rank_costs)
 
     even = Partition.uniform(ctx.model.num_layers, config.num_virtual_stages)
     uniform = evaluate(even)
