@@ -22,7 +22,7 @@ import yaml
 from planner import InfeasibleError, PlannerError, __version__
 from planner.cluster import Cluster, catalog_cluster_names, load_cluster
 from planner.compare import compare_plans
-from planner.config import DTYPES, ParallelConfig, Partition, Training
+from planner.config import DTYPES, MOE_DISPATCHERS, ParallelConfig, Partition, Training
 from planner.cost.estimate import Estimate, estimate, fit_advice
 from planner.explain import explain
 from planner.export import TARGETS, exporter, render_stdout, write_export
@@ -91,7 +91,8 @@ def problem_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--model", "model_spec", default=DEFAULT_MODEL, show_default=True,
                      help="Catalog name, HF config.json, or planner model/plan file."),
         click.option("--cluster", "cluster_spec", default=DEFAULT_CLUSTER, show_default=True,
-                     help="Preset name, YAML/JSON cluster file, or NODESxGPUSxGPU (e.g. 16x8xH100-80GB)."),
+                     help="Preset name, YAML/JSON cluster file, NODESxGPUSxGPU (e.g. 16x8xH100-80GB, 2xNVL72xGB200) "
+                          "or HOSTSxGPUSxGPU:nvlN (e.g. 36x4xGB200:nvl72: NVLink domains of N GPUs)."),
         click.option("--global-batch", type=click.IntRange(1, MAX_GLOBAL_BATCH), default=DEFAULT_GLOBAL_BATCH,
                      show_default=True, help="Sequences per iteration."),
         click.option("--seq-len", type=click.IntRange(1, MAX_SEQ_LEN), default=DEFAULT_SEQ_LEN, show_default=True,
@@ -138,6 +139,14 @@ def parallel_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Expert-parallel degree (MoE): divides the routed experts; folded over tp·cp·dp."),
         click.option("--etp", type=click.IntRange(min=1),
                      help="Expert tensor-parallel degree (MoE; default: tp, Megatron-LM's default)."),
+        click.option("--moe-dispatcher", type=click.Choice(MOE_DISPATCHERS),
+                     help="MoE token dispatcher: alltoall (one copy per routed expert) or flex (DeepEP/HybridEP: "
+                          "once per destination node, then NVLink)  [default: searched, flex where the framework "
+                          "runs it; alltoall for estimate]"),
+        click.option("--moe-ep-overlap/--no-moe-ep-overlap", default=None,
+                     help="Overlap EP all-to-alls with another micro-batch's compute (Megatron-LM "
+                          "--overlap-moe-expert-parallel-comm; needs ep > 1, no full recompute, vpp > 1 with pp > 1)  "
+                          "[default: searched, on where allowed; off for estimate]"),
     ]
     for option in reversed(options):
         command = option(command)

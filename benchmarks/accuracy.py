@@ -104,7 +104,7 @@ def summary_lines(scores: Sequence[SourceScore]) -> list[str]:
         lines.append(f"| {s.source.name} | {s.time.count} | {_pct(s.time.mape)} | {_pct(s.time.worst)} | "
                      f"≤ {100 * s.source.target:.0f} % | {memory} | {fits} | {len(s.source.skipped)} |")
     ran = sum(len(s.source.runs) for s in scores)
-    ooms = sum("documented OOM" in k.reason for k in skipped_files())
+    ooms = sum("documented OOM" in k.reason for k in (*skipped_files(), *(k for s in scores for k in s.source.skipped)))
     lines.append(f"| all | {sum(s.time.count for s in scores)} | | | | | {sum(s.fits for s in scores)} of {ran} | "
                  f"{sum(len(s.source.skipped) for s in scores) + len(skipped_files())} "
                  f"(documented OOMs: {ooms}, none expressible) |")

@@ -59,19 +59,34 @@ class Link:
 
 @dataclass(frozen=True)
 class Node:
-    """One server: `num_gpus` GPUs of one type on one intra-node fabric, one NIC per GPU."""
+    """One NVLink domain: `num_gpus` GPUs of one type on one intra-node fabric, one NIC per GPU.
+
+    Usually one server; a rack-scale domain (GB200 NVL72: 72 GPUs) spans hosts of `gpus_per_host`
+    GPUs (4), which only launchers see: bandwidth and group placement follow the domain.
+    """
 
     name: str
     gpu: GPUSpec
     num_gpus: int
     intra_bandwidth_bytes_per_s: float
     nic_bandwidth_bytes_per_s: float
+    gpus_per_host: int | None = None  # None: the whole node is one host
 
     def __post_init__(self) -> None:
         if self.num_gpus < 1:
             raise PlannerError(f"node {self.name}: num_gpus must be positive, got {self.num_gpus}")
         if self.intra_bandwidth_bytes_per_s <= 0 or self.nic_bandwidth_bytes_per_s <= 0:
             raise PlannerError(f"node {self.name}: bandwidths must be positive")
+        if self.gpus_per_host is None:
+            object.__setattr__(self, "gpus_per_host", self.num_gpus)
+        elif not 1 <= self.gpus_per_host <= self.num_gpus or self.num_gpus % self.gpus_per_host:
+            raise PlannerError(f"node {self.name}: gpus_per_host must divide its {self.num_gpus} GPUs, "
+                               f"got {self.gpus_per_host}")
+
+    @property
+    def num_hosts(self) -> int:
+        """Hosts (servers, compute trays) the NVLink domain spans; a launcher starts one process group per host."""
+        return self.num_gpus // (self.gpus_per_host or self.num_gpus)
 
 
 @dataclass(frozen=True)
@@ -216,15 +231,31 @@ class Cluster:
 
 # ---- construction -----------------------------------------------------------------------------
 
-_SHORTHAND = re.compile(r"^(\d+)x(\d+)x(.+)$", re.IGNORECASE)
+# NODESxGPUSxGPU (GPUS may be written NVLk), or HOSTSxGPUSxGPU:nvlN (hosts of GPUS in NVLink domains of N GPUs).
+_SHORTHAND = re.compile(r"^(\d+)x(nvl)?(\d+)x([^:\s]+)(?::nvl(\d+))?$", re.IGNORECASE)
+_SHORTHAND_FORMS = "NODESxGPUSxGPU (e.g. 16x8xH100-80GB, 2xNVL72xGB200) or HOSTSxGPUSxGPU:nvlN (e.g. 36x4xGB200:nvl72)"
+
+
+def _host_gpus(gpu: GPUSpec, gpus_per_node: int, origin: str) -> int:
+    """GPUs per host in a node of `gpus_per_node` GPUs of this type: the type's usual host (GB200: a tray of 4)
+    when the node spans several, else the node; a node that is not a whole number of hosts is refused."""
+    host = gpu.gpus_per_host or gpus_per_node
+    if gpus_per_node <= host:
+        return gpus_per_node
+    if gpus_per_node % host:
+        raise PlannerError(f"{origin}: {gpu.name} hosts hold {host} GPUs, so a node (NVLink domain) of "
+                           f"{gpus_per_node} GPUs must be a multiple of {host}")
+    return host
 
 
 def uniform_cluster(name: str, gpu: GPUSpec, num_nodes: int, gpus_per_node: int,
                     intra_bandwidth_bytes_per_s: float | None = None,
-                    nic_bandwidth_bytes_per_s: float | None = None) -> Cluster:
-    """`num_nodes` identical nodes of the usual build for this GPU unless bandwidths are given."""
+                    nic_bandwidth_bytes_per_s: float | None = None,
+                    gpus_per_host: int | None = None) -> Cluster:
+    """`num_nodes` identical nodes of the usual build for this GPU unless bandwidths or host size are given."""
     if num_nodes < 1 or gpus_per_node < 1:
         raise PlannerError(f"cluster {name}: node count and GPUs per node must be positive")
+    host = gpus_per_host or _host_gpus(gpu, gpus_per_node, f"cluster {name}")
     nodes = tuple(
         Node(
             name=f"node{i}",
@@ -232,6 +263,7 @@ def uniform_cluster(name: str, gpu: GPUSpec, num_nodes: int, gpus_per_node: int,
             num_gpus=gpus_per_node,
             intra_bandwidth_bytes_per_s=intra_bandwidth_bytes_per_s or gpu.intra_node_bandwidth_bytes_per_s,
             nic_bandwidth_bytes_per_s=nic_bandwidth_bytes_per_s or gpu.nic_bandwidth_bytes_per_s,
+            gpus_per_host=host,
         )
         for i in range(num_nodes)
     )
@@ -239,20 +271,33 @@ def uniform_cluster(name: str, gpu: GPUSpec, num_nodes: int, gpus_per_node: int,
 
 
 def parse_shorthand(text: str) -> Cluster:
-    """`NODESxGPUSxGPU`, e.g. `16x8xH100-80GB`: usual node of that GPU (NVLink inside, a NIC per GPU)."""
+    """`NODESxGPUSxGPU`, e.g. `16x8xH100-80GB`: usual nodes (NVLink domains) of that GPU, a NIC per GPU; a
+    rack-scale type splits each node into its usual hosts (`2xNVL72xGB200`: 2 domains of 18 trays of 4).
+    `HOSTSxGPUSxGPU:nvlN`, e.g. `36x4xGB200:nvl72`: hosts of GPUS GPUs grouped into NVLink domains of N."""
     match = _SHORTHAND.match(text.strip())
     if not match:
-        raise PlannerError(f"cluster shorthand {text!r} is not NODESxGPUSxGPU (e.g. 16x8xH100-80GB)")
-    nodes, per_node, gpu_name = int(match[1]), int(match[2]), match[3]
-    if nodes < 1 or per_node < 1:
+        raise PlannerError(f"cluster shorthand {text!r} is not {_SHORTHAND_FORMS}")
+    count, per_count, gpu_name = int(match[1]), int(match[3]), match[4]
+    if count < 1 or per_count < 1:
         raise PlannerError(f"cluster {text!r}: node count and GPUs per node must be at least 1")
-    _check_size(nodes * per_node, f"cluster {text!r}")
+    _check_size(count * per_count, f"cluster {text!r}")
     gpu = lookup_gpu(gpu_name)
-    return uniform_cluster(f"{nodes}x{per_node}x{gpu.name}", gpu, nodes, per_node)
+    if match[5] is None:
+        return uniform_cluster(f"{count}x{per_count}x{gpu.name}", gpu, count, per_count)
+    domain, total = int(match[5]), count * per_count
+    if match[2]:
+        raise PlannerError(f"cluster {text!r}: give the NVLink domain once, as NVLk or as :nvlN, not both")
+    if domain < 1 or domain % per_count or total % domain:
+        raise PlannerError(f"cluster {text!r}: an NVLink domain of {domain} GPUs must be a whole number of "
+                           f"{per_count}-GPU hosts and divide the {total} GPUs")
+    return uniform_cluster(f"{count}x{per_count}x{gpu.name}:nvl{domain}", gpu, total // domain, domain,
+                           gpus_per_host=per_count)
 
 
 def _number(data: dict[str, Any], key: str, origin: str, default: float | None = None) -> float | None:
-    value = data.get(key, default)
+    value = data.get(key)
+    if value is None:  # absent or null: the default
+        value = default
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
@@ -264,7 +309,8 @@ def cluster_from_dict(data: dict[str, Any], origin: str) -> Cluster:
     """A cluster document: `node_groups` (or one group's keys at top level) plus optional `links`.
 
     Group keys: gpu (a catalog type) or gpu_profile (a file written by `planner calibrate`),
-    nodes, gpus_per_node, intra_node_gbps, inter_node_gbps (per GPU, GB/s),
+    nodes, gpus_per_node (GPUs per NVLink domain), gpus_per_host (GPUs per server or tray when a domain
+    spans several: 4 in a GB200 NVL72), intra_node_gbps, inter_node_gbps (per GPU, GB/s),
     names (optional list of node names). Top level: name, intra_node_latency_us,
     inter_node_latency_us, links: [{nodes: [a, b], gbps, latency_us}] with node names or indices.
     """
@@ -283,6 +329,12 @@ def cluster_from_dict(data: dict[str, Any], origin: str) -> Cluster:
         for key, value in (("nodes", count), ("gpus_per_node", per_node)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PlannerError(f"{where}: '{key}' must be a positive integer, got {value!r}")
+        per_host = group.get("gpus_per_host", None)
+        if per_host is None:
+            per_host = _host_gpus(gpu, per_node, where)
+        elif isinstance(per_host, bool) or not isinstance(per_host, int) or per_host < 1 or per_node % per_host:
+            raise PlannerError(f"{where}: 'gpus_per_host' must be a positive integer dividing gpus_per_node "
+                               f"({per_node}), got {per_host!r}")
         total += count * per_node
         _check_size(total, origin)
         intra = _number(group, "intra_node_gbps", where, gpu.intra_node_bandwidth_bytes_per_s / _GB)
@@ -290,7 +342,7 @@ def cluster_from_dict(data: dict[str, Any], origin: str) -> Cluster:
         names = group.get("names") or [f"node{len(nodes) + i}" for i in range(count)]
         if not isinstance(names, list) or len(names) != count or not all(isinstance(n, (str, int)) for n in names):
             raise PlannerError(f"{where}: 'names' must be a list of {count} node names, got {names!r:.80}")
-        nodes.extend(Node(str(n), gpu, per_node, intra * _GB, nic * _GB) for n in names)
+        nodes.extend(Node(str(n), gpu, per_node, intra * _GB, nic * _GB, per_host) for n in names)
     cluster = Cluster(
         name=str(data.get("name", Path(origin).stem)),
         nodes=tuple(nodes),
@@ -356,7 +408,7 @@ def catalog_cluster_names() -> list[str]:
 
 
 def load_cluster(spec: str) -> Cluster:
-    """A catalog preset name, a YAML/JSON cluster file, or the `NODESxGPUSxGPU` shorthand."""
+    """A catalog preset name, a YAML/JSON cluster file, or the shorthand (`parse_shorthand`)."""
     catalog = _catalog()
     if spec in catalog:
         return cluster_from_dict({"name": spec, **catalog[spec]}, f"catalog cluster {spec!r}")
@@ -365,7 +417,5 @@ def load_cluster(spec: str) -> Cluster:
         return cluster_from_dict(load_structured_file(path), str(path))
     if _SHORTHAND.match(spec.strip()):
         return parse_shorthand(spec)
-    raise PlannerError(
-        f"unknown cluster {spec!r}: use a preset ({', '.join(catalog)}), a YAML/JSON file, "
-        "or NODESxGPUSxGPU such as 16x8xH100-80GB"
-    )
+    raise PlannerError(f"unknown cluster {spec!r}: use a preset ({', '.join(catalog)}), a YAML/JSON file, "
+                       f"or {_SHORTHAND_FORMS}")

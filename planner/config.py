@@ -15,13 +15,17 @@ from enum import Enum
 from planner.cost.schedule import Schedule, schedule_of
 from planner.errors import PlannerError
 
-__all__ = ["CP_COMMS", "DTYPES", "ParallelConfig", "Partition", "Recompute", "Schedule", "Training"]
+__all__ = ["CP_COMMS", "DTYPES", "MOE_DISPATCHERS", "ParallelConfig", "Partition", "Recompute", "Schedule", "Training"]
 
 DTYPES = ("bf16", "fp16", "fp8")
 # How a context-parallel group exchanges keys and values (Megatron-LM's --cp-comm-type): "p2p" rotates KV
 # chunks around a ring behind the attention compute (ring attention with causal load balancing), "all-gather"
 # gathers the whole KV before attention (Llama 3 style), "a2a" re-shards sequence ↔ heads (DeepSpeed Ulysses).
 CP_COMMS = ("p2p", "all-gather", "a2a")
+# How routed tokens reach their experts (Megatron-Core's --moe-token-dispatcher-type): "alltoall" sends one
+# copy per (token, expert) straight to the expert's rank; "flex" (DeepEP / HybridEP kernels) sends a token once
+# per destination node over the network and fans it out to that node's expert ranks over NVLink.
+MOE_DISPATCHERS = ("alltoall", "flex")
 ATTENTION_KERNELS = ("flash", "unfused")
 
 
@@ -107,6 +111,9 @@ class ParallelConfig:
     ranks in order etp-ep-edp, so an EP group is ep ranks at stride etp; each rank holds
     num_experts / ep experts, each split etp ways, replicated over edp = tp·cp·dp / (ep·etp) ranks
     that reduce their gradients and shard their optimizer states.
+    `moe_dispatcher` (one of MOE_DISPATCHERS) moves the routed tokens; `moe_ep_overlap` runs the dispatch /
+    combine all-to-alls of one micro-batch behind the compute of another (Megatron-Core's
+    --overlap-moe-expert-parallel-comm, `ep_overlap_why_not` says when it can).
     `reshard_after_forward` (ZeRO-3/FSDP): free the gathered weights after each unit's forward and gather
     them again for its backward; None takes torchtitan's default, on without and off with pipelining.
     """
@@ -120,6 +127,8 @@ class ParallelConfig:
     cp_comm: str = "p2p"
     ep: int = 1
     etp: int = 1
+    moe_dispatcher: str = "alltoall"
+    moe_ep_overlap: bool = False
     hsdp_replicas: int = 1
     reshard_after_forward: bool | None = None
     sequence_parallel: bool = False
@@ -140,6 +149,9 @@ class ParallelConfig:
             _positive("parallel config", name, getattr(self, name))
         if self.cp_comm not in CP_COMMS:
             raise PlannerError(f"parallel config: cp_comm must be one of {', '.join(CP_COMMS)}, got {self.cp_comm!r}")
+        if self.moe_dispatcher not in MOE_DISPATCHERS:
+            raise PlannerError(f"parallel config: moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, "
+                               f"got {self.moe_dispatcher!r}")
         if self.reshard_after_forward is None:
             object.__setattr__(self, "reshard_after_forward", self.pp == 1)
         object.__setattr__(self, "recompute", Recompute(self.recompute))
@@ -174,8 +186,22 @@ class ParallelConfig:
             raise PlannerError(f"ep={self.ep} must divide the model's {num_experts} routed experts "
                                f"(an EP group larger than the expert count is not allowed)")
         if self.expert_group_ranks % (self.ep * self.etp):
-            raise PlannerError(f"ep·etp = {self.ep}·{self.etp} must divide tp·cp·dp = {self.expert_group_ranks}, "
-                               f"the ranks of one pipeline stage")
+            ranks = self.expert_group_ranks
+            allowed = ", ".join(str(d) for d in range(1, ranks + 1) if ranks % d == 0)
+            raise PlannerError(f"ep·etp = {self.ep}·{self.etp} must divide tp·cp·dp = {ranks}, the ranks of one "
+                               f"pipeline stage (allowed ep·etp: {allowed})")
+
+    def ep_overlap_why_not(self) -> str | None:
+        """None if Megatron-Core 0.16 can overlap this configuration's EP all-to-alls with compute, else why not
+        (TransformerConfig.__post_init__: expert parallelism, no full recompute, and with pp > 1 a virtual
+        pipeline, since the overlap pairs one micro-batch's forward with another's backward)."""
+        if self.ep == 1:
+            return "EP communication overlap needs expert parallelism (ep > 1)"
+        if self.recompute is Recompute.FULL:
+            return "EP communication overlap cannot run with full recompute"
+        if self.pp > 1 and self.vpp == 1:
+            return f"EP communication overlap with pp={self.pp} needs the interleaved schedule (vpp > 1)"
+        return None
 
     @property
     def expert_group_ranks(self) -> int:
@@ -231,7 +257,9 @@ class ParallelConfig:
         if self.cp > 1:
             parts.append(f"cp={self.cp}/{self.cp_comm}")
         if self.ep * self.etp > 1:
-            parts.append(f"ep={self.ep}" + (f"/etp={self.etp}" if self.etp > 1 else ""))
+            parts.append(f"ep={self.ep}" + (f"/etp={self.etp}" if self.etp > 1 else "")
+                         + ("/flex" if self.moe_dispatcher == "flex" else "")
+                         + ("/overlap" if self.moe_ep_overlap else ""))
         if self.vpp > 1:
             parts.append(f"vpp={self.vpp}")
         parts += [f"mb={self.micro_batch}", f"recompute={self.recompute.value}"]

@@ -3,15 +3,20 @@
 A plan is only worth launching if the framework runs it as planned, so a `Framework` answers two
 questions. `why_not(config)`: None when the framework runs the configuration exactly (sharding kind
 with or without pipeline parallelism, schedule, sequence parallelism, TP communication overlap,
-CP, EP), else the reason in one line. `runs(config)`: the configuration with the framework's
-execution semantics, the ParallelConfig flags the cost model reads (`p2p_scatter_gather`,
-`overlap_grad_reduce`, `overlap_tp_backward`); a plan is estimated the way its engine runs.
+CP, EP, the MoE token dispatcher and EP communication overlap), else the reason in one line.
+`runs(config)`: the configuration with the framework's execution semantics, the ParallelConfig flags the
+cost model reads (`p2p_scatter_gather`, `overlap_grad_reduce`, `overlap_tp_backward`); a plan is estimated
+the way its engine runs.
 
 Versions and sources (../shared/REFERENCE.md): Megatron-LM core 0.16 (`megatron/training/arguments.py`;
 Megatron-FSDP: `--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads|optim_grads_params`),
 DeepSpeed 0.19 driven by Megatron-DeepSpeed (`PipelineEngine` asserts ZeRO < 2 with PP, reduces
 gradients after the pipeline flush, sends whole activations from every TP rank; no interleaving),
 torchtitan 0.2.2 (FSDP2/HSDP, TP always with sequence parallelism, async TP under torch.compile).
+MoE token dispatch: Megatron-Core's --moe-token-dispatcher-type alltoall or flex (DeepEP / HybridEP) and
+--overlap-moe-expert-parallel-comm; torchtitan's parallelism.expert_parallel_comm_backend "standard"
+(all-to-all) or "deepep" (flex), its EP overlap only under the DualPipeV schedule planner does not model;
+Megatron-DeepSpeed's MoE all-to-all only.
 "any" searches every configuration planner models, with Megatron-LM's semantics.
 """
 
@@ -20,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from planner.config import CP_COMMS, ParallelConfig, Schedule
+from planner.config import CP_COMMS, MOE_DISPATCHERS, ParallelConfig, Schedule
 from planner.errors import PlannerError
 
 __all__ = ["FRAMEWORKS", "FRAMEWORK_NAMES", "TARGET_NAMES", "Framework", "framework_named", "runs_on"]
@@ -61,6 +66,8 @@ class Framework:
     cp_comms: frozenset[str]  # context-parallel exchanges it runs (empty: no CP)
     expert_parallel: bool
     expert_tp_any: bool  # expert TP of any degree, not only 1 or tp
+    moe_dispatchers: frozenset[str]  # token dispatchers it runs (MOE_DISPATCHERS)
+    moe_ep_overlap: bool  # EP all-to-alls overlapped with another micro-batch's compute
     hsdp: bool  # ZeRO-3 sharded within replica groups
     keeps_gathered_weights: bool  # ZeRO-3 without re-sharding after forward
     semantics: Semantics
@@ -86,6 +93,12 @@ class Framework:
             return f"{self.version} has no {config.cp_comm} context parallelism (cp={config.cp})"
         if config.ep > 1 and not self.expert_parallel:
             return f"{self.version} has no expert parallelism"
+        if config.ep > 1 and config.moe_dispatcher not in self.moe_dispatchers:
+            return f"{self.version} has no {config.moe_dispatcher} MoE token dispatcher"
+        if config.moe_ep_overlap and not self.moe_ep_overlap:
+            return f"{self.version} cannot overlap EP communication with compute"
+        if config.moe_ep_overlap and (why := config.ep_overlap_why_not()):
+            return f"{self.version}: {why}"
         if config.etp not in (1, config.tp) and not self.expert_tp_any:
             return f"{self.version} splits experts over 1 or tp={config.tp} ranks, not etp={config.etp}"
         if config.hsdp_replicas > 1 and not self.hsdp:
@@ -123,27 +136,30 @@ _ALL_SCHEDULES = frozenset(Schedule)
 _ANY_SHARDING = frozenset({(0, False), (1, False), (2, False), (3, False), (0, True), (1, True)})
 
 _CP_COMMS = frozenset(CP_COMMS)
+_DISPATCHERS = frozenset(MOE_DISPATCHERS)
 
 FRAMEWORKS: dict[str, Framework] = {
     "any": Framework(
         "any", "any framework", _ALL_SCHEDULES, _ANY_SHARDING, _ANY_SHARDING, True, True, _CP_COMMS, True, True,
-        True, True, _megatron_semantics, (0, True)),
+        _DISPATCHERS, True, True, True, _megatron_semantics, (0, True)),
     # ZeRO-2/3 through Megatron-FSDP (optim_grads / optim_grads_params), which it does not claim with PP
     "megatron": Framework(
         "megatron", "Megatron-LM core 0.16", frozenset({Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED}),
         frozenset({(0, False), (0, True), (2, False), (3, False)}), frozenset({(0, False), (0, True)}),
-        True, True, _CP_COMMS, True, True, False, False, _megatron_semantics, (0, True)),
+        True, True, _CP_COMMS, True, True, _DISPATCHERS, True, False, False, _megatron_semantics, (0, True)),
     # ZeRO-2/3 only without PP (PipelineEngine asserts stage < 2); CP only as Ulysses, which planner's cp is not
     "deepspeed": Framework(
         "deepspeed", "DeepSpeed 0.19 (Megatron-DeepSpeed)", frozenset({Schedule.ONE_F_ONE_B}),
         frozenset({(0, False), (1, False), (2, False), (3, False)}), frozenset({(0, False), (1, False)}),
-        True, False, frozenset(), True, False, False, False, _deepspeed_semantics, (1, False)),
+        True, False, frozenset(), True, False, frozenset({"alltoall"}), False, False, False, _deepspeed_semantics,
+        (1, False)),
     # FSDP2 (reshard_after_forward never: ZeRO-2; default: ZeRO-3) or DDP, with PP too; CP rotates KV by
     # all-gather or a ring of exchanges; etp in {1, tp} (ParallelDims v0.2.2)
     "torchtitan": Framework(
         "torchtitan", "torchtitan 0.2.2", _ALL_SCHEDULES,
         frozenset({(0, False), (2, False), (3, False)}), frozenset({(0, False), (2, False), (3, False)}),
-        False, True, frozenset({"p2p", "all-gather"}), True, False, True, True, _torchtitan_semantics, None),
+        False, True, frozenset({"p2p", "all-gather"}), True, False, _DISPATCHERS, False, True, True,
+        _torchtitan_semantics, None),
 }
 FRAMEWORK_NAMES = tuple(FRAMEWORKS)
 TARGET_NAMES = FRAMEWORK_NAMES[1:]

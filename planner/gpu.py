@@ -31,6 +31,9 @@ class GPUSpec:
     sm_count: int = 108
     source: str = ""
     tdp_w: float | None = None  # thermal design power (board power limit), for energy; None: not catalogued
+    # GPUs per host (compute tray) where the usual NVLink domain spans several hosts (GB200 NVL72: 4 of 72);
+    # None: the usual node is one host.
+    gpus_per_host: int | None = None
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak for a training dtype; fp16 stands in for bf16 on GPUs without bf16 (V100)."""
@@ -70,6 +73,7 @@ def gpu_from_dict(name: str, data: dict[str, Any], origin: str) -> GPUSpec:
             sm_count=int(data["sm_count"]),
             source=str(data.get("source", origin)),
             tdp_w=None if data.get("tdp_w") is None else float(data["tdp_w"]),
+            gpus_per_host=None if data.get("gpus_per_host") is None else int(data["gpus_per_host"]),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise PlannerError(f"{origin}: GPU {name!r} is missing or has a bad field ({exc})") from None
@@ -77,6 +81,10 @@ def gpu_from_dict(name: str, data: dict[str, Any], origin: str) -> GPUSpec:
         raise PlannerError(f"{origin}: GPU {name!r} matmul_efficiency must be in (0, 1], got {efficiency}")
     if spec.tdp_w is not None and not 0 < spec.tdp_w < float("inf"):
         raise PlannerError(f"{origin}: GPU {name!r} tdp_w must be a positive number of watts, got {spec.tdp_w}")
+    host = spec.gpus_per_host
+    if host is not None and not (1 <= host <= spec.gpus_per_node and spec.gpus_per_node % host == 0):
+        raise PlannerError(f"{origin}: GPU {name!r} gpus_per_host must divide gpus_per_node "
+                           f"({spec.gpus_per_node}), got {host}")
     return spec
 
 

@@ -96,6 +96,7 @@ def build_plan_document(
             "zero_stage": config.zero_stage, "distributed_optimizer": config.distributed_optimizer,
             "schedule": config.schedule.value, "overlap_grad_reduce": config.overlap_grad_reduce,
             "overlap_param_gather": config.overlap_param_gather, "ep": config.ep, "etp": config.etp,
+            "moe_dispatcher": config.moe_dispatcher, "moe_ep_overlap": config.moe_ep_overlap,
             "p2p_scatter_gather": config.p2p_scatter_gather, "overlap_tp_backward": config.overlap_tp_backward,
         },
         "stages": [
@@ -183,7 +184,8 @@ def parse_plan_document(document: Any, origin: str = "plan file") -> Plan:
             schedule=Schedule(par.get("schedule", "1f1b")),
             overlap_grad_reduce=_flag(par, "overlap_grad_reduce", True, origin),
             overlap_param_gather=_flag(par, "overlap_param_gather", False, origin),
-            ep=par.get("ep", 1), etp=par.get("etp", 1),
+            ep=par.get("ep", 1), etp=par.get("etp", 1), moe_dispatcher=par.get("moe_dispatcher", "alltoall"),
+            moe_ep_overlap=_flag(par, "moe_ep_overlap", False, origin),
             p2p_scatter_gather=_flag(par, "p2p_scatter_gather", True, origin),
             overlap_tp_backward=_flag(par, "overlap_tp_backward", True, origin),
         )

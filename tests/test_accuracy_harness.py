@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks.accuracy import score, summary_lines
 from benchmarks.loso import fit_sources, source_objective
+from benchmarks.moe_runs import MOE_FILE, moe_runs
 from benchmarks.ranking import AUTOTUNING_FILE, VTRAIN_FILE, group_scores
 from benchmarks.sources import skipped_files, sources
 from benchmarks.titan_runs import TITAN_FILES, titan_runs
@@ -51,6 +52,24 @@ def test_torchtitan_context_and_pipeline_rows_are_scored_as_torchtitan_runs_them
     assert len(with_cp) == 6 and all(run.config.cp_comm == "all-gather" for run in with_cp)
     assert sum(run.config.pp > 1 and run.config.zero_stage == 3 for run in runs) == 6
     assert {run.cluster.gpu.memory_bytes for run in runs} == {96e9}  # the 96 GB HBM2e H100s of the benchmark
+
+
+def test_moe_rows_are_each_estimated_once_or_skipped_and_timed_only_when_force_balanced() -> None:
+    """Every row of moe_ep_throughput.csv lands in exactly one of the two MoE sources (H100/B200, rack-scale),
+    as a run or a skip; runs are force-balanced (load 1.0), dropless, and carry the row's degrees."""
+    frame = pd.read_csv(DATA / MOE_FILE).set_index("row_id")
+    (runs, skipped), (rack_runs, rack_skipped) = moe_runs(), moe_runs(rack_scale=True)
+    ids = [r.source.split()[-1] for r in (*runs, *rack_runs)] + [k.row.split()[-1] for k in (*skipped, *rack_skipped)]
+    assert sorted(ids) == sorted(frame.index)
+    assert runs and all("balanc" in str(frame.loc[r.source.split()[-1], "dispatcher_routing"]) for r in runs)
+    for run in runs:
+        row = frame.loc[run.source.split()[-1]]
+        assert run.training.moe_expert_load == 1.0 and run.training.moe_capacity_factor is None
+        assert (run.config.tp, run.config.pp, run.config.ep) == (int(row["tp"]), int(row["pp"]), int(row["ep"]))
+        assert run.config.num_gpus == int(row["num_gpus"]) and run.cluster.num_gpus == int(row["num_gpus"])
+    reasons = {k.reason for k in skipped}
+    assert "router not force-balanced: its load imbalance is not stated" in reasons
+    assert "token-dropping run: its capacity factor is not stated" in reasons
 
 
 def test_score_is_mean_median_and_worst_of_magnitudes() -> None:

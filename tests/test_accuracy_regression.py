@@ -30,7 +30,13 @@ RECORDED = {
     "torchtitan 2024-12 (FSDP2/TP, H100)": (18, 0.290, 0.307, 15),  # with its CP and FSDP+PP (4D) rows
     "torchtitan docs 2024 (FSDP2, A100/H100)": (9, 0.178, None, 8),
     "torchao float8/MXFP8 (FSDP2, H100/MI300X/B200)": (12, 0.509, 0.590, 12),
+    # issue 11 (measured 2026-12-02; far above the 12 % target, see README "Accuracy"): the MoE activation
+    # memory counts the dense FFN width per routed copy, so most runs that ran are predicted not to fit
+    "Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (37, 0.391, 0.690, 7),  # flex/EP overlap rows mapped
+    "Megatron-Bridge MoE with EP (B300/GB200/GB300, force-balanced)": (82, 0.344, None, 21),
 }
+# sweep: (median Spearman, mean regret) of benchmarks/ranking.py, measured 2026-12-01 (host-bound passes modelled)
+RANKING_RECORDED = {"vTrain single-node (A100)": (0.95, 1.056), "DeepSpeed autotuning GPT-2 (V100)": (0.75, 1.531)}
 # Spread over tp 2/4/8, pp 6–24, micro-batch 1–4, global batch 512–2048 and three model shapes; 607 and 617
 # ran before the PCIe/NUMA fix; 836 and 838 (hold-out half) have 108-wide heads (misaligned fp16 GEMMs).
 BLOOM_LINES = {607: 0.03, 617: 0.03, 779: 0.07, 800: 0.04, 808: 0.03, 836: 0.03, 838: 0.09, 867: 0.04, 891: 0.02,
@@ -56,6 +62,17 @@ def test_source_error_does_not_grow_by_more_than_two_points(scores, name):
     if memory is not None:
         assert result.memory.median <= memory + SLACK, f"{name}: memory {100 * result.memory.median:.1f} %"
     assert result.fits >= fits, f"{name}: {result.fits} runs predicted to fit, was {fits}"
+
+
+def test_layout_ranking_does_not_get_worse():
+    """Neither sweep's median Spearman drops nor its mean regret grows by more than two points."""
+    from benchmarks.ranking import group_scores, predicted_times, study_summary
+
+    summary = study_summary(group_scores(predicted_times(default_calibration())))
+    assert set(summary.index) == set(RANKING_RECORDED)
+    for study, (spearman, regret) in RANKING_RECORDED.items():
+        assert summary.loc[study, "median_spearman"] >= spearman - SLACK, study
+        assert summary.loc[study, "mean_regret"] <= regret + SLACK, study
 
 
 def test_selected_bloom_rows():

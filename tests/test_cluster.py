@@ -6,12 +6,12 @@ import pytest
 
 from planner.cluster import load_cluster, parse_shorthand
 from planner.errors import PlannerError
-from planner.gpu import catalog_gpu_names, lookup_gpu
+from planner.gpu import catalog_gpu_names, gpu_from_dict, lookup_gpu
 
 
 def test_gpu_catalog_covers_required_types_with_sources() -> None:
     required = {"V100-32GB", "A100-40GB", "A100-80GB", "H100-80GB", "H200", "B200", "L40S", "A10", "RTX4090",
-                "MI250X", "MI300X"}
+                "MI250X", "MI300X", "B300", "GB200", "GB300", "H800"}
     assert required <= set(catalog_gpu_names())
     for name in required:
         gpu = lookup_gpu(name)
@@ -25,6 +25,30 @@ def test_published_peaks() -> None:
     assert lookup_gpu("H100-80GB").peak_flops("fp8") == 1979e12
     with pytest.raises(PlannerError, match="no bf16"):
         lookup_gpu("V100-32GB").peak_flops("bf16")
+
+
+def test_blackwell_and_h800_entries() -> None:
+    """Dense peaks are half the datasheets' 2:4-sparse headlines; H800 is H100 SXM compute with 400 GB/s NVLink
+    (bidirectional) and DeepSeek-V3's 50 GB/s InfiniBand per GPU; NVL72 GPUs sit in 72-GPU domains of 4-GPU trays."""
+    h100, h800 = lookup_gpu("H100-80GB"), lookup_gpu("H800")
+    assert h800.peak_flops_per_s == h100.peak_flops_per_s and h800.memory_bytes == h100.memory_bytes
+    links = (h800.intra_node_bandwidth_bytes_per_s, h800.nic_bandwidth_bytes_per_s, h800.gpus_per_node)
+    assert links == (200e9, 50e9, 8)
+    for name, bf16, fp8, fp4 in (("B200", 2250, 4500, 9000), ("B300", 2250, 4500, 13125),
+                                 ("GB200", 2500, 5000, 10000), ("GB300", 2500, 5000, 15000)):
+        gpu = lookup_gpu(name)
+        assert [gpu.peak_flops(d) / 1e12 for d in ("bf16", "fp8", "fp4")] == [bf16, fp8, fp4], name
+        assert gpu.intra_node_bandwidth_bytes_per_s == 900e9 and gpu.tdp_w is not None
+    for name in ("GB200", "GB300"):
+        assert (lookup_gpu(name).gpus_per_node, lookup_gpu(name).gpus_per_host) == (72, 4)
+    assert lookup_gpu("B300").gpus_per_host is None  # an HGX/DGX node is one host
+
+
+def test_catalog_tray_size_must_divide_the_domain() -> None:
+    entry = {"sm_count": 148, "peak_tflops": {"bf16": 1}, "memory_gib": 1, "hbm_gbps": 1, "matmul_efficiency": 0.5,
+             "intra_node": {"link": "nvlink5", "gbps": 900}, "gpus_per_node": 72, "nic_gbps": 50, "gpus_per_host": 5}
+    with pytest.raises(PlannerError, match="gpus_per_host must divide gpus_per_node \\(72\\), got 5"):
+        gpu_from_dict("X", entry, "test")
 
 
 def test_shorthand() -> None:

@@ -4,7 +4,9 @@ on the links it crosses, expert states sharded over EP (and reduced over EDP), M
 from __future__ import annotations
 
 import pytest
+from click.testing import CliRunner
 
+from cli import main
 from planner.cluster import parse_shorthand
 from planner.config import ParallelConfig, Training
 from planner.cost.estimate import estimate
@@ -22,12 +24,40 @@ TRAINING = Training(global_batch=256, seq_len=4096)
 
 @pytest.mark.parametrize(("fixed", "match"), [
     (FixedOptions(ep=3), "--ep 3 must divide mixtral-8x7b's 8 routed experts"),
-    (FixedOptions(ep=16), "--ep 16 must divide"),  # an EP group larger than the expert count
+    (FixedOptions(ep=16), "group of 16 ranks is larger than mixtral-8x7b's 8 routed experts"),
     (FixedOptions(ep=8, etp=2), "does not divide the cluster's 8 GPUs"),
 ])
 def test_bad_expert_degrees_name_the_value_and_what_is_allowed(fixed: FixedOptions, match: str) -> None:
     with pytest.raises(PlannerError, match=match):
         complete_config(fixed, MIXTRAL, parse_shorthand("1x8xH100-80GB"), TRAINING)
+
+
+_MIXTRAL_ESTIMATE = ["estimate", "--model", "mixtral-8x7b", "--cluster", "8x8xH100-80GB", "--global-batch", "1024",
+                     "--seq-len", "4096"]
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--ep", "16"], "--ep 16: an expert-parallel group of 16 ranks is larger than mixtral-8x7b's 8 routed experts "
+                     "(allowed: 1, 2, 4, 8)"),
+    (["--ep", "3"], "--ep 3 must divide mixtral-8x7b's 8 routed experts (allowed: 1, 2, 4, 8)"),
+    (["--etp", "3"], "--etp 3 = 3 does not divide the cluster's 64 GPUs (with --ep 1, --etp may be 1, 2, 4, 8, 16"),
+    (["--cp", "3"], "--cp 3 is not allowed: cp must divide the sequence length 4096 into 2·cp chunks (causal load "
+                    "balancing; allowed: 1, 2, 4, 8,"),
+    (["--dp", "7"], "--dp 7 does not divide the cluster's 64 GPUs (allowed: 1, 2, 4, 8, 16, 32, 64)"),
+    (["--tp", "3"], "--tp 3 is not allowed: tp must be a power of two dividing the 8 GPUs per node"),
+    (["--tp", "8", "--pp", "8", "--ep", "8", "--etp", "2"],
+     "ep·etp = 8·2 must divide tp·cp·dp = 8, the ranks of one pipeline stage (allowed ep·etp: 1, 2, 4, 8)"),
+])
+def test_cli_bad_degree_exits_2_naming_the_value_and_what_is_allowed(options: list[str], message: str) -> None:
+    result = CliRunner().invoke(main, _MIXTRAL_ESTIMATE + options)
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_cli_tp_not_dividing_the_heads_exits_2() -> None:
+    result = CliRunner().invoke(main, ["estimate", "--model", "qwen3-30b-a3b", "--cluster", "1x8xH100-80GB",
+                                       "--tp", "8", "--ep", "8", "--seq-len", "4096"])
+    assert result.exit_code == 2 and "--tp 8 is not allowed: tp must divide the attention heads (32) and KV heads (4)" \
+        in result.output, result.output
 
 
 def test_expert_grid_larger_than_a_stage_is_refused() -> None:
@@ -56,15 +86,16 @@ def test_expert_groups_follow_parallel_folding() -> None:
 
 def test_all_to_all_crossing_nodes_is_priced_on_the_nic() -> None:
     """Inside a node the all-to-all moves (ep−1)/ep of the bytes over NVLink; across two nodes half the
-    bytes leave through the GPU's own NIC, which is ~9x slower on a DGX H100 (450 vs 50 GB/s)."""
+    bytes leave through the GPU's own NIC, which is ~9x slower on a DGX H100 (450 vs 50 GB/s). Both run at the
+    point-to-point efficiency (NCCL's all-to-all is grouped sends and receives, not a ring)."""
     cluster, cal = parse_shorthand("2x8xH100-80GB"), default_calibration()
     intra, inter = cluster.link(0, 0), cluster.link(0, 1)
     size = 64e6
     inside = expert_all_to_all_s(size, 8, ExpertLink(intra, inter, 8), cal)
     across = expert_all_to_all_s(size, 16, ExpertLink(intra, inter, 8), cal)
-    assert inside == pytest.approx(size * 7 / 8 / (intra.bandwidth_bytes_per_s * cal.collective_efficiency("intra"))
+    assert inside == pytest.approx(size * 7 / 8 / (intra.bandwidth_bytes_per_s * cal.p2p_efficiency("intra"))
                                    + intra.latency_s)
-    nic = size * 8 / 16 / (inter.bandwidth_bytes_per_s * cal.collective_efficiency("inter"))
+    nic = size * 8 / 16 / (inter.bandwidth_bytes_per_s * cal.p2p_efficiency("inter"))
     assert across == pytest.approx(nic + intra.latency_s + inter.latency_s)
     assert across > 3 * inside
 

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_export_plans import make_plan, parse_flags, plan_document
 
+from planner.config import Training
 from planner.errors import PlannerError
 from planner.export.common import estimate_split
 from planner.export.deepspeed import (
@@ -21,6 +22,7 @@ from planner.export.deepspeed import (
     partition_options,
     partition_uniform,
 )
+from planner.export.flags import Dialect, model_flags
 from planner.export.megatron import export_megatron
 from planner.model import catalog_model_names, load_model
 from planner.plan import parse_plan_document
@@ -187,7 +189,9 @@ def megatron_deepspeed_model(args: dict[str, list[str]]) -> dict:
 
 # What Megatron-DeepSpeed has no flag for, and the word its export's note uses for it.
 NO_DEEPSPEED_FLAG = {"qkv_bias": "QKV", "dtype": "fp8"}
-MODEL_CASES = [(name, "bf16") for name in catalog_model_names() if load_model(name).position_embedding != "alibi"]
+# Both parsers build the language model only; Megatron-DeepSpeed has no Mamba layers (tests/test_export_layout.py).
+MODEL_CASES = [(name, "bf16") for name in catalog_model_names() if load_model(name).position_embedding != "alibi"
+               and all(block.role == "decoder" and block.mamba is None for block in load_model(name).blocks)]
 MODEL_CASES += [("gpt3-1.3b", "fp16"), ("llama3-8b", "fp8")]
 
 
@@ -212,13 +216,31 @@ def test_megatron_and_deepspeed_exports_describe_the_same_model(name, dtype):
 
 
 def test_mixtral_export_carries_the_moe_flags():
-    plan = make_plan(model="mixtral-8x7b", cluster="4x8xH100-80GB", blocks=(8,) * 4, tp=4)
+    plan = make_plan(model="mixtral-8x7b", cluster="4x8xH100-80GB", blocks=(8,) * 4, tp=4, ep=2, etp=4)
     args = parse_flags(export_deepspeed(plan).files["megatron_deepspeed_args.txt"])
     assert args["--num-experts"] == ["8"] and args["--topk"] == ["2"] and args["--expert-interval"] == ["1"]
+    assert args["--moe-expert-parallel-size"] == ["2"]
     assert "--disable-moe-token-dropping" in args, "Mixtral routes every token (Megatron-LM's dropless default)"
-    assert "--enable-expert-tensor-parallelism" in args, "the plan shards experts over TP, as Megatron-LM does"
+    assert "--enable-expert-tensor-parallelism" in args, "the plan shards experts over TP (etp = tp)"
     dense = parse_flags(export_deepspeed(make_plan()).files["megatron_deepspeed_args.txt"])
-    assert not {"--num-experts", "--topk", "--enable-expert-tensor-parallelism"} & set(dense)
+    moe_flags = {"--num-experts", "--topk", "--enable-expert-tensor-parallelism", "--moe-expert-parallel-size"}
+    assert not moe_flags & set(dense)
+
+
+def test_expert_layout_deepspeed_cannot_build_is_refused() -> None:
+    """DeepSpeed splits experts over all TP ranks or none: Megatron-LM's EP folded over the TP ranks (etp=1
+    under tp=4, ep=8 over tp·dp = 8 ranks) has no DeepSpeed equivalent."""
+    plan = make_plan(model="mixtral-8x7b", cluster="4x8xH100-80GB", blocks=(8,) * 4, tp=4, ep=8, etp=1)
+    with pytest.raises(PlannerError, match=r"DeepSpeed cannot run etp=1 with tp=4: .* etp must equal tp"):
+        export_deepspeed(plan)
+
+
+def test_capacity_factor_is_exported_instead_of_dropless() -> None:
+    model, training = load_model("mixtral-8x7b"), Training(moe_capacity_factor=1.25)
+    lm = dict((f[0], f[1:]) for f in model_flags(model, training, Dialect.MEGATRON_LM).flags)
+    ds = dict((f[0], f[1:]) for f in model_flags(model, training, Dialect.MEGATRON_DEEPSPEED).flags)
+    assert lm["--moe-expert-capacity-factor"] == ("1.25",)
+    assert ds["--moe-train-capacity-factor"] == ("1.25",) and "--disable-moe-token-dropping" not in ds
 
 
 def test_qwen_export_states_its_qkv_bias():

@@ -27,17 +27,21 @@ from planner.plan import Plan
 SHARDED_WITH_PP = {"megatron": dict(distributed_optimizer=True), "deepspeed": dict(zero_stage=1), "torchtitan": {}}
 VARIANTS = (lambda _t: dict(pp=2), lambda t: dict(pp=2, micro_batch=2, **SHARDED_WITH_PP[t]),
             lambda _t: dict(pp=1, zero_stage=3))
-# What each target refuses: ALiBi in both Megatron parsers; torchtitan 0.2.2 has only llama3's architectures.
-REFUSED = {"megatron": {"bloom-176b"}, "deepspeed": {"bloom-176b"},
+# What each target refuses: ALiBi and vision encoders in both Megatron parsers, Mamba layers in Megatron-DeepSpeed;
+# torchtitan 0.2.2 has only llama3's architectures.
+REFUSED = {"megatron": {"bloom-176b", "llava-1.5-7b"}, "deepspeed": {"bloom-176b", "llava-1.5-7b", "nemotron-h-8b"},
            "torchtitan": set(catalog_model_names()) - {"llama3-8b", "llama3-70b", "llama3-405b"}}
 
 
 def catalog_plan(index: int, name: str, target: str) -> Plan:
-    """A plan for catalog model `name` on 2×8 H100 with TP 2 (fits or not: only the export is checked)."""
+    """A plan for catalog model `name` on 2×8 H100 with TP 2 (fits or not: only the export is checked); MoE
+    models with EP 2 and their experts split over TP (etp = tp, Megatron-LM's default)."""
     variant = VARIANTS[index % len(VARIANTS)](target)
-    layers, pp = load_model(name).num_layers, variant["pp"]
+    model = load_model(name)
+    layers, pp = model.num_layers, variant["pp"]
     blocks = tuple(layers // pp + (s < layers % pp) for s in range(pp))
-    return make_plan(model=name, blocks=blocks, global_batch=64, seq_len=2048, **variant)
+    experts = dict(ep=2, etp=2) if model.is_moe else {}
+    return make_plan(model=name, blocks=blocks, global_batch=64, seq_len=2048, **variant, **experts)
 
 
 @cache
@@ -60,14 +64,15 @@ def test_each_target_exports_every_catalog_model_it_can_run_and_refuses_the_rest
     assert set(exports()[target]) == set(catalog_model_names()) - REFUSED[target]
 
 
-def _run(script: str, cases: list) -> list:
+def run_script(script: str, cases: list) -> list:
+    """Run a framework check in its own Python (it loads torch) on JSON `cases`; its last line of output, parsed."""
     run = subprocess.run([sys.executable, "-c", script, json.dumps(cases)], capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-_TORCHTITAN = """
+TORCHTITAN_CHECK = """
 import importlib.util, json, sys, types
 # torchtitan/__init__ pulls in tokenizers and datasets; the config classes need only torch and tyro.
 package = types.ModuleType("torchtitan")
@@ -86,13 +91,17 @@ for path, world in json.loads(sys.argv[1]):
     out.append({"dp": dims.dp_replicate * dims.dp_shard, "fsdp": dims.dp_shard, "tp": dims.tp, "pp": dims.pp,
                 "cp": dims.cp, "local": t.local_batch_size, "global": t.global_batch_size, "seq": t.seq_len,
                 "micro": p.pipeline_parallel_microbatch_size, "blocks": [sum(n.startswith("layers.") for n in part)
-                for part in parts], "model": [c.model.name, c.model.flavor]})
+                for part in parts], "parts": parts, "model": [c.model.name, c.model.flavor]})
 print(json.dumps(out))
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None or importlib.util.find_spec("tyro") is None,
-                    reason="torchtitan 0.2.2 not installed (pip install --no-deps torchtitan==0.2.2 tyro)")
+needs_torchtitan = pytest.mark.skipif(
+    importlib.util.find_spec("torchtitan") is None or importlib.util.find_spec("tyro") is None,
+    reason="torchtitan 0.2.2 not installed (pip install --no-deps torchtitan==0.2.2 tyro)")
+
+
+@needs_torchtitan
 def test_torchtitans_own_config_manager_and_parallel_dims_read_the_plans_degrees_and_batches(tmp_path):
     cases, plans = [], []
     for name, (plan, files) in exports()["torchtitan"].items():
@@ -100,7 +109,7 @@ def test_torchtitans_own_config_manager_and_parallel_dims_read_the_plans_degrees
         path.write_text(files["torchtitan.toml"])
         cases.append((str(path), plan.parallel.num_gpus))
         plans.append(plan)
-    for plan, parsed in zip(plans, _run(_TORCHTITAN, cases), strict=True):
+    for plan, parsed in zip(plans, run_script(TORCHTITAN_CHECK, cases), strict=True):
         config, m = plan.parallel, plan.parallel.num_microbatches(plan.training.global_batch)
         assert (parsed["dp"], parsed["tp"], parsed["pp"], parsed["cp"]) == (config.dp, config.tp, config.pp, config.cp)
         assert parsed["fsdp"] == (config.dp if config.optimizer_sharding else 1)
@@ -142,7 +151,7 @@ def test_deepspeeds_own_config_class_reads_the_plans_batches_and_zero_stage(tmp_
         path.write_text(files["ds_config.json"])
         cases.append((str(path), plan.parallel.dp))
         plans.append(plan)
-    for plan, parsed in zip(plans, _run(_DEEPSPEED, cases), strict=True):
+    for plan, parsed in zip(plans, run_script(_DEEPSPEED, cases), strict=True):
         config = plan.parallel
         assert parsed["train"] == plan.training.global_batch and parsed["micro"] == config.micro_batch
         assert parsed["gas"] == config.num_microbatches(plan.training.global_batch)

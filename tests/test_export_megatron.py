@@ -9,6 +9,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -19,6 +20,7 @@ from test_export_plans import make_plan, parse_flags
 from planner.config import Partition
 from planner.errors import PlannerError
 from planner.export.megatron import export_megatron, layout_string, parse_layout, split_arguments
+from planner.model import load_model
 from planner.plan import Plan
 
 
@@ -144,7 +146,8 @@ def test_layout_string_round_trips_any_split(counts, empty_first):
     """Any blocks-per-stage split (plans never leave a stage without units; the first may hold only
     the embedding) → layout → parse gives the split back, with E first and L last."""
     counts = [0 if empty_first else counts[0], *counts[1:]]
-    plan = SimpleNamespace(partition=Partition.from_blocks(counts, sum(counts)))
+    model = replace(load_model("tiny-llama"), num_layers=sum(counts))
+    plan = SimpleNamespace(partition=Partition.from_blocks(counts, sum(counts)), model=model)
     stages = parse_layout(layout_string(plan))
     assert [s.count("t") for s in stages] == counts
     assert stages[0][0] == "E" and stages[-1][-1] == "L"
@@ -183,42 +186,60 @@ for name in ("megatron", "megatron.core"):
     package.__path__ = list(importlib.util.find_spec(name).submodule_search_locations)
     sys.modules[name] = package
 from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+from megatron.core.ssm.mamba_hybrid_layer_allocation import allocate_layers
+layouts, patterns = json.loads(sys.argv[1])
 result = []
-for text, pp, num_layers in json.loads(sys.argv[1]):
+for text, pp, num_layers, mtp in layouts:
     layout = PipelineParallelLayerLayout(text, pp)
     try:
-        layout.validate_layer_layout(num_layers, None)
+        layout.validate_layer_layout(num_layers, mtp)
     except AssertionError as error:
         result.append(str(error))
         continue
-    result.append([[sum(layer.name == "decoder" for layer in stage) for stage in rank] for rank in layout.layout])
-print(json.dumps(result))
+    result.append([[[sum(layer.name == kind for layer in stage) for kind in ("decoder", "mtp")] for stage in rank]
+                   for rank in layout.layout])
+hybrid = []
+for pattern in patterns:
+    try:
+        hybrid.append("".join(allocate_layers(len(pattern), 0.0, 0.0, pattern)))
+    except ValueError as error:
+        hybrid.append(str(error))
+print(json.dumps([result, hybrid]))
 """
 
 
-def _has_megatron_core() -> bool:
+def has_megatron_core() -> bool:
     try:
         return importlib.util.find_spec("megatron.core") is not None
     except ModuleNotFoundError:
         return False
 
 
-@pytest.mark.skipif(not _has_megatron_core(),
-                    reason="megatron-core not installed (pip install --no-deps megatron-core)")
+needs_megatron_core = pytest.mark.skipif(not has_megatron_core(),
+                                         reason="megatron-core not installed (pip install --no-deps megatron-core)")
+
+
+def megatron_core(layouts: list[tuple[str, int, int, int | None]], patterns: tuple[str, ...] = ()) -> tuple[list, list]:
+    """megatron-core's own reading of layouts (text, pp, num_layers, mtp_num_layers): per pp rank, per virtual
+    stage, [decoder, mtp] layers, or the validator's message; and of hybrid patterns (allocate_layers)."""
+    run = subprocess.run([sys.executable, "-c", _MEGATRON_CHECK, json.dumps([layouts, patterns])],
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return tuple(json.loads(run.stdout.strip().splitlines()[-1]))
+
+
+@needs_megatron_core
 def test_megatrons_own_layout_parser_accepts_the_exports():
     """Megatron's PipelineParallelLayerLayout validates each exported layout and assigns its stages to
     (pp rank, virtual rank) exactly as the plan does: stage k on rank k mod pp, chunk k div pp."""
     plans = [make_plan(**PLANS[name]) for name in ("uneven 1f1b (layout)", "interleaved uneven",
                                                    "embedding-only first stage")]
     cases = [(dict(split_arguments(plan))["--pipeline-model-parallel-layout"], plan.parallel.pp,
-              plan.model.num_layers) for plan in plans]
-    wrong_layer_count = (cases[0][0], 4, 31)
-    run = subprocess.run([sys.executable, "-c", _MEGATRON_CHECK, json.dumps([*cases, wrong_layer_count])],
-                         capture_output=True, text=True, timeout=180)
-    assert run.returncode == 0, run.stderr[-2000:]
-    *results, rejected = json.loads(run.stdout)
+              plan.model.num_layers, None) for plan in plans]
+    wrong_layer_count = (cases[0][0], 4, 31, None)
+    (*results, rejected), _ = megatron_core([*cases, wrong_layer_count])
     for plan, per_rank in zip(plans, results, strict=True):
         pp = plan.parallel.pp
-        expected = [[plan.blocks_per_stage[v * pp + r] for v in range(plan.parallel.vpp)] for r in range(pp)]
+        expected = [[[plan.blocks_per_stage[v * pp + r], 0] for v in range(plan.parallel.vpp)] for r in range(pp)]
         assert per_rank == expected
     assert "must match num_layers 31" in rejected

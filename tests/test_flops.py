@@ -6,8 +6,10 @@ import pytest
 
 from planner.config import Training
 from planner.cost.estimate import model_flops_per_iteration
-from planner.model import load_model
-from planner.profile.analytic import block_forward_flops, head_forward_flops
+from planner.gpu import lookup_gpu
+from planner.model import ModelSpec, UnitKind, load_model
+from planner.profile.analytic import AnalyticProfile, UnitSetting, block_forward_flops, head_forward_flops
+from planner.profile.calibration import Calibration, default_calibration
 
 GPT_MODELS = ["gpt3-175b", "megatron-gpt-1t", "megatron-gpt-530b", "megatron-gpt-18b"]
 
@@ -41,3 +43,39 @@ def test_gqa_and_swiglu_counts_follow_the_shapes() -> None:
     expected = 2 * t * h * (h + 2 * 1024) + 2 * t * h * h + 3 * 2 * t * h * 14336 + 4 * t * s * h
     assert block_forward_flops(model, t, s) == expected
     assert block_forward_flops(model, t, s, causal_halving=True) == expected - 2 * t * s * h
+
+
+def _gpt_block(hidden: int) -> ModelSpec:
+    """A GPT-2-shaped model (GELU, LayerNorm, learned positions, biases, dropout) of width `hidden`."""
+    return ModelSpec(name=f"gpt-h{hidden}", num_layers=24, hidden_size=hidden, num_attention_heads=16,
+                     ffn_hidden_size=4 * hidden, vocab_size=50257, activation="gelu", normalization="layernorm",
+                     position_embedding="learned", linear_bias=True, dropout=True)
+
+
+def _block_forward(model: ModelSpec, calibration: Calibration, tp: int, micro_batch: int) -> float:
+    """Forward time of one fp16 block with unfused attention at sequence 1024 on an A100."""
+    setting = UnitSetting(tp, micro_batch, 1024, False, "fp16", "unfused")
+    return AnalyticProfile(model, calibration).times(UnitKind.BLOCK, setting, lookup_gpu("A100-80GB")).forward_s
+
+
+def test_a_thin_block_is_host_bound_and_a_wide_one_is_not() -> None:
+    """A 1024-wide block split 8 ways runs its kernels faster than eager PyTorch launches them: its forward is
+    kernels × host_kernel_s (8 element-wise incl. softmax, dropout and transpose copy, 4 linears + 2 batched
+    GEMMs, 2 all-reduces); a 12288-wide block at micro-batch 4 is GPU-bound, so the host cost changes nothing."""
+    calibration = default_calibration()
+    thin = _block_forward(_gpt_block(1024), calibration, tp=8, micro_batch=1)
+    assert thin == pytest.approx(16 * calibration.host_kernel_s, rel=1e-12)
+    assert _block_forward(_gpt_block(1024), calibration.updated(host_kernel_s=0.0), 8, 1) < thin / 2
+    wide = _block_forward(_gpt_block(12288), calibration, tp=1, micro_batch=4)
+    assert wide == _block_forward(_gpt_block(12288), calibration.updated(host_kernel_s=0.0), 1, 4)
+
+
+def test_every_block_kernel_pays_the_launch_cost() -> None:
+    """The 6 GEMMs (4 linears, 2 batched attention GEMMs) and the 8 memory-bound kernels of an unfused GPT
+    block (2 norms, 2 bias-dropout-adds, GELU, softmax, attention dropout, output transpose copy) each pay
+    kernel_launch_s once in the forward."""
+    base = default_calibration().updated(host_kernel_s=0.0, kernel_launch_s=0.0)
+    step = 1e-3
+    model = _gpt_block(4096)
+    extra = _block_forward(model, base.updated(kernel_launch_s=step), 1, 2) - _block_forward(model, base, 1, 2)
+    assert extra == pytest.approx((6 + 8) * step, rel=1e-9)

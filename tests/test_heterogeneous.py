@@ -188,7 +188,7 @@ def test_mixed_replan_matches_brute_force_over_stage_assignments_and_splits():
     cluster = _two_by_two()
     model = load_model("gpt3-1.3b")
     training = Training(global_batch=32, seq_len=2048, dtype="fp16", grad_bytes=2)
-    config = ParallelConfig(dp=2, tp=8, pp=2)
+    config = ParallelConfig(dp=2, tp=8, pp=2, micro_batch=2)  # GPU-bound: micro-batch 1 at tp8 is host-bound
     result = replan(model, cluster, training, config)
     best = min(
         ((estimate(model, cluster, training, config, Partition.from_blocks((k, model.num_layers - k), model.num_layers),

@@ -7,6 +7,7 @@ the optimizer step, and per-GPU memory (cost/memory.py).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from planner.cluster import Cluster
@@ -14,6 +15,7 @@ from planner.config import ParallelConfig, Partition, Recompute, Training
 from planner.cost.memory import MemoryBreakdown, rank_memory_model
 from planner.cost.schedule import PipelineTime, pipeline_time, schedule_of, simulated_pipeline_time
 from planner.cost.time import (
+    CostKey,
     UnitCost,
     UnitTimer,
     data_parallel_time,
@@ -25,9 +27,9 @@ from planner.cost.time import (
 )
 from planner.errors import PlannerError
 from planner.gpu import GIB
-from planner.model import ModelSpec, UnitKind
+from planner.model import ModelSpec
 from planner.placement import GroupLinks, Placement, default_placement
-from planner.profile.analytic import AnalyticProfile, block_forward_flops, head_forward_flops
+from planner.profile.analytic import AnalyticProfile, block_type_forward_flops, head_forward_flops
 from planner.profile.calibration import Calibration, default_calibration
 
 __all__ = ["BREAKDOWN_KEYS", "Estimate", "MemoryBreakdown", "StageEstimate", "estimate", "fit_advice",
@@ -82,18 +84,21 @@ class Estimate:
 
 def model_flops_per_iteration(model: ModelSpec, training: Training) -> float:
     """Model FLOPs (forward + backward, no recompute, attention not halved for causality) —
-    Korthikanti et al. eq. 7 for GPT, generalised to GQA/SwiGLU/MoE; the MFU convention."""
+    Korthikanti et al. eq. 7 for GPT, generalised to GQA/SwiGLU/MoE — summed block type by block type (each at
+    its own width, token count and attention span); the MFU convention."""
     tokens = training.global_batch * training.seq_len
-    forward = model.num_layers * block_forward_flops(model, tokens, training.seq_len)
+    forward = sum(count * block_type_forward_flops(model, block, tokens, training.seq_len)
+                  for block, count in model.block_types().items())
     forward += head_forward_flops(model, tokens)
     return 3 * forward
 
 
-def _sum_costs(kinds: list[UnitKind], costs: dict[UnitKind, UnitCost], start: int, end: int) -> dict[str, float]:
+def _sum_costs(keys: Sequence[CostKey], costs: dict[CostKey, UnitCost], start: int, end: int) -> dict[str, float]:
+    """Each cost term summed over units start..end − 1, each unit at its own type's cost."""
     totals = dict.fromkeys(("forward", "backward", "recompute", "tp_forward", "tp_backward", "cp_forward",
-                            "cp_backward", "activations", "params"), 0.0)
-    for kind in kinds[start:end]:
-        cost = costs[kind]
+                            "cp_backward", "activations", "params", "ep"), 0.0)
+    for key in keys[start:end]:
+        cost = costs[key]
         totals["forward"] += cost.forward_s
         totals["backward"] += cost.backward_s
         totals["recompute"] += cost.recompute_s
@@ -103,6 +108,7 @@ def _sum_costs(kinds: list[UnitKind], costs: dict[UnitKind, UnitCost], start: in
         totals["cp_backward"] += cost.cp_backward_s
         totals["activations"] += cost.activation_bytes
         totals["params"] += cost.params
+        totals["ep"] += cost.ep_s
     return totals
 
 
@@ -144,9 +150,11 @@ def estimate(
     timer: UnitTimer | None = None,
     calibration: Calibration | None = None,
     links: GroupLinks | None = None,
+    rank_costs: Sequence[dict[CostKey, UnitCost]] | None = None,
 ) -> Estimate:
     """Estimate one plan. Defaults: Megatron's uniform split, rank-order placement, analytic profile.
-    `links`: the placement's GroupLinks when the caller has them already (the search reuses them)."""
+    `links` and `rank_costs` (each pipeline rank's `unit_costs`): what the caller has computed already for
+    this placement and configuration (the search reuses them)."""
     calibration = calibration or default_calibration()
     timer = timer or AnalyticProfile(model, calibration)
     partition = partition or Partition.uniform(model.num_layers, config.num_virtual_stages)
@@ -160,15 +168,15 @@ def estimate(
             raise PlannerError(f"{training.dtype} is not supported by {gpu.name} (pipeline rank {rank})")
 
     config.check_experts(model.num_experts)
-    rank_costs = [unit_costs(model, training, config, links.gpu[r], links.tp[r], timer, calibration, links.cp[r],
-                             links.ep[r]) for r in range(config.pp)]
+    rank_costs = rank_costs or [unit_costs(model, training, config, links.gpu[r], links.tp[r], timer, calibration,
+                                           links.cp[r], links.ep[r]) for r in range(config.pp)]
     bounds = partition.bounds()
     boundary = [p2p_boundary_time(model, training, config, link, calibration) for link in links.pp]
     p2p = stage_boundary_s(boundary, len(bounds))
-    kinds = [unit.kind for unit in model.units()]
+    keys = model.unit_cost_keys
     sums, stage_times = [], []
     for k, (start, end) in enumerate(bounds):
-        totals = _sum_costs(kinds, rank_costs[k % config.pp], start, end)
+        totals = _sum_costs(keys, rank_costs[k % config.pp], start, end)
         sums.append(totals)
         stage_times.append(totals["forward"] + totals["backward"] + totals["recompute"] + totals["tp_forward"]
                            + totals["tp_backward"] + totals["cp_forward"] + totals["cp_backward"] + p2p[k])
@@ -181,7 +189,7 @@ def estimate(
         rank_memory = rank_memory_model(model, training, config, r, m, links.gpu[r], calibration)
         memories.append(rank_memory.breakdown(params, sum(sums[k]["activations"] for k in mine),
                                               float(links.capacity_bytes[r])))
-        units = [rank_costs[r][kind] for k in mine for kind in kinds[bounds[k][0]:bounds[k][1]]]
+        units = [rank_costs[r][key] for k in mine for key in keys[bounds[k][0]:bounds[k][1]]]
         dp_time = data_parallel_time(units, training, config, links.dp[r], calibration, m, links.replicate[r])
         dp_exposed.append(dp_time.exposed_s)
         optimizer.append(optimizer_step_time(params, config, links.gpu[r], calibration))
@@ -205,9 +213,8 @@ def estimate(
         "dp_gradient_exposed": max(dp_exposed),
         "embedding_grad_allreduce": embedding_sync,
         "p2p_per_microbatch": max(p2p),
-        # the expert all-to-all inside tp_comm on the bottleneck rank (MoE)
-        "ep_alltoall": m * sum(partition.blocks_per_stage()[k] for k in bottleneck)
-        * rank_costs[pipeline.bottleneck_rank][UnitKind.BLOCK].ep_s,
+        # the expert all-to-all inside tp_comm on the bottleneck rank (its MoE blocks)
+        "ep_alltoall": steady["ep"],
         "pipeline_closed_form": pipeline_time(stage_times, config.pp, m, config.schedule).total_s,
         "pipeline_simulated": pipeline.total_s,
         "fixed_per_iteration": calibration.iteration_overhead_s,

@@ -9,12 +9,13 @@ Activation bytes per transformer layer reproduce Korthikanti Table 2 exactly for
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cache, cached_property
 
 from planner.config import ParallelConfig, Recompute, Training
 from planner.cost.schedule import schedule_of
 from planner.gpu import GPUSpec
-from planner.model import ModelSpec, UnitKind
+from planner.model import BlockSpec, ModelSpec, UnitKind
 from planner.profile.calibration import Calibration
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "RankMemoryModel",
     "activation_bytes",
     "block_activation_bytes",
+    "block_type_activation_bytes",
     "framework_buffer_bytes",
     "in_flight_microbatches",
     "largest_transient_bytes",
@@ -86,36 +88,14 @@ def block_activation_bytes(
     model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
     recompute: Recompute, attention: str = "unfused", cp: int = 1,
 ) -> float:
-    """Activation bytes one transformer layer keeps for backward, per micro-batch on one TP rank and one
-    of `cp` context-parallel ranks (each keeps its seq_len / cp tokens; unfused scores span all keys).
-
-    Tensor by tensor (2 bytes each, masks 1 byte): layer-norm inputs, QKV input, Q, K, V,
-    softmax output + dropout mask + dropout output (unfused attention only; FlashAttention keeps
-    the fp32 log-sum-exp instead), attention-projection input, MLP input, MLP activation input and
-    output, and two dropout masks. Tensors outside the TP-sharded regions are replicated unless
-    sequence parallelism shards them.
-    """
-    s, b, t, h = seq_len / cp, micro_batch, tp, model.hidden_size
-    sbh = s * b * h
-    replicated_divisor = t if sequence_parallel else 1
-    if recompute is Recompute.FULL:
-        return 2 * sbh / replicated_divisor
-    heads = max(model.num_attention_heads / t, 1.0)
-    kv_heads = max(model.num_key_value_heads / t, 1.0)
-    d = model.head_dim
-    masks = 2 * sbh if model.dropout else 0  # attention-output and MLP-output dropout masks (1 byte)
-    replicated = 4 * sbh + 2 * sbh + 2 * sbh + masks  # two LN inputs, QKV input, MLP input
-    sharded = 2 * s * b * d * (heads + 2 * kv_heads)  # Q, K, V
-    sharded += 2 * s * b * d * heads  # attention-projection input
-    ffn_local = model.ffn_hidden_size * model.moe_top_k / t
-    sharded += s * b * ffn_local * (6 if model.activation == "swiglu" else 4)
-    if recompute is Recompute.NONE:
-        if attention == "unfused":
-            score_bytes_per_element = 5 if model.dropout else 2  # softmax out (2) [+ mask (1) + dropout out (2)]
-            sharded += score_bytes_per_element * heads * s * seq_len * b
-        else:
-            sharded += 4 * s * b * heads  # fp32 log-sum-exp
-    return replicated / replicated_divisor + sharded
+    """Activation bytes the mean block keeps for backward, per micro-batch on one TP rank and one of `cp`
+    context-parallel ranks: `block_type_activation_bytes` averaged over the model's blocks (the one rule),
+    for callers that state a shape rather than a configuration (sequence parallelism means nothing at tp = 1)."""
+    training = Training(seq_len=seq_len, attention=attention)
+    config = ParallelConfig(dp=1, tp=tp, pp=1, cp=cp, micro_batch=micro_batch,
+                            sequence_parallel=sequence_parallel and tp > 1, recompute=recompute)
+    return sum(count * block_type_activation_bytes(model, block, training, config)
+               for block, count in model.block_types().items()) / model.num_layers
 
 
 def activation_bytes(
@@ -135,13 +115,61 @@ def activation_bytes(
     return (2 * sbh) / divisor + 2 * sbh / t + 4 * s * b * model.vocab_size / t
 
 
+def block_type_activation_bytes(model: ModelSpec, block: BlockSpec, training: Training,
+                                config: ParallelConfig) -> float:
+    """Activation bytes one block of type `block` keeps for backward, per micro-batch on one TP and CP rank (each
+    CP rank keeps its seq_len / cp tokens; unfused scores span all keys), tensor by tensor (2 bytes each, masks 1
+    byte; Korthikanti Table 2 for a GPT block), sub-layer by sub-layer at the block's own shapes (a block with its own
+    token count, e.g. a vision encoder's, holds its tokens whole on every CP rank). Tensors outside the TP-sharded
+    regions are replicated unless sequence parallelism shards them. Per sub-layer: the norm
+    input and the sub-layer input (2 bytes each, replicated unless SP) and a dropout mask. Attention: Q, K
+    (heads × query/key head width) and V, the projection's input, MLA's query and KV latents (kept whole on
+    every rank, as their down projections are), and the scores (unfused; a window is masked, not skipped) or
+    the fp32 log-sum-exp. MLP: the activation's inputs and output over the top-k routed copies and the
+    shared experts. Mamba-2: the conv input and output (x, B, C), the gate z, dt and its fp32 cumulative decay,
+    the scan output and the out_proj input. Further linears keep their inputs; an MTP block also keeps what
+    the head keeps (`activation_bytes` of the head)."""
+    seq_len, cp = (block.tokens, 1) if block.tokens is not None else (training.seq_len, config.cp)
+    s, b, t, h = seq_len / cp, config.micro_batch, config.tp, block.hidden_size
+    sbh, divisor = s * b * h, (t if config.sequence_parallel else 1)
+    head = activation_bytes(model, UnitKind.HEAD, training, config) if block.output_head else 0.0
+    if config.recompute is Recompute.FULL:
+        return 2 * sbh / divisor + head
+    replicated = block.sublayers * (4 * sbh + (sbh if block.dropout else 0))
+    replicated += sum(2 * s * b * k for k, _, _ in block.linears)
+    sharded = 0.0
+    if block.attention is not None:
+        a = block.attention
+        heads, kv_heads = max(a.num_attention_heads / t, 1.0), max(a.num_key_value_heads / t, 1.0)
+        sharded += 2 * s * b * (heads * a.qk_head_dim + kv_heads * (a.qk_head_dim + a.value_head_dim))
+        sharded += 2 * s * b * heads * a.value_head_dim
+        if a.is_mla:
+            sharded += 2 * s * b * ((a.q_lora_rank or 0) + a.kv_lora_rank + a.qk_rope_head_dim)
+        if config.recompute is Recompute.NONE:
+            if training.attention == "unfused":
+                sharded += (5 if block.dropout else 2) * heads * s * seq_len * b
+            else:
+                sharded += 4 * s * b * heads
+    if block.mlp is not None:
+        mlp = block.mlp
+        ffn = mlp.moe_top_k * mlp.ffn_hidden_size + (mlp.shared_expert_ffn_hidden_size or 0) if mlp.is_moe else (
+            mlp.ffn_hidden_size)
+        sharded += s * b * ffn / t * (6 if mlp.gated else 4)
+        if mlp.is_moe:  # the routed copies of the MLP input
+            sharded += 2 * s * b * mlp.moe_top_k * h / t
+    if block.mamba is not None:
+        mamba = block.mamba
+        sharded += s * b * (2 * 2 * mamba.conv_channels + 3 * 2 * mamba.inner_size + 8 * mamba.num_heads) / t
+    return replicated / divisor + sharded + head
+
+
 def recompute_working_bytes(model: ModelSpec, training: Training, config: ParallelConfig) -> float:
     """Extra activation bytes while one block is recomputed and back-propagated under full recompute:
-    that block's activations for one micro-batch exist in full until its backward ends."""
+    that block's activations for one micro-batch exist in full until its backward ends (the largest block type's)."""
     if config.recompute is not Recompute.FULL:
         return 0.0
-    return block_activation_bytes(model, training.seq_len, config.micro_batch, config.tp, config.sequence_parallel,
-                                  Recompute.NONE, training.attention, config.cp)
+    whole = replace(config, recompute=Recompute.NONE)
+    return max(block_type_activation_bytes(model, block, training, whole) for block in model.block_types())
 
 
 def in_flight_microbatches(config: ParallelConfig, pp_rank: int, num_microbatches: int) -> float:
@@ -227,13 +255,16 @@ class RankMemoryModel:
     def activation_factor(self) -> float:
         return (1 + self.fragmentation) * self.in_flight
 
-    @property
+    @cached_property
     def fixed_bytes(self) -> float:
         transient = self.working_bytes + sum(value for _, value in self.buffers)
         return (1 + self.fragmentation) * transient + sum(value for _, value in self.runtime)
 
-    def total(self, params: float, activations: float) -> float:
-        return self.param_bytes * params + self.activation_factor * activations + self.fixed_bytes
+    def total(self, params: float, activations: float, in_flight: float | None = None) -> float:
+        """Bytes for `params` parameters and `activations` activation bytes per micro-batch; `in_flight`: another
+        rank's in-flight micro-batches (ranks of one kind differ only there)."""
+        factor = self.activation_factor if in_flight is None else (1 + self.fragmentation) * in_flight
+        return self.param_bytes * params + factor * activations + self.fixed_bytes
 
     def breakdown(self, params: float, activations: float, capacity: float) -> MemoryBreakdown:
         """The named parts of `total(params, activations)` on a GPU of `capacity` bytes."""
@@ -267,16 +298,22 @@ def largest_transient_bytes(model: ModelSpec, training: Training, config: Parall
     return max(loss, attention)
 
 
+@cache
+def _parameter_counts(model: ModelSpec) -> tuple[int, int]:
+    """(all parameters, the largest unit's), once per model: the search asks for every configuration."""
+    return model.num_parameters, max(unit.num_parameters for unit in model.units())
+
+
 def framework_buffer_bytes(model: ModelSpec, training: Training,
                            config: ParallelConfig) -> tuple[tuple[str, float], ...]:
     """Buffers the data-parallel engine allocates besides the model states: ZeRO-3 / FSDP's gathered
     units (`ZERO3_GATHERED_UNITS` of the largest unit's 16-bit weights plus its unsharded gradient
     before the reduce-scatter), DeepSpeed ZeRO-1/2's gradient bucket (at most the rank's gradients)."""
     if config.optimizer_sharding == 3 and config.reshard_after_forward and config.pp == 1:
-        unit = max(unit.num_parameters for unit in model.units()) / config.tp
+        unit = _parameter_counts(model)[1] / config.tp
         return (("gathered_units", unit * (ZERO3_GATHERED_UNITS * PARAM_BYTES + training.grad_bytes)),)
     if config.zero_stage in (1, 2) and not config.distributed_optimizer and config.replicas > 1:
-        elements = min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, model.num_parameters / config.tp)
+        elements = min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, _parameter_counts(model)[0] / config.tp)
         return (("gradient_bucket", elements * training.grad_bytes),)
     return ()
 

@@ -10,15 +10,17 @@ optimise the same quantities the estimate reports.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
+
+import numpy as np
 
 from planner.cluster import Link
 from planner.config import ParallelConfig, Recompute, Training
 from planner.cost.comm import all_gather_time, all_reduce_time, all_to_all_time, p2p_time, reduce_scatter_time
-from planner.cost.memory import activation_bytes, model_state_bytes, sharded_state_bytes
+from planner.cost.memory import activation_bytes, block_type_activation_bytes, model_state_bytes, sharded_state_bytes
 from planner.gpu import GPUSpec
-from planner.model import ModelSpec, UnitKind
+from planner.model import AttentionSpec, BlockSpec, MlpSpec, ModelSpec, UnitKind
 from planner.placement import ExpertLink
 from planner.profile.analytic import UnitSetting, UnitTimes, unit_setting
 from planner.profile.calibration import Calibration
@@ -28,18 +30,27 @@ __all__ = [
     "OPTIMIZER_BYTES_PER_PARAM",
     "PARAM_BYTES",
     "ActivationSource",
+    "BlockTypeTimer",
+    "CostKey",
     "DataParallelTime",
     "UnitCost",
+    "UnitRun",
     "UnitTimer",
+    "alltoall_fabric_bytes",
     "context_parallel_s",
     "data_parallel_time",
+    "data_parallel_time_of_runs",
     "embedding_sync_time",
+    "expected_holders",
     "expert_all_to_all_s",
     "expert_parallel_s",
+    "flex_dispatch_s",
+    "flex_fabric_bytes",
     "optimizer_step_time",
     "p2p_boundary_time",
     "stage_boundary_s",
     "unit_costs",
+    "unit_runs",
 ]
 
 # Adam step per local parameter: read fp32 param, grad, momentum, variance (16 B), write param,
@@ -51,7 +62,7 @@ PARAM_BYTES = 2
 # All-reduce-equivalents of the b·s·h activation each unit's TP collectives move per micro-batch
 # (Narayanan et al. 2021 §3.2: a block does 2 all-reduces forward and 2 backward; with sequence
 # parallelism each becomes an all-gather + reduce-scatter of the same volume, Korthikanti §4.2.2).
-_TP_ALL_REDUCES = {UnitKind.EMBEDDING: (1, 0), UnitKind.BLOCK: (2, 2), UnitKind.HEAD: (0, 1)}
+_TP_ALL_REDUCES = {UnitKind.EMBEDDING: (1, 0), UnitKind.HEAD: (0, 1)}  # blocks: `_tp_linears`
 # With sequence parallelism a block's backward moves more than the forward and not all of it can hide
 # (Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication and the sequence-parallel mappings):
 # each column-parallel linear (QKV, FC1) keeps only its sharded input and all-gathers it again for the
@@ -69,6 +80,14 @@ class UnitTimer(Protocol):
     """Source of unit compute times: the analytic profile or a measured one."""
 
     def times(self, kind: UnitKind, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes: ...
+
+
+@runtime_checkable
+class BlockTypeTimer(Protocol):
+    """A timer that times each block type (the analytic profile); a timer without it (a measured profile) times
+    the model's blocks as one kind, which then stands for every block type."""
+
+    def block_times(self, block: BlockSpec, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes: ...
 
 
 @runtime_checkable
@@ -111,76 +130,124 @@ class UnitCost:
         return self.compute_s + self.recompute_s + self.tp_s + self.cp_forward_s + self.cp_backward_s
 
 
+CostKey = UnitKind | BlockSpec
+"""What a unit's cost is keyed by (`Unit.cost_key`): a block's type, an end's kind."""
+
+
 def unit_costs(
     model: ModelSpec, training: Training, config: ParallelConfig, gpu: GPUSpec, tp_link: Link,
     timer: UnitTimer, calibration: Calibration, cp_link: Link | None = None, ep_link: ExpertLink | None = None,
-) -> dict[UnitKind, UnitCost]:
-    """Cost of each unit kind (all blocks are alike) for one configuration on one GPU type; `cp_link` is the
-    ring the context-parallel group uses (needed when cp > 1), `ep_link` what the expert-parallel group crosses
-    (needed for MoE models; the block's exposed all-to-all joins its TP communication, `UnitCost.ep_s`)."""
+) -> dict[CostKey, UnitCost]:
+    """Cost of each unit type — the embedding, the head and every block type (`ModelSpec.block_types`) — for one
+    configuration on one GPU type, keyed by `Unit.cost_key`; when all blocks are alike `UnitKind.BLOCK` names
+    their type too. `cp_link` is the ring the context-parallel group uses (needed when cp > 1), `ep_link` what
+    the expert-parallel group crosses (needed for MoE blocks; their exposed all-to-all joins their TP
+    communication, `UnitCost.ep_s`)."""
     setting = unit_setting(training, config.tp, config.micro_batch, config.sequence_parallel, config.cp, config.ep,
                            config.etp)
-    message = 2 * setting.tokens * model.hidden_size
-    all_reduce = all_reduce_time(message, config.tp, tp_link, calibration)
-    params = {
-        UnitKind.EMBEDDING: model.embedding_parameters(),
-        UnitKind.BLOCK: _block_state_parameters(model, training, config) * config.tp,
-        UnitKind.HEAD: model.head_parameters(),
-    }
-    costs = {}
-    for kind in UnitKind:
-        times = timer.times(kind, setting, gpu)
+    all_reduce = all_reduce_time(2 * setting.tokens * model.hidden_size, config.tp, tp_link, calibration)
+    costs: dict[CostKey, UnitCost] = {}
+    for kind, parameters in ((UnitKind.EMBEDDING, model.embedding_parameters()),
+                             (UnitKind.HEAD, model.head_parameters())):
         forward_ars, backward_ars = _TP_ALL_REDUCES[kind]
-        tp_forward, tp_backward = forward_ars * all_reduce, backward_ars * all_reduce
-        if kind is UnitKind.BLOCK and config.tp > 1:
-            tp_forward, tp_backward = _block_tp_s(times, config, message, tp_link, calibration)
-        cp_forward = cp_backward = 0.0
-        if kind is UnitKind.BLOCK and config.cp > 1:
-            if cp_link is None:
-                raise ValueError("unit_costs: cp > 1 needs the context-parallel group's link")
-            cp_forward, cp_backward = context_parallel_s(times, model, training, config, cp_link, calibration)
-        recompute, recompute_tp = 0.0, 0.0
-        if kind is UnitKind.BLOCK and config.recompute is Recompute.FULL:
-            recompute, recompute_tp = times.forward_s, tp_forward
-        elif kind is UnitKind.BLOCK and config.recompute is Recompute.SELECTIVE:
-            recompute = times.attention_core_forward_s
-        if config.recompute is not Recompute.NONE:  # both modes recompute attention, with its KV exchange
-            cp_backward += cp_forward
-        ep_forward = ep_backward = 0.0
-        if kind is UnitKind.BLOCK and model.is_moe:
-            ep_forward, ep_backward = expert_parallel_s(model, setting, config, ep_link, tp_link, calibration)
-            ep_backward += ep_forward if config.recompute is Recompute.FULL else 0.0
-            tp_forward, tp_backward = tp_forward + ep_forward, tp_backward + ep_backward
-        measured = (timer.activation_bytes(kind, setting, config.recompute)
-                    if isinstance(timer, ActivationSource) else None)
+        times = timer.times(kind, setting, gpu)
         costs[kind] = UnitCost(
-            forward_s=times.forward_s,
-            backward_s=times.backward_s,
-            recompute_s=recompute,
-            tp_forward_s=tp_forward,
-            tp_backward_s=tp_backward + recompute_tp,
-            activation_bytes=activation_bytes(model, kind, training, config) if measured is None else measured,
-            params=params[kind] / config.tp,
-            cp_forward_s=cp_forward,
-            cp_backward_s=cp_backward,
-            ep_s=ep_forward + ep_backward,
-        )
+            forward_s=times.forward_s, backward_s=times.backward_s, recompute_s=0.0,
+            tp_forward_s=forward_ars * all_reduce, tp_backward_s=backward_ars * all_reduce,
+            activation_bytes=_activation_bytes(model, kind, None, training, config, setting, timer),
+            params=parameters / config.tp)
+    typed = isinstance(timer, BlockTypeTimer)
+    for block in model.block_types():
+        times = timer.block_times(block, setting, gpu) if typed else timer.times(UnitKind.BLOCK, setting, gpu)
+        costs[block] = _block_cost(model, block, times, training, config, setting, tp_link, calibration, cp_link,
+                                   ep_link, timer)
+    if len(model.block_types()) == 1:
+        costs[UnitKind.BLOCK] = costs[next(iter(model.block_types()))]
     return costs
 
 
-def _block_state_parameters(model: ModelSpec, training: Training, config: ParallelConfig) -> float:
-    """Parameters of the mean block held per rank, weighted so the memory model's one per-parameter cost
-    (`sharded_state_bytes`, sharding over dp·cp) gives the exact model-state bytes: the non-expert part is
-    split over tp, the routed experts over ep·etp with their gradients reduced and optimizer states
-    sharded over edp (Megatron-Core's expert data-parallel group), not over dp·cp."""
-    block = model.block_parameters()
-    experts = model.expert_fraction() * block if model.is_moe else 0.0
-    dense = (block - experts) / config.tp
+def _block_cost(model: ModelSpec, block: BlockSpec, times: UnitTimes, training: Training, config: ParallelConfig,
+                setting: UnitSetting, tp_link: Link, calibration: Calibration, cp_link: Link | None,
+                ep_link: ExpertLink | None, timer: UnitTimer) -> UnitCost:
+    """One block of type `block` (compute `times`) per micro-batch: TP collectives by the sub-layers it has at its
+    own width and token count (a block with its own tokens, e.g. a vision encoder's, runs them whole on every CP
+    rank), context parallelism's exchange for attention over the training sequence, the expert all-to-all for
+    an MoE MLP, recompute, its activations and its parameters per rank."""
+    if block.tokens is not None:
+        setting = replace(setting, seq_len=block.tokens, cp=1)
+    tp_forward = tp_backward = 0.0
+    if config.tp > 1:
+        tp_forward, tp_backward = _block_tp_s(times, _tp_linears(block), config,
+                                              2 * setting.tokens * block.hidden_size, tp_link, calibration)
+    cp_forward = cp_backward = 0.0
+    if block.attention is not None and setting.cp > 1:
+        if cp_link is None:
+            raise ValueError("unit_costs: cp > 1 needs the context-parallel group's link")
+        cp_forward, cp_backward = context_parallel_s(times, block.attention, training, config, cp_link, calibration)
+    recompute, recompute_tp = 0.0, 0.0
+    if config.recompute is Recompute.FULL:
+        recompute, recompute_tp = times.forward_s, tp_forward
+    elif config.recompute is Recompute.SELECTIVE:
+        recompute = times.attention_core_forward_s
+    if config.recompute is not Recompute.NONE:  # both modes recompute attention, with its KV exchange
+        cp_backward += cp_forward
+    ep_forward = ep_backward = 0.0
+    if block.mlp is not None and block.mlp.is_moe:
+        ep_forward, ep_backward = expert_parallel_s(block.mlp, block.hidden_size, setting, config, ep_link, tp_link,
+                                                    calibration, times)
+        ep_backward += ep_forward if config.recompute is Recompute.FULL else 0.0
+        tp_forward, tp_backward = tp_forward + ep_forward, tp_backward + ep_backward
+    return UnitCost(
+        forward_s=times.forward_s,
+        backward_s=times.backward_s,
+        recompute_s=recompute,
+        tp_forward_s=tp_forward,
+        tp_backward_s=tp_backward + recompute_tp,
+        activation_bytes=_activation_bytes(model, UnitKind.BLOCK, block, training, config, setting, timer),
+        params=_block_state_parameters(block, training, config),
+        cp_forward_s=cp_forward,
+        cp_backward_s=cp_backward,
+        ep_s=ep_forward + ep_backward,
+    )
+
+
+def _activation_bytes(model: ModelSpec, kind: UnitKind, block: BlockSpec | None, training: Training,
+                      config: ParallelConfig, setting: UnitSetting, timer: UnitTimer) -> float:
+    """A unit's activation bytes per micro-batch: the timer's measured ones where it has them (a measured
+    profile's block stands for every block type, as its times do), else the analytic ones of its type."""
+    measured = (timer.activation_bytes(kind, setting, config.recompute)
+                if isinstance(timer, ActivationSource) else None)
+    if measured is not None:
+        return measured
+    if block is None:
+        return activation_bytes(model, kind, training, config)
+    return block_type_activation_bytes(model, block, training, config)
+
+
+def _tp_linears(block: BlockSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(column-parallel, row-parallel) positions in `UnitTimes.linear_forward_s` of the TP-split sub-layers a block
+    has: the mixer (attention's QKV and output projection, or Mamba's in_proj and out_proj) and the MLP (up,
+    down). Each is one all-reduce forward and one backward (2 + 2 for attention + MLP, 1 + 1 for one sub-layer);
+    a block's further linears run whole on every rank and communicate nothing."""
+    mixer, mlp = block.attention is not None or block.mamba is not None, block.mlp is not None
+    present = (mixer, mixer, mlp, mlp)
+    return (tuple(i for i in _COLUMN_PARALLEL if present[i]), tuple(i for i in _ROW_PARALLEL if present[i]))
+
+
+def _block_state_parameters(block: BlockSpec, training: Training, config: ParallelConfig) -> float:
+    """Parameters of one block of type `block` held per rank, weighted so the memory model's one per-parameter cost
+    (`sharded_state_bytes`, sharding over dp·cp) gives the exact model-state bytes: the TP-split part over tp, the
+    further linears and extra parameters whole on every rank (as they run), the routed experts over ep·etp with
+    their gradients reduced and optimizer states sharded over edp (Megatron-Core's expert data-parallel group),
+    not over dp·cp."""
+    experts = block.routed_expert_parameters()
+    whole = block.linear_parameters() + (block.extra_parameters or 0)
+    split = (block.parameters() - experts - whole) / config.tp + whole
     if not experts:
-        return dense
+        return split
     per_param = sharded_state_bytes(config, training.grad_bytes)
     expert_states = model_state_bytes(1.0, config.edp, config.optimizer_sharding, training.grad_bytes)
-    return dense + experts / (config.ep * config.etp) * expert_states.total / per_param.total
+    return split + experts / (config.ep * config.etp) * expert_states.total / per_param.total
 
 
 EP_DISPATCH_BYTES = 2
@@ -188,43 +255,131 @@ EP_DISPATCH_BYTES = 2
 dispatchers send BF16 activations; FP8 dispatch is DeepEP-only and not modelled)."""
 
 
-def expert_all_to_all_s(local_bytes: float, ep: int, link: ExpertLink, calibration: Calibration) -> float:
-    """One all-to-all over an EP group of `ep` ranks, each sending `local_bytes` spread evenly over the group:
-    the share for the ranks_per_node − 1 peers on its node crosses NVLink, the share for the other nodes
-    crosses the GPU's own NIC, both at once; the slower fabric sets the time, plus one latency per fabric."""
-    if ep <= 1 or local_bytes <= 0:
-        return 0.0
-    near = min(link.ranks_per_node, ep)
-    intra = local_bytes * (near - 1) / ep / (link.intra.bandwidth_bytes_per_s
-                                            * calibration.collective_efficiency(link.intra.kind))
-    inter = local_bytes * (ep - near) / ep / (link.inter.bandwidth_bytes_per_s
-                                             * calibration.collective_efficiency(link.inter.kind))
-    latency = (link.intra.latency_s if near > 1 else 0.0) + (link.inter.latency_s if ep > near else 0.0)
+def _two_fabric_s(intra_bytes: float, inter_bytes: float, link: ExpertLink, calibration: Calibration) -> float:
+    """What one rank sends over NVLink (`intra_bytes`) and through its own NIC (`inter_bytes`) at once: the slower
+    fabric sets the time, plus one latency per fabric used. Both run at the point-to-point efficiency: NCCL's
+    all-to-all and DeepEP's kernels are direct sends between pairs of GPUs, with no ring and no reduction."""
+    intra = intra_bytes / (link.intra.bandwidth_bytes_per_s * calibration.p2p_efficiency(link.intra.kind))
+    inter = inter_bytes / (link.inter.bandwidth_bytes_per_s * calibration.p2p_efficiency(link.inter.kind))
+    latency = (link.intra.latency_s if intra_bytes > 0 else 0.0) + (link.inter.latency_s if inter_bytes > 0 else 0.0)
     return max(intra, inter) + latency
 
 
-def expert_parallel_s(model: ModelSpec, setting: UnitSetting, config: ParallelConfig, link: ExpertLink | None,
-                      tp_link: Link, calibration: Calibration) -> tuple[float, float]:
-    """Exposed expert-parallel communication of one MoE block per micro-batch, (forward, backward), averaged
-    over the blocks like its compute (dense first layers have none). Forward: dispatch and combine
-    all-to-alls of every routed token copy (tokens/tp per rank under sequence parallelism, top-k copies,
-    times the busiest rank's load); with etp > 1 the received tokens are all-gathered over the expert-TP
-    group after dispatch and reduce-scattered before combine. Backward: the same in reverse. Exposed, as
-    Megatron-Core's default alltoall dispatcher runs them (its 1F1B A2A overlap and DeepEP are not modelled)."""
+def alltoall_fabric_bytes(local_bytes: float, ep: int, near: int) -> tuple[float, float]:
+    """(NVLink, NIC) bytes one rank sends in an all-to-all over `ep` ranks, `near` of them on its node, of
+    `local_bytes` spread evenly over the group: the share for its near − 1 node peers, the share for the rest."""
+    return local_bytes * (near - 1) / ep, local_bytes * (ep - near) / ep
+
+
+def expert_all_to_all_s(local_bytes: float, ep: int, link: ExpertLink, calibration: Calibration) -> float:
+    """One all-to-all over an EP group of `ep` ranks, each sending `local_bytes` spread evenly over the group
+    (`alltoall_fabric_bytes`), over NVLink and the GPU's own NIC at once (`_two_fabric_s`)."""
+    if ep <= 1 or local_bytes <= 0:
+        return 0.0
+    return _two_fabric_s(*alltoall_fabric_bytes(local_bytes, ep, min(link.ranks_per_node, ep)), link, calibration)
+
+
+def expected_holders(items: float, picks: int, holders: float) -> float:
+    """Expected number of `holders`, each owning an equal share of `items`, that `picks` distinct items chosen
+    uniformly at random fall on: holders · (1 − C(items − items/holders, picks) / C(items, picks)). A
+    force-balanced router picks a token's top-k experts so (Megatron-Core's --moe-router-force-load-balancing
+    routes on random scores), and Megatron-Core places experts on EP ranks, and so on nodes, in equal runs."""
+    if holders <= 1:
+        return 1.0
+    share, missed = items / holders, 1.0
+    for i in range(picks):
+        missed *= max(items - share - i, 0.0) / (items - i)
+    return holders * (1.0 - missed)
+
+
+def token_destination_nodes(mlp: MlpSpec, nodes: float) -> float:
+    """Expected distinct nodes a token's top-k experts lie on, the routed experts spread evenly over `nodes` nodes.
+    Group-limited routing picks the experts inside router_group_topk of router_groups equal groups (DeepSeek-V3:
+    top-4 of 8, so at most 4 nodes, §2.1.2 of its report); each picked group is taken to hold one of the token's
+    experts (the group's score is the sum of its best k / topk_group experts). Groups that split evenly among
+    the nodes reach the nodes holding the picked groups; a group spanning nodes spreads the top-k over the picked
+    groups' nodes. The smaller of that and the unrestricted count."""
+    free = expected_holders(mlp.num_experts, mlp.moe_top_k, nodes)
+    groups, picked = mlp.router_groups, mlp.router_group_topk
+    if not groups or not picked or nodes <= 1:
+        return free
+    if groups >= nodes:
+        return min(free, expected_holders(groups, picked, nodes))
+    return min(free, expected_holders(mlp.num_experts * picked / groups, mlp.moe_top_k, picked * nodes / groups))
+
+
+def flex_fabric_bytes(token_bytes: float, mlp: MlpSpec, ep: int, near: int) -> tuple[float, float]:
+    """(NVLink, NIC) bytes one rank sends in a dispatch (or combine, its mirror) of Megatron-Core's flex dispatcher
+    over `ep` ranks, `near` per node, holding `token_bytes` of tokens, one copy each. DeepEP's normal kernels and
+    HybridEP (the DeepSeek-V3 report §3.2.2; DeepEP's README) send a token through the NIC once per remote node
+    holding any of its experts, to the GPU of the same local index there, which forwards it over NVLink to that
+    node's GPUs holding its experts (on its own node it goes over NVLink directly); each destination GPU gets one
+    copy, not one per expert. NIC: tokens × remote destination nodes (`token_destination_nodes` × (nodes − 1) /
+    nodes); NVLink: tokens × destination GPUs (`expected_holders` over the ep ranks) but the one a copy enters
+    the node at, a (near − 1)/near share."""
+    nodes = ep / near
+    gpus = expected_holders(mlp.num_experts, mlp.moe_top_k, ep)
+    remote = token_destination_nodes(mlp, nodes) * (nodes - 1) / nodes
+    return token_bytes * gpus * (near - 1) / near, token_bytes * remote
+
+
+def flex_dispatch_s(token_bytes: float, mlp: MlpSpec, ep: int, link: ExpertLink, calibration: Calibration) -> float:
+    """One flex dispatch or combine over an EP group of `ep` ranks (`flex_fabric_bytes`), both fabrics at once."""
+    if ep <= 1 or token_bytes <= 0:
+        return 0.0
+    return _two_fabric_s(*flex_fabric_bytes(token_bytes, mlp, ep, min(link.ranks_per_node, ep)), link, calibration)
+
+
+def expert_parallel_s(mlp: MlpSpec, hidden_size: int, setting: UnitSetting, config: ParallelConfig,
+                      link: ExpertLink | None, tp_link: Link, calibration: Calibration,
+                      times: UnitTimes) -> tuple[float, float]:
+    """Exposed expert-parallel communication of one MoE block (MLP `mlp` at width `hidden_size`, compute `times`)
+    per micro-batch, (forward, backward). Forward: a dispatch and a combine of the rank's tokens (tokens/tp under
+    sequence parallelism, times the busiest rank's load): with the alltoall dispatcher every routed copy
+    (top-k per token) crosses the fabric (`expert_all_to_all_s`), with flex one copy per destination node and
+    GPU (`flex_dispatch_s`); with etp > 1 the received tokens are all-gathered over the expert-TP group after
+    dispatch and reduce-scattered before combine. Backward: the same in reverse.
+
+    With `moe_ep_overlap` (Megatron-Core's --overlap-moe-expert-parallel-comm, the combined 1F1B schedule after
+    DeepSeek-V3's DualPipe, report §3.2.1) one micro-batch's forward of a layer runs with another's backward of a
+    layer, in three phases (`_ep_overlap_exposed_s`); without it the all-to-alls are exposed."""
     if config.ep * config.etp == 1 or link is None:
         return 0.0, 0.0
-    routed = setting.tokens / setting.tp * model.moe_top_k * setting.expert_load
-    local_bytes = routed * model.hidden_size * EP_DISPATCH_BYTES
-    one_way = expert_all_to_all_s(local_bytes, config.ep, link, calibration)
+    token_bytes = setting.tokens / setting.tp * setting.expert_load * hidden_size * EP_DISPATCH_BYTES
+    local_bytes = token_bytes * mlp.moe_top_k
+    if config.moe_dispatcher == "flex":
+        one_way = flex_dispatch_s(token_bytes, mlp, config.ep, link, calibration)
+    else:
+        one_way = expert_all_to_all_s(local_bytes, config.ep, link, calibration)
     if config.etp > 1:
         one_way += all_gather_time(local_bytes * config.etp, config.etp, tp_link, calibration)
-    share = model.num_moe_layers / model.num_layers
-    return 2 * one_way * share, 2 * one_way * share
+    if config.moe_ep_overlap:
+        return _ep_overlap_exposed_s(one_way, times)
+    return 2 * one_way, 2 * one_way
 
 
-def context_parallel_s(times: UnitTimes, model: ModelSpec, training: Training, config: ParallelConfig, link: Link,
-                       calibration: Calibration) -> tuple[float, float]:
-    """Exposed context-parallel communication of one block per micro-batch, (forward, backward).
+def _ep_overlap_exposed_s(one_way: float, times: UnitTimes) -> tuple[float, float]:
+    """(forward, backward) EP all-to-all time a block leaves exposed under Megatron-Core's combined 1F1B overlap
+    (TransformerLayerSchedulePlan.run, core 0.16): the communication stream runs combine_bwd | dispatch_fwd,
+    dispatch_bwd | combine_fwd while the compute stream runs attn_fwd | mlp_bwd, mlp_fwd | attn_bwd, so each
+    phase shows what its all-to-alls (`one_way` each) exceed its compute. Attention is the QKV and output
+    projections plus the core, forward (their dgrad and wgrad GEMMs and the core's backward, backward); the MLP
+    the rest (`UnitTimes.linear_forward_s`; a measured profile without it spreads the forward over four linears
+    like `_block_tp_s`). The middle phase is split evenly between the passes. The first forward and last
+    backward of an iteration, which have no partner, and the SMs DeepEP's kernels take from the GEMMs are not
+    modelled."""
+    gemm = times.linear_forward_s or (times.forward_s / 4,) * 4
+    attention_forward = times.attention_core_forward_s + gemm[0] + gemm[1]
+    core_backward = times.attention_core_backward_s or 2 * times.attention_core_forward_s
+    attention_backward = min(core_backward + 2 * (gemm[0] + gemm[1]), times.backward_s)
+    mlp = max(times.forward_s - attention_forward, 0.0) + times.backward_s - attention_backward
+    middle = _positive(2 * one_way - mlp) / 2
+    return middle + _positive(one_way - attention_backward), middle + _positive(one_way - attention_forward)
+
+
+def context_parallel_s(times: UnitTimes, attention: AttentionSpec, training: Training, config: ParallelConfig,
+                       link: Link, calibration: Calibration) -> tuple[float, float]:
+    """Exposed context-parallel communication of one block with `attention` per micro-batch, (forward, backward).
 
     Each of the cp ranks holds s/cp tokens (2·cp chunks, causally load-balanced) of this TP rank's heads.
     * p2p (Megatron-LM's ring attention): cp − 1 steps each pass this rank's K and V chunk to the next
@@ -237,9 +392,9 @@ def context_parallel_s(times: UnitTimes, model: ModelSpec, training: Training, c
     """
     cp = config.cp
     tokens = config.micro_batch * training.seq_len / cp
-    kv_width = model.kv_width * max(model.num_key_value_heads / config.tp, 1.0) / model.num_key_value_heads
+    kv_width = attention.kv_width * max(attention.num_key_value_heads / config.tp, 1.0) / attention.num_key_value_heads
     kv_bytes = 2 * tokens * kv_width * CP_COMM_BYTES  # K and V
-    q_bytes = tokens * model.query_width / config.tp * CP_COMM_BYTES
+    q_bytes = tokens * attention.query_width / config.tp * CP_COMM_BYTES
     core_forward = times.attention_core_forward_s
     core_backward = times.attention_core_backward_s or 2 * core_forward  # a measured profile: backward ≈ 2 × forward
     if config.cp_comm == "p2p":
@@ -253,13 +408,14 @@ def context_parallel_s(times: UnitTimes, model: ModelSpec, training: Training, c
     return exchange, exchange
 
 
-def _block_tp_s(times: UnitTimes, config: ParallelConfig, message: float, link: Link,
-                calibration: Calibration) -> tuple[float, float]:
-    """Exposed TP communication of one block per micro-batch, (forward, backward), each collective hidden
+def _block_tp_s(times: UnitTimes, linears: tuple[tuple[int, ...], tuple[int, ...]], config: ParallelConfig,
+                message: float, link: Link, calibration: Calibration) -> tuple[float, float]:
+    """Exposed TP communication of one block per micro-batch, (forward, backward), over its TP-split sub-layers
+    (`linears`: the positions of their column- and row-parallel linears, `_tp_linears`), each collective hidden
     at most behind the GEMM it overlaps (`UnitTimes.linear_forward_s`; a measured profile without it
-    spreads the block's forward over its four linear layers).
+    spreads the block's forward over its linear layers).
 
-    Without SP: two synchronous all-reduces forward; backward, each column-parallel linear's input-gradient
+    Without SP: a synchronous all-reduce per sub-layer forward; backward, each column-parallel linear's input-gradient
     all-reduce runs behind its wgrad GEMM (`tp_backward_overlap` of it at most). With SP: forward, an
     all-gather before each column-parallel and a reduce-scatter after each row-parallel linear, synchronous;
     backward, the column-parallel all-gather / reduce-scatter behind dgrad / wgrad, and the row-parallel
@@ -270,24 +426,26 @@ def _block_tp_s(times: UnitTimes, config: ParallelConfig, message: float, link: 
     off, e.g. torchtitan, whose async TP micro-pipelines the forward all-gather→matmul and
     matmul→reduce-scatter; PyTorch reports up to 29 % forward and 8 % end-to-end speed-up, torchtitan's
     Llama-3.1-70B run 829 → 876 tokens/s) keeps its backward collectives exposed."""
-    tp = config.tp
-    gemm = times.linear_forward_s or (times.forward_s / 4,) * 4
+    tp, (columns, rows) = config.tp, linears
+    if not columns:
+        return 0.0, 0.0
+    gemm = times.linear_forward_s or (times.forward_s / (2 * len(columns)),) * 4
     hidden = calibration.tp_backward_overlap if config.overlap_tp_backward else 0.0
     if not config.sequence_parallel:
         all_reduce = all_reduce_time(message, tp, link, calibration)
-        backward = sum(max((1 - hidden) * all_reduce, all_reduce - gemm[i]) for i in _COLUMN_PARALLEL)
-        return 2 * all_reduce, backward
+        backward = sum(max((1 - hidden) * all_reduce, all_reduce - gemm[i]) for i in columns)
+        return len(columns) * all_reduce, backward
     gather = all_gather_time(message, tp, link, calibration)
     scatter = reduce_scatter_time(message, tp, link, calibration)
-    forward = 2 * (gather + scatter)
-    backward = 2 * gather + sum(max((1 - hidden) * comm, comm - gemm[i])
-                                for i in _COLUMN_PARALLEL for comm in (gather, scatter))
+    forward = len(columns) * (gather + scatter)
+    backward = len(rows) * gather + sum(max((1 - hidden) * comm, comm - gemm[i])
+                                        for i in columns for comm in (gather, scatter))
     if config.tp_comm_overlap:
-        forward = sum(_pipelined_exposed_s(gather, gemm[i], tp, gather=True) for i in _COLUMN_PARALLEL)
-        forward += sum(_pipelined_exposed_s(scatter, gemm[i], tp, gather=False) for i in _ROW_PARALLEL)
+        forward = sum(_pipelined_exposed_s(gather, gemm[i], tp, gather=True) for i in columns)
+        forward += sum(_pipelined_exposed_s(scatter, gemm[i], tp, gather=False) for i in rows)
     if config.tp_comm_overlap and config.overlap_tp_backward:
-        backward = sum(_pipelined_exposed_s(gather, gemm[i], tp, gather=True) for i in _ROW_PARALLEL)
-        backward += sum(max(0.0, gather - gemm[i]) + max(0.0, scatter - gemm[i]) for i in _COLUMN_PARALLEL)
+        backward = sum(_pipelined_exposed_s(gather, gemm[i], tp, gather=True) for i in rows)
+        backward += sum(max(0.0, gather - gemm[i]) + max(0.0, scatter - gemm[i]) for i in columns)
     return forward, backward
 
 
@@ -346,11 +504,37 @@ class DataParallelTime:
     exposed_s: float
 
 
+UnitRun = tuple[UnitCost, int]
+"""A run of identical consecutive units (the same UnitCost object) and its length."""
+
+
+def unit_runs(units: Sequence[UnitCost]) -> tuple[UnitRun, ...]:
+    """`units` as runs of identical neighbours: alike units have alike collectives, so the DP time model
+    costs a rank in O(runs), not O(units) (a uniform model's rank is at most three runs)."""
+    runs: list[list] = []
+    for unit in units:
+        if runs and runs[-1][0] is unit:
+            runs[-1][1] += 1
+        else:
+            runs.append([unit, 1])
+    return tuple((unit, count) for unit, count in runs)
+
+
 def data_parallel_time(
     units: Sequence[UnitCost], training: Training, config: ParallelConfig, link: Link, calibration: Calibration,
     num_microbatches: int, replicate_link: Link | None = None,
 ) -> DataParallelTime:
-    """DP traffic of one pipeline rank holding `units` (in execution order) and how much the schedule cannot hide.
+    """DP traffic of one pipeline rank holding `units` (in execution order); see `data_parallel_time_of_runs`."""
+    return data_parallel_time_of_runs(unit_runs(units), training, config, link, calibration, num_microbatches,
+                                      replicate_link)
+
+
+def data_parallel_time_of_runs(
+    runs: Sequence[UnitRun], training: Training, config: ParallelConfig, link: Link, calibration: Calibration,
+    num_microbatches: int, replicate_link: Link | None = None,
+) -> DataParallelTime:
+    """DP traffic of one pipeline rank holding `runs` of units (in execution order) and how much the schedule
+    cannot hide.
 
     The group is the dp·cp ranks holding the same weights (`ParallelConfig.replicas`) on `link`. Plain DP
     all-reduces gradients once per iteration; the distributed optimizer / ZeRO-1 reduce-scatters
@@ -364,30 +548,42 @@ def data_parallel_time(
     if config.replicas == 1:
         return DataParallelTime(0.0, 0.0)
     group = config.shard_group
-    params = sum(unit.params for unit in units)
+    params = sum(unit.params * count for unit, count in runs)
     grads = params * training.grad_bytes
     sharding = config.optimizer_sharding
-    last_backward = sum(unit.backward_s + unit.recompute_s for unit in units)
+    last_backward = sum((unit.backward_s + unit.recompute_s) * count for unit, count in runs)
     replicate_s = all_reduce_time(grads / group, config.hsdp_replicas, replicate_link or link, calibration)
     replicate = DataParallelTime(replicate_s, _exposed(replicate_s, last_backward, True))
     if sharding == 0:
         reduce_s = all_reduce_time(grads, group, link, calibration)
         return DataParallelTime(reduce_s, _exposed(reduce_s, last_backward, config.overlap_grad_reduce))
     gather_s = all_gather_time(params * PARAM_BYTES, group, link, calibration) if sharding < 3 else 0.0
-    gather_exposed = _exposed(gather_s, sum(unit.forward_s for unit in units), config.overlap_param_gather)
+    forward = sum(unit.forward_s * count for unit, count in runs)
+    gather_exposed = _exposed(gather_s, forward, config.overlap_param_gather)
     if sharding == 1:
         reduce_s = reduce_scatter_time(grads, group, link, calibration)
         exposed = _exposed(reduce_s, last_backward, config.overlap_grad_reduce) + gather_exposed
         return DataParallelTime(reduce_s + gather_s, exposed)
     if config.pp > 1:
-        total, exposed = _pipelined_fsdp_s(units, training, config, link, calibration, num_microbatches)
+        total, exposed = _pipelined_fsdp_s(runs, training, config, link, calibration, num_microbatches)
     else:
-        total, exposed = _sharded_microbatch_s(units, training, config, link, calibration)
+        total, exposed = _sharded_microbatch_s(runs, training, config, link, calibration)
         total, exposed = num_microbatches * total, num_microbatches * exposed
     return DataParallelTime(total + gather_s + replicate.total_s, exposed + gather_exposed + replicate.exposed_s)
 
 
-def _pipelined_fsdp_s(units: Sequence[UnitCost], training: Training, config: ParallelConfig, link: Link,
+@dataclass(frozen=True)
+class _PassRun:
+    """A run of alike units in one pass: per unit, the collective prefetched before it (leading), the one
+    issued after it (trailing) and the compute that can hide its neighbours' collectives."""
+
+    leading_s: float
+    trailing_s: float
+    compute_s: float
+    count: int
+
+
+def _pipelined_fsdp_s(runs: Sequence[UnitRun], training: Training, config: ParallelConfig, link: Link,
                       calibration: Calibration, num_microbatches: int) -> tuple[float, float]:
     """(total, exposed) seconds per iteration of ZeRO-2/3 under a pipeline schedule, as PyTorch's pipeline
     stages drive FSDP (torch.distributed.pipelining, used by torchtitan): gradient sync and resharding after
@@ -395,30 +591,30 @@ def _pipelined_fsdp_s(units: Sequence[UnitCost], training: Training, config: Par
     (behind the remaining backward). ZeRO-3 gathers each unit's weights before the first forward; with
     `reshard_after_forward` (off by default under PP, as torchtitan sets it) it frees them after every
     forward and gathers them again before every backward: m + 1 gathers, else one."""
-    gathers, reduces = _unit_collectives(units, training, config, link, calibration)
-    backward_compute = [unit.backward_s + unit.recompute_s for unit in reversed(units)]
-    first = _prefetch_exposed_s(gathers, [0.0] * len(units), [unit.forward_s for unit in units])
-    last = _prefetch_exposed_s([0.0] * len(units), reduces[::-1], backward_compute)
+    collectives = _run_collectives(runs, training, config, link, calibration)
+    backward = [(gather, reduce, unit.backward_s + unit.recompute_s, count)
+                for (unit, count), (gather, reduce) in zip(runs[::-1], collectives[::-1], strict=True)]
+    first = _prefetch_exposed_s([_PassRun(gather, 0.0, unit.forward_s, count)
+                                 for (unit, count), (gather, _) in zip(runs, collectives, strict=True)])
+    last = _prefetch_exposed_s([_PassRun(0.0, reduce, compute, count) for _, reduce, compute, count in backward])
     regathers = num_microbatches if config.reshard_after_forward else 0
-    regather = _prefetch_exposed_s(gathers[::-1], [0.0] * len(units), backward_compute)
-    return ((1 + regathers) * sum(gathers) + sum(reduces), first + last + regathers * regather)
+    regather = _prefetch_exposed_s([_PassRun(gather, 0.0, compute, count) for gather, _, compute, count in backward])
+    gathered = sum(gather * count for (_, count), (gather, _) in zip(runs, collectives, strict=True))
+    reduced = sum(reduce * count for (_, count), (_, reduce) in zip(runs, collectives, strict=True))
+    return (1 + regathers) * gathered + reduced, first + last + regathers * regather
 
 
-def _unit_collectives(units: Sequence[UnitCost], training: Training, config: ParallelConfig, link: Link,
-                      calibration: Calibration) -> tuple[list[float], list[float]]:
-    """Per unit, its ZeRO-3 weight all-gather (0 under ZeRO-2) and its gradient reduce-scatter over the shard
-    group; alike units (the same UnitCost) are costed once."""
-    group, known = config.shard_group, {}
-    for unit in units:
-        if id(unit) not in known:
-            gather = all_gather_time(unit.params * PARAM_BYTES, group, link, calibration)
-            known[id(unit)] = (gather if config.optimizer_sharding == 3 else 0.0,
-                               reduce_scatter_time(unit.params * training.grad_bytes, group, link, calibration))
-    pairs = [known[id(unit)] for unit in units]
-    return [gather for gather, _ in pairs], [reduce for _, reduce in pairs]
+def _run_collectives(runs: Sequence[UnitRun], training: Training, config: ParallelConfig, link: Link,
+                     calibration: Calibration) -> list[tuple[float, float]]:
+    """Per run, one unit's ZeRO-3 weight all-gather (0 under ZeRO-2) and gradient reduce-scatter over the
+    shard group."""
+    group = config.shard_group
+    return [(all_gather_time(unit.params * PARAM_BYTES, group, link, calibration)
+             if config.optimizer_sharding == 3 else 0.0,
+             reduce_scatter_time(unit.params * training.grad_bytes, group, link, calibration)) for unit, _ in runs]
 
 
-def _sharded_microbatch_s(units: Sequence[UnitCost], training: Training, config: ParallelConfig, link: Link,
+def _sharded_microbatch_s(runs: Sequence[UnitRun], training: Training, config: ParallelConfig, link: Link,
                           calibration: Calibration) -> tuple[float, float]:
     """(total, exposed) seconds of one micro-batch's ZeRO-2/3 collectives, one per FSDP unit and pass.
 
@@ -435,28 +631,45 @@ def _sharded_microbatch_s(units: Sequence[UnitCost], training: Training, config:
     group's n ranks with its own (n − 1)·α latency, and prefetch hides it only behind the compute of the
     neighbouring unit (`_prefetch_exposed_s`).
     """
-    gathers, reduces = _unit_collectives(units, training, config, link, calibration)
-    regathers = gathers if config.reshard_after_forward else [0.0] * len(units)
-    forward = _prefetch_exposed_s(gathers, [0.0] * len(units), [unit.forward_s for unit in units])
-    backward = _prefetch_exposed_s(regathers[::-1], reduces[::-1],
-                                   [unit.backward_s + unit.recompute_s for unit in reversed(units)])
-    return sum(gathers) + sum(regathers) + sum(reduces), forward + backward
+    collectives = _run_collectives(runs, training, config, link, calibration)
+    regather = config.reshard_after_forward
+    forward = _prefetch_exposed_s([_PassRun(gather, 0.0, unit.forward_s, count)
+                                   for (unit, count), (gather, _) in zip(runs, collectives, strict=True)])
+    backward = _prefetch_exposed_s([_PassRun(gather * regather, reduce, unit.backward_s + unit.recompute_s, count)
+                                    for (unit, count), (gather, reduce)
+                                    in zip(runs[::-1], collectives[::-1], strict=True)])
+    total = sum((gather * (1 + regather) + reduce) * count
+                for (_, count), (gather, reduce) in zip(runs, collectives, strict=True))
+    return total, forward + backward
 
 
-def _prefetch_exposed_s(leading: Sequence[float], trailing: Sequence[float], compute: Sequence[float]) -> float:
+def _prefetch_exposed_s(runs: Sequence[_PassRun]) -> float:
     """Communication a pass over units cannot hide. While unit i computes, the network carries unit
     i+1's prefetched leading collective (its all-gather) and unit i−1's trailing one (its
-    reduce-scatter); what exceeds unit i's compute is exposed, as are the first gather and the last reduce."""
-    count = len(compute)
-    exposed = leading[0] + trailing[-1]
-    for i in range(count):
-        comm = (leading[i + 1] if i + 1 < count else 0.0) + (trailing[i - 1] if i else 0.0)
-        exposed += max(0.0, comm - compute[i])
+    reduce-scatter); what exceeds unit i's compute is exposed, as are the first gather and the last reduce.
+    Inside a run of alike units every interior unit sees the same neighbours, so a run costs O(1); a run's
+    count (≥ 1) may be a numpy array, which evaluates many run lengths at once (the search's DP tables)."""
+    if not runs:
+        return 0.0
+    exposed = runs[0].leading_s + runs[-1].trailing_s
+    for j, run in enumerate(runs):
+        before = runs[j - 1].trailing_s if j else 0.0  # trailing collective of the unit just before the run
+        after = runs[j + 1].leading_s if j + 1 < len(runs) else 0.0  # leading one of the unit just after it
+        single = run.count == 1  # then its first unit is also its last: it sees `before` and `after`
+        first = before + run.leading_s + single * (after - run.leading_s)
+        exposed += _positive(first - run.compute_s)
+        exposed += (run.count - 2 + single) * _positive(run.leading_s + run.trailing_s - run.compute_s)
+        exposed += (1 - single) * _positive(after + run.trailing_s - run.compute_s)  # its last unit
     return exposed
 
 
+def _positive(seconds: float) -> float:
+    """max(0, seconds), elementwise when the DP tables evaluate many run lengths at once."""
+    return np.maximum(seconds, 0.0)
+
+
 def _exposed(comm_s: float, hiding_s: float, overlapped: bool) -> float:
-    return max(0.0, comm_s - hiding_s) if overlapped else comm_s
+    return _positive(comm_s - hiding_s) if overlapped else comm_s
 
 
 def optimizer_step_time(params: float, config: ParallelConfig, gpu: GPUSpec, calibration: Calibration) -> float:

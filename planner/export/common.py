@@ -65,6 +65,9 @@ class HostOrder:
     nproc_per_node: int
     device_order: tuple[tuple[int, ...] | None, ...]
     problem: str | None = None
+    # Hosts per NVLink domain where a domain spans several (a GB200 NVL72 rack: 18 trays, named NODE-hK by
+    # planner); 1: each host is its own domain.
+    domain_hosts: int = 1
 
 
 def plan_summary(plan: Plan) -> str:
@@ -88,17 +91,25 @@ def stage_units(plan: Plan) -> list[tuple[bool, int, int, bool]]:
 
 
 def host_order(plan: Plan) -> HostOrder:
-    """The host order (and per-host GPU order) under which rank r lands where the plan put it."""
+    """The host order (and per-host GPU order) under which rank r lands where the plan put it. A node whose
+    NVLink domain spans several hosts (a GB200 NVL72 rack of 4-GPU trays) gives one host per tray: NODE-hK
+    holds the node's GPUs K·g … K·g+g-1 as its local GPUs 0 … g-1."""
     ranks = sorted(plan.document.get("placement", {}).get("ranks", []), key=lambda r: r.get("rank", 0))
     world = plan.parallel.num_gpus
     if len(ranks) != world or [r.get("rank") for r in ranks] != list(range(world)):
         raise PlannerError(f"plan file: placement.ranks must list ranks 0..{world - 1} once each")
+    tray_size = {node.name: node.gpus_per_host for node in plan.machines.nodes
+                 if node.num_hosts > 1} if plan.machines else {}
     hosts: list[str] = []
+    host_of_rank: list[str] = []
     per_host: dict[str, list[int]] = {}
     for entry in ranks:
         node, gpu = str(entry.get("node")), entry.get("gpu_index")
         if not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0:
             raise PlannerError(f"plan file: placement rank {entry['rank']} has gpu_index {gpu!r}")
+        if node in tray_size:
+            node, gpu = f"{node}-h{gpu // tray_size[node]}", gpu % tray_size[node]
+        host_of_rank.append(node)
         if node not in per_host:
             hosts.append(node)
             per_host[node] = []
@@ -110,20 +121,22 @@ def host_order(plan: Plan) -> HostOrder:
         problem = (f"hosts run different numbers of ranks ({', '.join(f'{h}: {len(per_host[h])}' for h in hosts)}); "
                    "torchrun needs the same number per host")
     else:
-        blocks = [str(ranks[i * nproc]["node"]) for i in range(len(hosts))]
-        contiguous = all(str(ranks[r]["node"]) == blocks[r // nproc] for r in range(world))
+        blocks = [host_of_rank[i * nproc] for i in range(len(hosts))]
+        contiguous = all(host_of_rank[r] == blocks[r // nproc] for r in range(world))
         if not contiguous or len(set(blocks)) != len(blocks):
             problem = ("ranks on one host are not a contiguous block of global ranks; a launcher numbers "
                        "ranks host by host")
+    domain_hosts = max((node.num_hosts for node in plan.machines.nodes), default=1) if plan.machines else 1
     if problem:
-        return HostOrder(tuple(hosts), nproc, tuple(None for _ in hosts), problem)
+        return HostOrder(tuple(hosts), nproc, tuple(None for _ in hosts), problem, domain_hosts)
     order = tuple(None if per_host[h] == list(range(nproc)) else tuple(per_host[h]) for h in hosts)
-    return HostOrder(tuple(hosts), nproc, order)
+    return HostOrder(tuple(hosts), nproc, order, domain_hosts=domain_hosts)
 
 
 def hosts_named(order: HostOrder) -> bool:
-    """Whether the plan's cluster names its hosts (a cluster file), not the generated node0, node1, …"""
-    return any(not _GENERATED_NODE.fullmatch(host) for host in order.hosts)
+    """Whether the plan's cluster names its hosts (a cluster file), not the generated node0, node1, … nor
+    planner's NODE-hK for the trays of an NVLink domain."""
+    return order.domain_hosts == 1 and any(not _GENERATED_NODE.fullmatch(host) for host in order.hosts)
 
 
 def hostfile_text(order: HostOrder) -> str:
@@ -131,6 +144,8 @@ def hostfile_text(order: HostOrder) -> str:
     lines = ["# hosts in node-rank order: global rank = node_rank * slots + local_rank"]
     if not hosts_named(order):
         lines.append("# the plan's cluster does not name its hosts: replace these names with yours, in this order")
+    if order.domain_hosts > 1:
+        lines.append("# NODE-hK is host (tray) K of NVLink domain NODE: list each domain's hosts together")
     if order.problem:
         lines.append(f"# WARNING: the plan's placement cannot be realised by host order: {order.problem}")
     for host, devices in zip(order.hosts, order.device_order, strict=True):

@@ -4,7 +4,8 @@ Rules from ../shared/REFERENCE.md §2: train_batch_size = micro-batch × gradien
 with GAS = the pipeline's micro-batches; ZeRO ≤ 1 with pipeline parallelism (the plan loader refuses
 ZeRO-2/3 with PP). DeepSpeed's PipelineModule takes no explicit stage boundaries, only a
 `partition_method`; this module reproduces its partitioners (`partition_uniform`,
-`partition_balanced`) so an uneven plan can be compared with what each method would build.
+`partition_balanced`) so an uneven plan can be compared with what each method would build. Blocks
+Megatron-DeepSpeed does not build (vision encoder, MTP, Mamba) are refused (flags.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 from dataclasses import dataclass
 from itertools import accumulate, pairwise
 
-from planner.config import Recompute, Schedule
+from planner.config import ParallelConfig, Recompute, Schedule
 from planner.errors import PlannerError
 from planner.export.common import (
     TRAIN_PLACEHOLDER_ARGS,
@@ -176,6 +177,20 @@ def deepspeed_config(plan: Plan) -> dict:
     return document
 
 
+def _moe_flags(config: ParallelConfig) -> list[Flag]:
+    """Megatron-DeepSpeed's expert-parallel flags, or a PlannerError where DeepSpeed cannot lay out the plan's
+    experts: it splits experts over all TP ranks (--enable-expert-tensor-parallelism) or none (tp = 1), and
+    carves expert groups out of the data-parallel ranks (groups.py asserts dp % ep == 0), which etp = tp
+    and the plan's ep·etp | tp·dp already imply (DeepSpeed runs no CP)."""
+    if config.etp != config.tp:
+        raise PlannerError(f"DeepSpeed cannot run etp={config.etp} with tp={config.tp}: it splits experts over all "
+                           f"TP ranks or none, so etp must equal tp (Megatron-LM folds EP over the TP ranks too)")
+    flags: list[Flag] = [("--moe-expert-parallel-size", str(config.ep))]
+    if config.tp > 1:
+        flags.append(("--enable-expert-tensor-parallelism",))  # the plan shards experts over TP too
+    return flags
+
+
 def megatron_deepspeed_arguments(plan: Plan, zero: int) -> tuple[tuple[FlagGroup, ...], tuple[str, ...]]:
     """Megatron-DeepSpeed flags in titled groups (the Megatron ones it shares, then its DeepSpeed switches),
     and what it has no flag for."""
@@ -183,8 +198,8 @@ def megatron_deepspeed_arguments(plan: Plan, zero: int) -> tuple[tuple[FlagGroup
     deepspeed: list[Flag] = []
     if config.recompute is Recompute.FULL:
         deepspeed.append(("--deepspeed-activation-checkpointing",))
-    if plan.model.is_moe and config.tp > 1:
-        deepspeed.append(("--enable-expert-tensor-parallelism",))  # the plan shards experts over TP too
+    if plan.model.is_moe:
+        deepspeed += _moe_flags(config)
     if config.pp == 1:
         deepspeed.append(("--no-pipeline-parallel",))
     deepspeed += [("--zero-stage", str(zero)), ("--deepspeed",), ("--deepspeed_config", DS_CONFIG)]

@@ -113,6 +113,16 @@ def torchrun_script(order: HostOrder, header: list[str], program: Program, envir
     return "\n".join(lines) + "\n"
 
 
+def _domain_lines(order: HostOrder) -> list[str]:
+    """Where NVLink domains span several hosts (an NVL72 rack of trays): each domain's hosts must be allocated
+    together and in rank order, which SLURM's block topology guarantees with --segment."""
+    if order.domain_hosts == 1:
+        return []
+    return [f"# Each NVLink domain spans {order.domain_hosts} hosts and the plan prices its groups on those domains:",
+            "# allocate whole domains, each domain's hosts consecutive in rank order (with SLURM's topology/block",
+            f"# plugin: sbatch --segment={order.domain_hosts} slurm.sbatch)."]
+
+
 def slurm_script(plan: Plan, order: HostOrder, header: list[str]) -> str:
     """`slurm.sbatch`: one task per node runs torchrun.sh with its node rank and the rendezvous host."""
     nnodes = len(order.hosts)
@@ -126,6 +136,7 @@ def slurm_script(plan: Plan, order: HostOrder, header: list[str]) -> str:
              f"{SLURM} [program args]",
              "# Node ranks follow the plan's host order when ./hostfile names exactly the allocated hosts (the plan's",
              "# placement depends on it), else the allocation's order; MASTER_ADDR is the node-rank-0 host.",
+             *_domain_lines(order),
              "set -euo pipefail",
              'HERE="${EXPORT_DIR:-${SLURM_SUBMIT_DIR:-$PWD}}"',
              f'if [[ ! -f "$HERE/{TORCHRUN}" ]]; then',

@@ -4,12 +4,15 @@ Flag names and rules follow ../shared/REFERENCE.md §1 (Megatron-LM's arguments.
 and pipeline_parallel_layer_layout.py). The stage split is given the simplest way Megatron accepts:
 nothing when uniform, `--decoder-first/last-pipeline-num-layers` when only the end stages differ
 (one stage per rank), otherwise `--pipeline-model-parallel-layout` with stages in virtual-stage-major
-order (stage k on pipeline rank k mod pp), which is also the order of the plan's stages.
+order (stage k on pipeline rank k mod pp), which is also the order of the plan's stages. A model with
+multi-token prediction always gets the layout (its `m` units on the last stage); a hybrid Mamba model runs
+`pretrain_mamba.py`, whose stack (megatron/core/ssm/mamba_block.py) splits only evenly or by first/last.
 """
 
 from __future__ import annotations
 
 import re
+from itertools import groupby
 
 from planner.config import Schedule
 from planner.errors import PlannerError
@@ -20,7 +23,6 @@ from planner.export.common import (
     host_files,
     host_order,
     placement_notes,
-    stage_units,
 )
 from planner.export.flags import (
     Dialect,
@@ -29,32 +31,40 @@ from planner.export.flags import (
     args_text,
     bash_array,
     cuda_connections_line,
+    is_hybrid,
     model_flags,
+    moe_dispatch_flags,
     parallel_flags,
     pretrain_placeholders,
 )
 from planner.export.launch import SLURM, TORCHRUN, Program, slurm_script, torchrun_script
+from planner.model import UnitKind
 from planner.plan import Plan
 
 __all__ = ["export_megatron", "layout_string", "megatron_arguments", "megatron_program", "parse_layout",
-           "split_arguments"]
+           "split_arguments", "stage_letters"]
 
 _REPEAT_GROUP = re.compile(r"\(([^()]*)\)\*(\d+)")
 _REPEAT_TOKEN = re.compile(r"([EtmL])\*(\d+)")
 
 
-def _repeat(token: str, count: int) -> str:
-    if count == 0:
-        return ""
-    return token if count == 1 else f"{token}*{count}"
-
-
 def layout_string(plan: Plan) -> str:
-    """The plan's split in Megatron's layout grammar: `E` embedding, `t` decoder layer, `L` loss, `|` stages."""
+    """The plan's split in Megatron's layout grammar: per virtual stage its units in order, `E` embedding,
+    `t` decoder layer, `m` MTP layer, `L` loss (the head), runs of one letter as `x*n`, stages joined by `|`."""
     stages = []
-    for embedding, start, end, head in stage_units(plan):
-        stages.append(("E" if embedding else "") + _repeat("t", end - start) + ("L" if head else ""))
+    for letters in stage_letters(plan):
+        runs = [(letter, len(list(run))) for letter, run in groupby(letters)]
+        stages.append("".join(letter if count == 1 else f"{letter}*{count}" for letter, count in runs))
     return "|".join(stages)
+
+
+def stage_letters(plan: Plan) -> list[list[str]]:
+    """Each virtual stage's units as Megatron layout letters (vision and projector blocks have none: refused)."""
+    letters = {UnitKind.EMBEDDING: "E", UnitKind.HEAD: "L"}
+    roles = {"decoder": "t", "mtp": "m"}
+    units = plan.model.units()
+    return [[letters.get(unit.kind) or roles[unit.block.role] for unit in units[start:end]]
+            for start, end in plan.partition.bounds()]
 
 
 def parse_layout(text: str) -> list[list[str]]:
@@ -71,37 +81,66 @@ def parse_layout(text: str) -> list[list[str]]:
     return stages
 
 
+def _require_mtp_with_loss(plan: Plan, stages: list[list[str]]) -> None:
+    """MTP layers are exported on the last virtual stage beside the loss, whose output layer they share
+    (Megatron also wants them after every decoder layer); PlannerError naming the stages otherwise."""
+    holding = [k for k, letters in enumerate(stages) if "m" in letters]
+    if holding and holding != [len(stages) - 1]:
+        raise PlannerError(
+            f"model {plan.model.name!r}: its multi-token-prediction block(s) must sit on the last pipeline stage, "
+            f"with the loss whose output layer they share; the plan puts them on stage(s) "
+            f"{', '.join(map(str, holding))} of 0..{len(stages) - 1}; re-plan or give a partition that ends with them")
+
+
 def split_arguments(plan: Plan) -> tuple[Flag, ...]:
-    """The flags that give Megatron the plan's stage split (none for its default uniform split)."""
-    blocks = plan.blocks_per_stage
+    """The flags that give Megatron the plan's stage split: none for its default uniform split,
+    `--decoder-first/last-pipeline-num-layers` when only the end stages differ (one stage per rank), else the
+    layout, which MTP layers always get. A hybrid (Mamba) model takes no layout and no virtual stages."""
+    stages = stage_letters(plan)
+    _require_mtp_with_loss(plan, stages)
+    layers = [letters.count("t") for letters in stages]
     config = plan.parallel
-    if len(set(blocks)) == 1:
+    layout = ("--pipeline-model-parallel-layout", layout_string(plan))
+    hybrid = is_hybrid(plan.model)
+    if hybrid and config.vpp > 1:
+        raise PlannerError(f"Megatron-LM's hybrid (Mamba) stack has no virtual pipeline stages; the plan has "
+                           f"vpp={config.vpp}")
+    if any("m" in letters for letters in stages):
+        return (layout,)
+    if len(set(layers)) == 1:
         if config.vpp > 1:
             return (("--num-virtual-stages-per-pipeline-rank", str(config.vpp)),)
         return ()
-    if config.vpp == 1 and min(blocks) >= 1 and len(set(blocks[1:-1])) <= 1:
+    if config.vpp == 1 and min(layers) >= 1 and len(set(layers[1:-1])) <= 1:
         # pp = 2: giving the first stage alone leaves the rest to the last; no middle stages to divide.
-        middle = blocks[1] if config.pp > 2 else blocks[-1]
+        middle = layers[1] if config.pp > 2 else layers[-1]
         flags = []
-        if blocks[0] != middle:
-            flags.append(("--decoder-first-pipeline-num-layers", str(blocks[0])))
-        if blocks[-1] != middle:
-            flags.append(("--decoder-last-pipeline-num-layers", str(blocks[-1])))
+        if layers[0] != middle:
+            flags.append(("--decoder-first-pipeline-num-layers", str(layers[0])))
+        if layers[-1] != middle:
+            flags.append(("--decoder-last-pipeline-num-layers", str(layers[-1])))
         return tuple(flags)
+    if hybrid:
+        raise PlannerError(
+            f"Megatron-LM's hybrid (Mamba) stack splits its layers evenly or with only the first and last stage "
+            f"different (--decoder-first/last-pipeline-num-layers); the plan's split {','.join(map(str, layers))} "
+            "needs a layout, which the hybrid stack ignores")
     # The layout implies vpp = stages / pp; Megatron accepts only one of layout and vpp flags.
-    return (("--pipeline-model-parallel-layout", layout_string(plan)),)
+    return (layout,)
 
 
 def megatron_arguments(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ...]]:
-    """Every `pretrain_gpt.py` flag the plan decides, in titled groups, and what Megatron-LM has no flag for."""
+    """Every `pretrain_gpt.py` (hybrid: `pretrain_mamba.py`) flag the plan decides, in titled groups, and what
+    Megatron-LM has no flag for."""
     config = plan.parallel
+    model = model_flags(plan.model, plan.training, Dialect.MEGATRON_LM)  # first: it refuses what has no layout
     parallel = list(parallel_flags(config, plan.training.global_batch, split_arguments(plan)))
     if config.cp > 1:  # Megatron-LM spells the all-gather variant "allgather" (--cp-comm-type choices)
         parallel += [("--context-parallel-size", str(config.cp)),
                      ("--cp-comm-type", config.cp_comm.replace("all-gather", "allgather"))]
     if plan.model.is_moe:  # always explicit: Megatron-LM's etp default is tp, the planner's may differ
         parallel += [("--expert-model-parallel-size", str(config.ep)),
-                     ("--expert-tensor-parallel-size", str(config.etp))]
+                     ("--expert-tensor-parallel-size", str(config.etp)), *moe_dispatch_flags(config)]
     if config.tp_comm_overlap:
         parallel.append(("--tp-comm-overlap",))  # Transformer Engine userbuffers; asserts --sequence-parallel
     distributed_optimizer = config.optimizer_sharding >= 1
@@ -115,7 +154,6 @@ def megatron_arguments(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
         parallel.append(("--overlap-grad-reduce",))
         if distributed_optimizer and config.overlap_param_gather:
             parallel.append(("--overlap-param-gather",))
-    model = model_flags(plan.model, plan.training, Dialect.MEGATRON_LM)
     return (("parallelism, batch, recompute", tuple(parallel)), ("model and precision", model.flags)), model.unsupported
 
 
@@ -130,11 +168,13 @@ def megatron_notes(plan: Plan) -> tuple[str, ...]:
 
 
 def megatron_program(plan: Plan, groups: tuple[FlagGroup, ...]) -> Program:
-    """`pretrain_gpt.py` with the plan's flags, then the user's data, checkpoint and schedule flags."""
+    """`pretrain_gpt.py` (a hybrid model: `pretrain_mamba.py`) with the plan's flags, then the user's data,
+    checkpoint and schedule flags."""
     setup = ('MEGATRON_LM="${MEGATRON_LM:-$PWD}"', *bash_array("MEGATRON_ARGS", groups),
              'read -r -a DATA <<< "$DATA_ARGS"', 'read -r -a CHECKPOINT <<< "$CHECKPOINT_ARGS"',
              f'read -r -a TRAIN <<< "${{TRAIN_ARGS:-{TRAIN_PLACEHOLDER_ARGS}}}"')
-    return Program(setup, '"$MEGATRON_LM/pretrain_gpt.py" "${MEGATRON_ARGS[@]}" "${DATA[@]}" "${CHECKPOINT[@]}" '
+    script = "pretrain_mamba.py" if is_hybrid(plan.model) else "pretrain_gpt.py"
+    return Program(setup, f'"$MEGATRON_LM/{script}" "${{MEGATRON_ARGS[@]}}" "${{DATA[@]}}" "${{CHECKPOINT[@]}}" '
                           '"${TRAIN[@]}"',
                    pretrain_placeholders(plan.model),
                    ("MEGATRON_LM: a Megatron-LM checkout (default: the current directory); TRAIN_ARGS: the "

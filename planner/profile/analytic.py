@@ -5,7 +5,9 @@ calibrated fraction of it training GEMMs reach (and, for FP8, FP8's lower fracti
 times a wave-quantisation factor (output tiles over whole waves of SMs), so small or oddly shaped
 GEMMs are slower per FLOP, and a calibrated penalty applies when a 16-bit operand's leading dimension is
 not a whole number of 16-byte vectors (BLOOM's 108-wide heads); element-wise work (norms, activations,
-residuals, dropout, softmax) is memory bound at HBM bandwidth. Times are per micro-batch on one TP rank.
+residuals, dropout, softmax) is memory bound at HBM bandwidth. Every kernel pays a fixed GPU-side launch cost,
+and a pass takes at least the host (CPU) time eager PyTorch needs to launch its kernels, which is what
+small models and thin TP shards run at. Times are per micro-batch on one TP rank.
 
 FLOP conventions (checked in tests against Narayanan et al. 2021 eq. 3 and Korthikanti et al.
 2022 eq. 7): a GEMM of m×k by k×n costs 2mnk; backward costs twice the forward GEMMs.
@@ -14,11 +16,12 @@ FLOP conventions (checked in tests against Narayanan et al. 2021 eq. 3 and Korth
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cache
 
 from planner.config import Training
 from planner.gpu import GPUSpec
-from planner.model import ModelSpec, UnitKind
+from planner.model import AttentionSpec, BlockSpec, MlpSpec, ModelSpec, UnitKind
 from planner.profile.calibration import Calibration
 
 __all__ = [
@@ -26,6 +29,7 @@ __all__ = [
     "UnitSetting",
     "UnitTimes",
     "block_forward_flops",
+    "block_type_forward_flops",
     "head_forward_flops",
     "unit_setting",
 ]
@@ -42,6 +46,18 @@ _FP8_GRAD_CAST_BYTES = 4
 _FP8_INPUT_TRANSPOSE_BYTES = 2
 _FP8_UNFUSED_CAST_BYTES = 3
 _VECTOR_BYTES = 16  # tensor-core GEMM kernels load operands in 16-byte vectors
+# Kernels a transformer block's forward launches besides its linear layers' GEMMs, per rank (Megatron-LM's
+# fused kernels: one LayerNorm/RMSNorm each, one bias-dropout-add each): 2 norms, 2 residual adds, 1 activation;
+# the attention core is 1 FlashAttention kernel, or unfused 2 batched GEMMs + the fused scale-mask-softmax +
+# the output transpose copy (+ dropout); RoPE rotates q and k (2); each TP collective is one NCCL kernel.
+_BLOCK_ELEMENTWISE_KERNELS = 5
+_UNFUSED_ATTENTION_KERNELS = 4
+# Megatron-LM's vocab-parallel cross entropy: logit max, subtract, target-logit gather (mask, index, sum), exp,
+# exp-sum, log and loss mean, with two all-reduces under TP
+_CROSS_ENTROPY_KERNELS = 8
+# The backward launches about twice the forward's kernels: dgrad + wgrad per GEMM, and per element-wise op
+# its gradient kernel plus a bias-gradient reduction or gradient accumulation (PyTorch autograd).
+_BACKWARD_KERNELS_PER_FORWARD = 2
 
 
 @dataclass(frozen=True)
@@ -101,18 +117,45 @@ def _gemm_dtype_outside_linears(dtype: str, gpu: GPUSpec) -> str:
 
 
 def block_forward_flops(model: ModelSpec, tokens: int, seq_len: int, causal_halving: bool = False) -> float:
-    """Forward FLOPs of the mean transformer block over `tokens` tokens (whole model width, no TP): the
-    attention linears (MHA/GQA or MLA), the dense MLP or the top-k routed experts + shared experts +
-    router, averaged over the blocks (dense first layers included), and the attention core."""
-    h, heads = model.hidden_size, model.num_attention_heads
-    gemm = 2 * tokens * sum(a * b for a, b in model.attention_linears())
-    mlp = model.mlp_matrices * 2 * tokens * h
-    dense = mlp * model.ffn_hidden_size
-    routed = mlp * (model.moe_top_k * model.expert_ffn_hidden_size + (model.shared_expert_ffn_hidden_size or 0))
-    routed += 2 * tokens * h * model.num_experts
-    gemm += (model.num_moe_layers * routed + (model.num_layers - model.num_moe_layers) * dense) / model.num_layers
-    width = heads * (model.qk_head_dim + model.value_head_dim)
-    attention = 2 * tokens * seq_len * width * (0.5 if causal_halving else 1.0)
+    """Forward FLOPs of the mean block over `tokens` tokens of `seq_len`-token sequences (whole model width, no
+    TP): `block_type_forward_flops` averaged over the model's blocks, so num_layers times it is the sum."""
+    types = model.block_types()
+    if len(types) == 1:
+        return block_type_forward_flops(model, next(iter(types)), tokens, seq_len, causal_halving)
+    return sum(count * block_type_forward_flops(model, block, tokens, seq_len, causal_halving)
+               for block, count in types.items()) / model.num_layers
+
+
+def block_type_forward_flops(model: ModelSpec, block: BlockSpec, tokens: float, seq_len: int,
+                             causal_halving: bool = False) -> float:
+    """Forward FLOPs of one block of `model` of type `block` over `tokens` tokens of `seq_len`-token sequences (a block
+    with its own token count, e.g. a vision encoder's, runs tokens / seq_len samples of its own length): the
+    mixer's linears (MHA/GQA or MLA, or Mamba's in/out projections), the dense MLP or the top-k routed
+    experts + shared experts + router, the block's further linears, the attention core over the keys each
+    query sees (`AttentionSpec.keys_per_query`: a window's or chunk's, not the sequence's), and the Mamba-2
+    scan at Megatron-LM's 7 FLOPs per inner channel and state element (its num_floating_point_operations), and
+    an MTP block's own output projection."""
+    if block.tokens is not None:
+        tokens, seq_len = tokens * block.tokens / seq_len, block.tokens
+    h = block.hidden_size
+    gemm = 2 * tokens * sum(a * b for a, b in block.mixer_linears)
+    if block.mlp is not None:
+        mlp = block.mlp.matrices * 2 * tokens * h
+        if block.mlp.is_moe:
+            gemm += mlp * (block.mlp.moe_top_k * block.mlp.ffn_hidden_size
+                           + (block.mlp.shared_expert_ffn_hidden_size or 0)) + 2 * tokens * h * block.mlp.num_experts
+        else:
+            gemm += mlp * block.mlp.ffn_hidden_size
+    gemm += 2 * tokens * sum(a * b for a, b, _ in block.linears)
+    if block.mamba is not None:
+        gemm += 7 * tokens * block.mamba.inner_size * block.mamba.state_size
+    if block.output_head:
+        gemm += head_forward_flops(model, tokens)
+    attention = 0.0
+    if block.attention is not None:
+        a = block.attention
+        width = a.num_attention_heads * (a.qk_head_dim + a.value_head_dim)
+        attention = 2 * tokens * a.keys_per_query(seq_len, causal_halving) * width
     return gemm + attention
 
 
@@ -153,11 +196,141 @@ class AnalyticProfile:
 
     # ---- units -------------------------------------------------------------------------
     def times(self, kind: UnitKind, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
+        """Times of a unit kind; a block is the mean block (a model stated layer by layer: `mean_block_times`)."""
         if kind is UnitKind.BLOCK:
-            return self._block(setting, gpu)
+            return self._block(setting, gpu) if self.model.layers is None else self.mean_block_times(setting, gpu)
         if kind is UnitKind.EMBEDDING:
             return self._embedding(setting, gpu)
         return self._head(setting, gpu)
+
+    # ---- per block type ----------------------------------------------------------------
+    def times_by_type(self, setting: UnitSetting, gpu: GPUSpec) -> dict[BlockSpec, UnitTimes]:
+        """`block_times` of each of the model's block types (`ModelSpec.block_types`)."""
+        return {block: self.block_times(block, setting, gpu) for block in self.model.block_types()}
+
+    def mean_block_times(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
+        """The blocks' times averaged field by field, weighted by how many blocks have each type."""
+        counts, times = self.model.block_types(), self.times_by_type(setting, gpu)
+        if len(times) == 1:
+            return next(iter(times.values()))
+        def mean(values: list[float]) -> float:
+            return sum(n * v for n, v in zip(counts.values(), values, strict=True)) / self.model.num_layers
+        fields = [[t.forward_s, t.backward_s, t.attention_core_forward_s, t.attention_core_backward_s,
+                   *t.linear_forward_s] for t in times.values()]
+        mixed = [mean(list(column)) for column in zip(*fields, strict=True)]
+        return UnitTimes(mixed[0], mixed[1], mixed[2], tuple(mixed[4:]), mixed[3])
+
+    def block_times(self, block: BlockSpec, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
+        """Compute time of one block of type `block` per micro-batch on one TP rank. A block of attention (any
+        kind) and an MLP is costed by the mean-block rules (`_block_of`) applied to the block's own shapes,
+        its attention core swapped for its kind's; a block lacking either, or with a Mamba-2 mixer, is
+        composed from the same rules sub-layer by sub-layer (`_composed_block`). A block with its own token
+        count (a vision encoder) runs micro_batch samples of it, whole on every context-parallel rank.
+        `linear_forward_s` is always (mixer input, mixer output, MLP up, MLP down), zero where absent."""
+        if block.tokens is not None:
+            setting = replace(setting, seq_len=block.tokens, cp=1)
+        if block.attention is not None and block.mlp is not None:
+            view = AnalyticProfile(_block_view(self.model, block), self.calibration)
+            times = view._block_of(setting, gpu, block.mlp.is_moe)
+            if block.attention.kind != "full":
+                full_forward, full_backward = view._attention_core(setting, gpu)
+                forward, backward = self._typed_attention_core(block.attention, (full_forward, full_backward),
+                                                               setting)
+                times = UnitTimes(times.forward_s - full_forward + forward,
+                                  times.backward_s - full_backward + backward, forward, times.linear_forward_s,
+                                  backward)
+        elif block.attention is not None or block.mamba is not None or block.mlp is not None:
+            times = self._composed_block(block, setting, gpu)
+        else:
+            times = UnitTimes(0.0, 0.0, 0.0, (0.0, 0.0, 0.0, 0.0))
+        extra_forward = sum(self.gemm_time(gpu, setting.dtype, setting.tokens, n, k) for k, n, _ in block.linears)
+        extra_backward = 2 * extra_forward
+        if block.post_norms:  # a second norm per sub-layer: read + write 2-byte activations
+            width = block.hidden_size / setting.tp if setting.sequence_parallel else block.hidden_size
+            norms = self.memory_time(gpu, setting.tokens * block.sublayers * 4 * width)
+            extra_forward, extra_backward = extra_forward + norms, extra_backward + 2 * norms
+        if block.output_head:
+            head = self._head(setting, gpu)
+            extra_forward, extra_backward = extra_forward + head.forward_s, extra_backward + head.backward_s
+        return replace(times, forward_s=times.forward_s + extra_forward, backward_s=times.backward_s + extra_backward)
+
+    def _typed_attention_core(self, attention: AttentionSpec, full: tuple[float, float],
+                              setting: UnitSetting) -> tuple[float, float]:
+        """(forward, backward) of the attention core of `attention`'s kind, from `full`, the full causal core's
+        at the same shape. FlashAttention skips the key tiles outside a window or chunk, so a query tile runs
+        over the keys it sees plus a partly masked tile at each edge: bidirectional s, sliding (mean keys) +
+        tile, chunked c/2 · (1 + tile/c); unfused kernels compute the whole score matrix and mask it."""
+        if attention.kind == "full" or setting.attention != "flash":
+            return full
+        s, tile, launch = setting.seq_len, _FLASH_TILE, self.calibration.kernel_launch_s
+        causal = 0.5 * s * (1 + min(tile / s, 1.0))
+        if attention.kind == "bidirectional":
+            keys = float(s)
+        elif attention.kind == "sliding":
+            keys = min(causal, attention.keys_per_query(s, causal_halving=True) + tile)
+        else:
+            chunk = min(attention.window, s)
+            keys = 0.5 * chunk * (1 + min(tile / chunk, 1.0))
+        forward = (full[0] - launch) * keys / causal + launch
+        return forward, _ATTENTION_BACKWARD_RATIO * forward
+
+    def _composed_block(self, block: BlockSpec, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
+        """A block of one sub-layer, or with a Mamba-2 mixer: its linears (attention's and the MLP's by
+        `_attention_linears` and `_mlp_linears` at the block's shapes, Mamba's by `_mamba`), its attention
+        core, and per sub-layer a norm, a residual add (and dropout) at HBM bandwidth, one launch each."""
+        view = AnalyticProfile(_block_view(self.model, block), self.calibration)
+        linears = [0.0, 0.0, 0.0, 0.0]
+        core_forward = core_backward = scan_forward = scan_backward = router = 0.0
+        t, h = setting.tp, block.hidden_size
+        width = h / t if setting.sequence_parallel else h
+        per_token = block.sublayers * (4 + 6 + (5 if block.dropout else 0)) * width
+        kernels = 2 * block.sublayers
+        if block.attention is not None:
+            linears[0], linears[1], _ = view._attention_linears(setting, gpu)
+            core_forward, core_backward = self._typed_attention_core(
+                block.attention, view._attention_core(setting, gpu), setting)
+            if block.attention.rope:
+                per_token += 4 * (block.attention.query_width + block.attention.kv_width) / t
+        if block.mamba is not None:
+            linears[0], linears[1], scan_forward, scan_backward = self._mamba(block, setting, gpu)
+        if block.mlp is not None:
+            linears[2], linears[3], router = view._mlp_linears(setting, gpu, block.mlp.is_moe)
+            mlp = block.mlp
+            routed = mlp.moe_top_k * setting.expert_load * mlp.ffn_hidden_size
+            ffn = routed + (mlp.shared_expert_ffn_hidden_size or 0) if mlp.is_moe else mlp.ffn_hidden_size
+            per_token += (6 if mlp.gated else 4) * ffn / t
+            kernels += 1
+        gemms = sum(linears) + router
+        elementwise = self.memory_time(gpu, setting.tokens * per_token) + kernels * self.calibration.kernel_launch_s
+        return UnitTimes(gemms + core_forward + scan_forward + elementwise,
+                         2 * gemms + core_backward + scan_backward + 2 * elementwise,
+                         core_forward, tuple(linears), core_backward)
+
+    def _mamba(self, block: BlockSpec, setting: UnitSetting, gpu: GPUSpec) -> tuple[float, float, float, float]:
+        """(in_proj, out_proj, scan forward, scan backward) of a Mamba-2 mixer on one TP rank. As Megatron-Core's
+        MambaMixer splits it: in_proj column-parallel, out_proj row-parallel, heads and groups over TP. The
+        chunked SSD scan (Dao & Gu 2024, §6) per chunk of Q tokens, as batched GEMMs: the intra-chunk scores
+        C·Bᵀ (Q×Q over the state N, per group), their product with x (Q×Q by Q×P, per head), each chunk's
+        state Bᵀ·x (N×Q by Q×P) and the output from the carried state C·h (Q×N by N×P), plus the fp32 chunk
+        states written and read once; the causal conv1d (with SiLU) over x, B and C and the gated RMSNorm
+        read and write their 2-byte tensors. Backward: twice the GEMMs and the memory traffic."""
+        mamba, t, dtype, tokens = block.mamba, setting.tp, setting.dtype, setting.tokens
+        h, state, head_dim = block.hidden_size, mamba.state_size, mamba.head_dim
+        in_proj = self.gemm_time(gpu, dtype, tokens, mamba.in_proj_width / t, h)
+        out_proj = self.gemm_time(gpu, dtype, tokens, h, mamba.inner_size / t)
+        heads, groups = mamba.num_heads / t, max(mamba.num_groups / t, 1.0)
+        q = min(mamba.chunk_size, setting.seq_len)
+        chunks = tokens / q
+        scan_dtype = _gemm_dtype_outside_linears(dtype, gpu)
+        gemms = (self.gemm_time(gpu, scan_dtype, q, q, state, chunks * groups)
+                 + self.gemm_time(gpu, scan_dtype, q, head_dim, q, chunks * heads)
+                 + self.gemm_time(gpu, scan_dtype, state, head_dim, q, chunks * heads)
+                 + self.gemm_time(gpu, scan_dtype, q, head_dim, state, chunks * heads))
+        conv, inner = mamba.conv_channels / t, mamba.inner_size / t
+        per_token = 2 * 2 * conv + 2 * 3 * inner + 2 * conv + 4 * heads + 2 * inner  # conv, gated norm, scan I/O
+        traffic = chunks * heads * head_dim * state * 4 * 2 + tokens * per_token
+        memory = self.memory_time(gpu, traffic)
+        return in_proj, out_proj, gemms + memory, 2 * gemms + 2 * memory
 
     def _attention_core(self, setting: UnitSetting, gpu: GPUSpec) -> tuple[float, float]:
         m, s, b, cp = self.model, setting.seq_len, setting.micro_batch, setting.cp
@@ -200,6 +373,29 @@ class AnalyticProfile:
         rope = 4 * (m.query_width + m.kv_width) / t if m.position_embedding == "rope" else 0.0
         return norms + residuals + dropouts + activation + rope
 
+
+    def _block_kernels(self, setting: UnitSetting, moe: bool) -> tuple[int, int]:
+        """(memory-bound kernels, all kernels) a block's forward launches on one rank. GEMMs: one per attention
+        weight matrix and MLP matrix; an MoE block runs its experts as grouped GEMMs and adds the router GEMM,
+        its top-k/softmax and the dispatcher's permute and un-permute. The unfused attention core's two batched
+        GEMMs count as GEMMs (`gemm_time` charges their launch), FlashAttention as one kernel."""
+        m = self.model
+        elementwise = _BLOCK_ELEMENTWISE_KERNELS + (2 if m.position_embedding == "rope" else 0)
+        gemms = len(m.attention_linears()) + m.mlp_matrices
+        if moe:
+            gemms += 1 + (m.mlp_matrices if m.shared_expert_ffn_hidden_size else 0)
+            elementwise += 4
+        core = 1
+        if setting.attention != "flash":
+            gemms, core = gemms + 2, 0
+            elementwise += _UNFUSED_ATTENTION_KERNELS - 2 + (1 if m.dropout else 0)
+        collectives = (4 if setting.sequence_parallel else 2) if setting.tp > 1 else 0
+        return elementwise, elementwise + gemms + core + collectives
+
+    def _host_bound(self, gpu_s: float, kernels: float) -> float:
+        """A pass's time: its GPU time, or the host's time to launch its kernels when that is longer (eager
+        PyTorch queues kernels asynchronously, so the GPU waits only when the host falls behind)."""
+        return max(gpu_s, kernels * self.calibration.host_kernel_s)
 
     def _block(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
         """The mean block: MoE and dense blocks weighted by their counts (all blocks are costed alike)."""
@@ -274,8 +470,11 @@ class AnalyticProfile:
             cast_forward = self.memory_time(gpu, tokens * _FP8_UNFUSED_CAST_BYTES * q / t)
             cast_backward = self.memory_time(gpu, tokens * sum(
                 _FP8_GRAD_CAST_BYTES * n + _FP8_INPUT_TRANSPOSE_BYTES * k_in for k_in, n in widths))
-        forward = gemms + core_forward + elementwise + cast_forward
-        backward = 2 * gemms + core_backward + 2 * elementwise + cast_backward
+        memory_kernels, kernels = self._block_kernels(setting, moe)
+        elementwise += memory_kernels * self.calibration.kernel_launch_s
+        forward = self._host_bound(gemms + core_forward + elementwise + cast_forward, kernels)
+        backward = self._host_bound(2 * gemms + core_backward + 2 * elementwise + cast_backward,
+                                    _BACKWARD_KERNELS_PER_FORWARD * kernels)
         return UnitTimes(forward, backward, core_forward, tuple(linears), core_backward)
 
     def _embedding(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
@@ -285,7 +484,11 @@ class AnalyticProfile:
         forward_bytes = tokens * (2 * m.hidden_size + 2 * width * (2 if m.position_embedding == "learned" else 1))
         # backward accumulates row gradients into the (vocab-sharded) fp32 table gradient
         backward_bytes = tokens * m.hidden_size * (2 + 8)
-        return UnitTimes(self.memory_time(gpu, forward_bytes), self.memory_time(gpu, backward_bytes))
+        # lookup, position add, dropout; the vocab-parallel lookup's all-reduce under TP
+        kernels = (1 + (m.position_embedding == "learned") + m.dropout + (setting.tp > 1))
+        launch = kernels * self.calibration.kernel_launch_s
+        return UnitTimes(self._host_bound(self.memory_time(gpu, forward_bytes) + launch, kernels),
+                         self._host_bound(self.memory_time(gpu, backward_bytes) + launch, kernels))
 
     def _head(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
         m, t = self.model, setting.tp
@@ -297,7 +500,36 @@ class AnalyticProfile:
         norm = self.memory_time(gpu, tokens * 4 * width)
         # vocab-parallel cross entropy over fp32 logits: max, exp-sum and loss passes, then the gradient
         cross_entropy = self.memory_time(gpu, tokens * vocab_local * 4 * 4)
-        return UnitTimes(logits + norm + cross_entropy, 2 * logits + 2 * norm + cross_entropy)
+        cross_entropy += _CROSS_ENTROPY_KERNELS * self.calibration.kernel_launch_s
+        kernels = 2 + _CROSS_ENTROPY_KERNELS + (2 if t > 1 else 0)  # the norm and the logits GEMM besides
+        backward_kernels = _BACKWARD_KERNELS_PER_FORWARD * kernels
+        return UnitTimes(self._host_bound(logits + norm + cross_entropy, kernels),
+                         self._host_bound(2 * logits + 2 * norm + cross_entropy, backward_kernels))
+
+
+@cache
+def _view_of(name: str, vocab_size: int, block: BlockSpec) -> ModelSpec:
+    h = block.hidden_size
+    attention = block.attention or AttentionSpec("full", 1, 1, h)
+    mlp = block.mlp or MlpSpec(h)
+    return ModelSpec(
+        name, 1, h, attention.num_attention_heads, mlp.ffn_hidden_size, vocab_size,
+        num_key_value_heads=attention.num_key_value_heads, head_dim=attention.head_dim,
+        activation="swiglu" if mlp.gated else "gelu",
+        normalization=block.normalization, position_embedding="rope" if block.attention and attention.rope else "alibi",
+        qkv_bias=attention.qkv_bias, num_experts=mlp.num_experts, moe_top_k=mlp.moe_top_k,
+        moe_ffn_hidden_size=mlp.ffn_hidden_size if mlp.is_moe else None,
+        shared_expert_ffn_hidden_size=mlp.shared_expert_ffn_hidden_size if mlp.is_moe else None, moe_bias=mlp.moe_bias,
+        qk_norm=attention.qk_norm, q_lora_rank=attention.q_lora_rank, kv_lora_rank=attention.kv_lora_rank,
+        qk_rope_head_dim=attention.qk_rope_head_dim, v_head_dim=attention.v_head_dim, dropout=block.dropout)
+
+
+def _block_view(model: ModelSpec, block: BlockSpec) -> ModelSpec:
+    """A one-block uniform model whose scalar fields are `block`'s width, attention (full causal: the core of
+    its kind is costed apart; RoPE or none) and MLP (any gated one costs as SwiGLU, any other as GeLU: same
+    shapes), so the mean-block rules cost the block's parts. Parts the block lacks get placeholder shapes
+    that the callers do not read."""
+    return _view_of(model.name, model.vocab_size, block)
 
 
 def unit_setting(training: Training, tp: int, micro_batch: int, sequence_parallel: bool, cp: int = 1, ep: int = 1,

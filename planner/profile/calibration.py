@@ -47,6 +47,9 @@ class Calibration:
     # GEMM efficiency, relative to an aligned GEMM, when a leading dimension (k or n) of a 16-bit / FP8
     # operand is not a multiple of 16 bytes: tensor-core kernels with 16-byte vector loads cannot run
     misaligned_gemm_efficiency: float = 1.0
+    # host (CPU) time eager PyTorch spends per kernel it launches (Python, dispatcher, autograd, launch): a pass
+    # whose kernels are shorter than this is host-bound
+    host_kernel_s: float = 0.0
 
     def collective_efficiency(self, kind: str) -> float:
         return self.collective_efficiency_intra if kind == "intra" else self.collective_efficiency_inter

@@ -10,7 +10,9 @@ a2a (Ulysses) needs the attention and KV heads of a TP rank to divide by cp. ZeR
 or without pipeline parallelism (DeepSpeed alone refuses it with PP; its export says so); HSDP only
 when asked for. ZeRO-1 and the distributed optimizer shard alike, so the search explores the
 distributed optimizer and takes ZeRO-1 only when asked for. Sequence parallelism is on whenever
-tp > 1 (Megatron-LM's recommended setting) unless the user fixes it.
+tp > 1 (Megatron-LM's recommended setting) unless the user fixes it. With expert parallelism the flex
+dispatcher and EP communication overlap are used wherever the framework runs them, unless fixed: neither
+adds time in the cost model (flex sends at most the alltoall dispatcher's network bytes; overlap only hides).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from itertools import product
 from typing import Any
 
 from planner.cluster import Cluster
-from planner.config import CP_COMMS, ParallelConfig, Recompute, Schedule, Training
+from planner.config import CP_COMMS, MOE_DISPATCHERS, ParallelConfig, Recompute, Schedule, Training
 from planner.errors import PlannerError
 from planner.frameworks import framework_named
 from planner.model import ModelSpec
@@ -59,6 +61,8 @@ class FixedOptions:
     hsdp_replicas: int | None = None
     ep: int | None = None
     etp: int | None = None
+    moe_dispatcher: str | None = None
+    moe_ep_overlap: bool | None = None
     framework: str | None = None  # planner.frameworks name; None: any (every layout, Megatron-LM's semantics)
 
     @classmethod
@@ -73,7 +77,8 @@ class FixedOptions:
             sequence_parallel=options.get("sequence_parallel"),
             tp_comm_overlap=options.get("tp_comm_overlap"), cp=options.get("cp"), cp_comm=options.get("cp_comm"),
             hsdp_replicas=options.get("hsdp_replicas"), framework=options.get("framework"),
-            ep=options.get("ep"), etp=options.get("etp"),
+            ep=options.get("ep"), etp=options.get("etp"), moe_dispatcher=options.get("moe_dispatcher"),
+            moe_ep_overlap=options.get("moe_ep_overlap"),
         )
 
 
@@ -81,6 +86,11 @@ def _divisors(n: int) -> list[int]:
     """The divisors of n in increasing order, in O(√n) (a global batch may be 10⁸ sequences)."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return small + [n // d for d in reversed(small) if d * d != n]
+
+
+def _listed(values: list[int], most: int = 12) -> str:
+    """'1, 2, 4, 8', or the first `most` values and '…' (a sequence length has many divisors)."""
+    return ", ".join(map(str, values[:most])) + (", …" if len(values) > most else "")
 
 
 def _tp_allowed(tp: int, model: ModelSpec, cluster: Cluster) -> str | None:
@@ -97,7 +107,9 @@ def _tp_allowed(tp: int, model: ModelSpec, cluster: Cluster) -> str | None:
 def _cp_allowed(cp: int, cp_comm: str | None, tp: int, model: ModelSpec, training: Training) -> str | None:
     """None if cp (with this variant, if given) is valid at this tp, else why not."""
     if training.seq_len % (2 * cp):
-        return f"must divide the sequence length {training.seq_len} into 2·cp chunks (causal load balancing)"
+        allowed = [c for c in _divisors(training.seq_len // 2) if training.seq_len % (2 * c) == 0]
+        return (f"must divide the sequence length {training.seq_len} into 2·cp chunks (causal load balancing; "
+                f"allowed: {_listed(allowed)})")
     if cp_comm == "a2a" and cp > 1 and (model.num_attention_heads % (tp * cp) or model.num_key_value_heads % (tp * cp)):
         return (f"with --cp-comm a2a, tp·cp must divide the attention heads ({model.num_attention_heads}) and KV "
                 f"heads ({model.num_key_value_heads})")
@@ -121,7 +133,8 @@ def _check_fixed(model: ModelSpec, cluster: Cluster, training: Training, fixed: 
     for name in ("tp", "pp", "dp", "cp"):
         value = getattr(fixed, name)
         if value is not None and gpus % value:
-            raise PlannerError(f"--{name} {value} does not divide the cluster's {gpus} GPUs")
+            raise PlannerError(f"--{name} {value} does not divide the cluster's {gpus} GPUs "
+                               f"(allowed: {_listed(_divisors(gpus))})")
     if fixed.pp is not None and fixed.pp > model.num_layers:
         raise PlannerError(f"--pp {fixed.pp} exceeds the model's {model.num_layers} layers")
     if fixed.dp is not None and training.global_batch % fixed.dp:
@@ -225,6 +238,15 @@ def _tp_comm_overlaps(fixed: FixedOptions, sequence_parallel: bool) -> list[bool
     return [True] if fixed.tp_comm_overlap is None else [fixed.tp_comm_overlap]
 
 
+def _ep_overlap(config: ParallelConfig, fixed: FixedOptions) -> bool | None:
+    """EP communication overlap for `config`: wherever Megatron-Core can run it, unless fixed (it only hides
+    communication, like `_tp_comm_overlaps`); None drops a configuration a fixed --moe-ep-overlap cannot run."""
+    allowed = config.ep_overlap_why_not() is None
+    if fixed.moe_ep_overlap is None:
+        return allowed
+    return None if fixed.moe_ep_overlap and not allowed else fixed.moe_ep_overlap
+
+
 def _check_fixed_experts(model: ModelSpec, cluster: Cluster, fixed: FixedOptions) -> None:
     """Reject a fixed --ep / --etp that no layout can run: on a dense model, an ep not dividing the routed
     experts (an EP group larger than the expert count included), or ep·etp not dividing the GPUs."""
@@ -234,15 +256,28 @@ def _check_fixed_experts(model: ModelSpec, cluster: Cluster, fixed: FixedOptions
             raise PlannerError(f"--{name} must be a positive integer, got {value}")
     if ep * etp > 1 and not model.is_moe:
         raise PlannerError(f"--ep {ep} / --etp {etp}: {model.name} has no routed experts; use ep = etp = 1")
+    experts = f"{model.name}'s {model.num_experts} routed experts (allowed: {_listed(_divisors(model.num_experts))})"
+    if ep > model.num_experts:
+        raise PlannerError(f"--ep {ep}: an expert-parallel group of {ep} ranks is larger than {experts}")
     if model.num_experts % ep:
-        raise PlannerError(f"--ep {ep} must divide {model.name}'s {model.num_experts} routed experts "
-                           f"(allowed: {', '.join(map(str, _divisors(model.num_experts)))})")
+        raise PlannerError(f"--ep {ep} must divide {experts}")
     if cluster.num_gpus % (ep * etp):
-        raise PlannerError(f"--ep {ep} × --etp {etp} = {ep * etp} does not divide the cluster's "
-                           f"{cluster.num_gpus} GPUs")
+        gpus = cluster.num_gpus
+        allowed = (f"with --ep {ep}, --etp may be {_listed(_divisors(gpus // ep))}" if gpus % ep == 0 else
+                   f"--ep may be {_listed(_divisors(math.gcd(gpus, model.num_experts)))}")
+        raise PlannerError(f"--ep {ep} × --etp {etp} = {ep * etp} does not divide the cluster's {gpus} GPUs "
+                           f"({allowed})")
+    if fixed.moe_dispatcher is not None and fixed.moe_dispatcher not in MOE_DISPATCHERS:
+        raise PlannerError(f"--moe-dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, "
+                           f"got {fixed.moe_dispatcher!r}")
+    if fixed.moe_ep_overlap and (not model.is_moe or fixed.ep == 1):
+        raise PlannerError(f"--moe-ep-overlap overlaps expert-parallel all-to-alls and needs an MoE model with "
+                           f"ep > 1, got {model.name} with --ep {fixed.ep}" if model.is_moe else
+                           f"--moe-ep-overlap: {model.name} has no routed experts")
     if fixed.etp is not None and model.expert_ffn_hidden_size % fixed.etp:
-        raise PlannerError(f"--etp {fixed.etp} must divide the expert intermediate size "
-                           f"{model.expert_ffn_hidden_size}")
+        width = model.expert_ffn_hidden_size
+        raise PlannerError(f"--etp {fixed.etp} must divide the expert intermediate size {width} "
+                           f"(allowed: {_listed(_divisors(width))})")
 
 
 def _expert_options(model: ModelSpec, tp: int, ranks: int, fixed: FixedOptions) -> list[tuple[int, int]]:
@@ -266,8 +301,9 @@ def _expert_options(model: ModelSpec, tp: int, ranks: int, fixed: FixedOptions) 
 def complete_config(fixed: FixedOptions, model: ModelSpec, cluster: Cluster, training: Training) -> ParallelConfig:
     """The one configuration `estimate` evaluates from what the user fixed, checked like the search's:
     unspecified degrees default to 1 with dp taking the remaining GPUs, the defaults of the search
-    (1F1B, or interleaved when vpp > 1; sequence parallelism with tp > 1; no recompute, sharding or TP
-    communication overlap, Megatron-LM's defaults), as `fixed.framework` runs it (PlannerError if it cannot)."""
+    (1F1B, or interleaved when vpp > 1; sequence parallelism with tp > 1; no recompute, sharding, TP or EP
+    communication overlap, Megatron-LM's defaults; the alltoall dispatcher), as `fixed.framework` runs it
+    (PlannerError if it cannot)."""
     _check_fixed(model, cluster, training, fixed)
     tp, pp, cp = fixed.tp or 1, fixed.pp or 1, fixed.cp or 1
     dp = fixed.dp
@@ -283,7 +319,8 @@ def complete_config(fixed: FixedOptions, model: ModelSpec, cluster: Cluster, tra
     ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, ep=fixed.ep or 1, etp=etp).check_experts(model.num_experts)
     return framework_named(fixed.framework or "any").require(ParallelConfig(
         dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, cp_comm=fixed.cp_comm or "p2p", hsdp_replicas=hsdp,
-        ep=fixed.ep or 1, etp=etp,
+        ep=fixed.ep or 1, etp=etp, moe_dispatcher=fixed.moe_dispatcher or "alltoall",
+        moe_ep_overlap=bool(fixed.moe_ep_overlap),
         micro_batch=fixed.micro_batch or 1,
         sequence_parallel=_sequence_parallel(fixed, tp), recompute=fixed.recompute or Recompute.NONE,
         tp_comm_overlap=bool(fixed.tp_comm_overlap), zero_stage=fixed.zero_stage or (3 if hsdp > 1 else 0),
@@ -301,11 +338,18 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, training: Training,
 def runnable_by_framework(configs: Iterable[ParallelConfig], fixed: FixedOptions) -> Iterator[ParallelConfig]:
     """The configurations the framework runs, with its execution semantics. Where the user left them open,
     the framework's own way of sharding only optimizer states stands for the distributed optimizer
-    (DeepSpeed: ZeRO-1; torchtitan has none), and TP communication overlap is off where it has none."""
+    (DeepSpeed: ZeRO-1; torchtitan has none), and TP communication overlap, EP communication overlap and the
+    flex dispatcher are off where it has none."""
     framework = framework_named(fixed.framework or "any")
     sharding_open = fixed.zero_stage is None and fixed.distributed_optimizer is None
     overlap_off = fixed.tp_comm_overlap is None and not framework.tp_comm_overlap
+    ep_overlap_off = fixed.moe_ep_overlap is None and not framework.moe_ep_overlap
+    dispatcher_open = fixed.moe_dispatcher is None
     for config in configs:
+        if dispatcher_open and config.moe_dispatcher not in framework.moe_dispatchers:
+            config = replace(config, moe_dispatcher="alltoall")
+        if ep_overlap_off and config.moe_ep_overlap:
+            config = replace(config, moe_ep_overlap=False)
         if sharding_open and (config.zero_stage, config.distributed_optimizer) == (0, True):
             if framework.optimizer_sharding_only is None:
                 continue
@@ -335,11 +379,15 @@ def _layouts(model: ModelSpec, cluster: Cluster, training: Training, fixed: Fixe
                 for zero_stage, dist_opt, hsdp in _sharding_options(dp * cp, fixed):
                     for recompute, overlap, comm, (ep, etp) in product(recomputes, _tp_comm_overlaps(fixed, sp), comms,
                                                                        experts):
-                        yield ParallelConfig(
+                        config = ParallelConfig(
                             dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, vpp=vpp, cp=cp, cp_comm=comm, ep=ep, etp=etp,
                             hsdp_replicas=hsdp, sequence_parallel=sp, recompute=recompute, zero_stage=zero_stage,
                             distributed_optimizer=dist_opt, schedule=schedule, tp_comm_overlap=overlap,
+                            moe_dispatcher=fixed.moe_dispatcher or ("flex" if ep > 1 else "alltoall"),
                         )
+                        ep_overlap = _ep_overlap(config, fixed)
+                        if ep_overlap is not None:
+                            yield replace(config, moe_ep_overlap=ep_overlap) if ep_overlap else config
 
 
 def require_nonempty(configs: list[ParallelConfig], model: ModelSpec, cluster: Cluster, training: Training,

@@ -1,0 +1,169 @@
+"""MoE runs with expert parallelism (moe_ep_throughput.csv, verbatim in benchmarks/data/) as planner inputs.
+
+Rows are Megatron-Bridge performance-summary runs (force-balanced routers, dropless), its measured
+skill runs and Megatron-LM MoE model-zoo runs. Settings a row does not state are those of
+Megatron-Bridge's MoE performance recipes, written here once: the distributed optimizer with overlapped
+gradient reduce and parameter gather, sequence parallelism whenever tp > 1 (Megatron-Core requires it
+with EP), expert tensor parallelism 1 (the file's "ETP assumed 1"), FlashAttention (cuDNN fused
+attention), fp32 gradient accumulation, interleaved 1F1B when vpp > 1.
+
+Precision: FP8 (H100 current scaling or 128-blockwise), MXFP8 and "FP8-MX" all run the blocks' linear
+layers in 8-bit floats with higher-precision accumulation: planner's "fp8". Recompute: the modules these
+recipes recompute when they say "selective" (layernorm, moe_act) are elementwise kernels, not
+planner's selective recompute of the attention core; their time is small and they are taken as none.
+Dispatcher and EP overlap: the first dispatcher the row's dispatcher_routing names ("flex", "HybridEP" or
+"DeepEP": flex; "alltoall", "A2A": alltoall; the H100 rows quote the HEAD perf recipe there), alltoall when
+it names none (Megatron-Bridge's scripts/performance/utils/overrides.py sets alltoall unless a flex backend
+is given); EP communication overlap where dispatcher_routing or notes say "EP overlap on".
+Time is scored only on force-balanced, dropless rows (`Training.moe_load_imbalance` = 1): the others
+depend on a router imbalance or capacity factor the rows do not state.
+Iteration time = the stated step time, else global-batch tokens / (tokens/s/GPU × GPUs).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pandas as pd
+
+from benchmarks.validation_runs import DATA, Run, Skipped
+from planner.cluster import Cluster, load_cluster
+from planner.config import ParallelConfig, Recompute, Schedule, Training
+from planner.errors import PlannerError
+from planner.gpu import GIB, lookup_gpu
+from planner.model import load_model
+
+__all__ = ["MOE_FILE", "moe_runs"]
+
+MOE_FILE = "moe_ep_throughput.csv"
+_CATALOG = {"DeepSeek-V3": "deepseek-v3", "Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-235B-A22B": "qwen3-235b-a22b",
+            "GPT-OSS-120B": "gpt-oss-120b", "Mixtral-8x7B": "mixtral-8x7b", "Mixtral-8x22B": "mixtral-8x22b"}
+# GPUs of one NVLink domain a GB200/GB300 job spans: the file's notes quote Megatron-LM's DeepSeek-V3 GB200
+# guide, "Every 32 GB200 GPUs (8 nodes) are in the same NVL domain"
+RACK_DOMAIN_GPUS = 32
+# the file's hardware label (its first word) → catalog GPU; GPUs missing from profiles/gpus.yaml are skipped
+_GPUS = {"H100": "H100-80GB", "H800": "H800", "B200": "B200", "B300": "B300", "GB200": "GB200", "GB300": "GB300"}
+_RACK_SCALE = ("B300", "GB200", "GB300")  # scored apart: the issue's target covers H100 and B200
+_FP8 = ("FP8", "MXFP8", "FP8-MX", "FP8-CS")
+_DTYPES = {**{name: "fp8" for name in _FP8}, "BF16": "bf16"}
+_DISPATCHER_WORDS = re.compile(r"flex|hybridep|deepep|alltoall|a2a", re.IGNORECASE)
+
+
+def _dispatch(row: pd.Series) -> tuple[str, bool]:
+    """(dispatcher, EP overlap) a row states: its first-named dispatcher, else alltoall; overlap if "EP overlap on"."""
+    routing = str(row["dispatcher_routing"])
+    named = _DISPATCHER_WORDS.search(routing)
+    dispatcher = "alltoall" if named is None or named.group(0).lower() in ("alltoall", "a2a") else "flex"
+    return dispatcher, "ep overlap on" in f"{routing} {row['notes']}".lower()
+
+
+def _number(value: object) -> float | None:
+    try:
+        number = float(str(value).split()[0])
+    except (TypeError, ValueError, IndexError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _gpu(hardware: str) -> str | None:
+    """The catalog GPU of a hardware label, or None when the catalog lacks it."""
+    name = _GPUS.get(hardware.split()[0])
+    try:
+        return lookup_gpu(name).name if name else None
+    except PlannerError:
+        return None
+
+
+def _routing_why(row: pd.Series) -> str | None:
+    """Why a row's routing is not the force-balanced dropless one time is scored on, or None."""
+    routing = str(row["dispatcher_routing"]).lower()
+    if "dropless" not in routing and ("tokendrop" in routing or "token-drop" in routing):
+        return "token-dropping run: its capacity factor is not stated"
+    if "balanc" not in routing:
+        return "router not force-balanced: its load imbalance is not stated"
+    return None
+
+
+def _why(row: pd.Series) -> str | None:
+    """Why planner does not estimate a row, or None."""
+    hardware = str(row["hardware"])
+    if str(row["status"]) != "current":
+        return f"{row['status']} row (a later row of the same run is current)"
+    if str(row["model"]) not in _CATALOG:
+        return "model not in the catalog (Nemotron hybrid Mamba, Kimi-K2, Moonlight, DeepSeek-V4, Qwen3-Next)"
+    if "MTP" in str(row["notes"]):
+        return "DeepSeek-V3 with its multi-token-prediction layer (not in the catalog model)"
+    routing = _routing_why(row)
+    if routing:
+        return routing
+    if str(row["precision"]) not in _DTYPES:
+        return f"precision {str(row['precision'])[:30]!r} not modelled (planner runs bf16, fp16 or fp8)"
+    if _gpu(hardware) is None:
+        return f"GPU {hardware.split()[0]} not in the catalog"
+    if any(_number(row[key]) is None for key in ("tp", "pp", "ep", "micro_batch", "global_batch")):
+        return "parallel layout or batch not stated"
+    if _number(row["step_time_s"]) is None and _number(row["tokens_per_sec_per_gpu"]) is None:
+        return "no step time or tokens/s stated"
+    return None
+
+
+def _recompute(text: str) -> Recompute:
+    """'full' → full; anything else (none, or elementwise layernorm / moe_act modules) → none."""
+    return Recompute.FULL if text.strip().lower().startswith("full") else Recompute.NONE
+
+
+def _int(row: pd.Series, key: str, default: int = 1) -> int:
+    value = _number(row[key])
+    return default if value is None else int(value)
+
+
+def _run(row: pd.Series) -> Run:
+    gpus, tp, pp, cp, ep = (_int(row, key) for key in ("num_gpus", "tp", "pp", "cp", "ep"))
+    vpp = _int(row, "vpp")
+    dp = gpus // (tp * pp * cp)
+    dispatcher, ep_overlap = _dispatch(row)
+    config = ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=_int(row, "etp"), vpp=vpp,
+                            moe_dispatcher=dispatcher, moe_ep_overlap=ep_overlap,
+                            micro_batch=_int(row, "micro_batch"), sequence_parallel=tp > 1,
+                            distributed_optimizer=dp * cp > 1, overlap_param_gather=True,
+                            recompute=_recompute(str(row["recompute"])),
+                            schedule=Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B)
+    training = Training(global_batch=_int(row, "global_batch"), seq_len=int(row["seq_len"]),
+                        dtype=_DTYPES[str(row["precision"])], attention="flash")
+    step = _number(row["step_time_s"])
+    iteration = step or training.tokens_per_iteration / (float(row["tokens_per_sec_per_gpu"]) * gpus)
+    gpu = _gpu(str(row["hardware"])) or ""
+    memory = _number(row["peak_memory"])
+    unit = GIB if "GiB" in str(row["peak_memory"]) else 1e9
+    model = load_model(_CATALOG[str(row["model"])])
+    label = f"{row['row_id']} {row['model']} {row['precision']} {gpus}x{gpu} {config.describe()}"
+    return Run(MOE_FILE, label, model, _cluster(gpus, gpu), training, config, iteration,
+               None if memory is None else memory * unit, f"{MOE_FILE} row_id {row['row_id']}")
+
+
+def _cluster(gpus: int, gpu: str) -> Cluster:
+    """Nodes of 8 (DGX H100/B200/B300); rack-scale GB200/GB300: trays of 4 in NVLink domains of
+    `RACK_DOMAIN_GPUS` (fewer when the job is smaller)."""
+    spec = lookup_gpu(gpu)
+    host = spec.gpus_per_host
+    if host is None:
+        per_node = min(gpus, spec.gpus_per_node)
+        return load_cluster(f"{gpus // per_node}x{per_node}x{gpu}")
+    return load_cluster(f"{gpus // host}x{host}x{gpu}:nvl{min(gpus, RACK_DOMAIN_GPUS)}")
+
+
+def moe_runs(rack_scale: bool = False) -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
+    """Force-balanced MoE runs on catalog models and GPUs, and every other row with why it is skipped: the
+    H100 / H800 / B200 rows (issue 11's target), or with `rack_scale` the B300 / GB200 / GB300 ones."""
+    runs, skipped = [], []
+    for _, row in pd.read_csv(DATA / MOE_FILE).iterrows():
+        if str(row["hardware"]).startswith(_RACK_SCALE) != rack_scale:
+            continue
+        why = _why(row)
+        if why:
+            oom = "documented OOM; " if "OOM" in str(row["notes"]) else ""
+            skipped.append(Skipped(MOE_FILE, f"row_id {row['row_id']}", oom + why))
+        else:
+            runs.append(_run(row))
+    return tuple(runs), tuple(skipped)
