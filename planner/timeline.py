@@ -82,12 +82,12 @@ def _stage_parts(problem: PlanProblem, result: Estimate) -> list[dict[str, float
     links = GroupLinks.from_placement(problem.cluster, config, problem.placement)
     calibration = problem.calibration
     timer = AnalyticProfile(problem.model, calibration)
-    costs = [unit_costs(problem.model, problem.training, config, links.gpu[r], links.tp[r], timer, calibration)
-             for r in range(config.pp)]
-    kinds = [unit.kind for unit in problem.model.units()]
+    costs = [unit_costs(problem.model, problem.training, config, links.gpu[r], links.tp[r], timer, calibration,
+                        links.cp[r], links.ep[r]) for r in range(config.pp)]
+    keys = problem.model.unit_cost_keys  # each unit's own type, as estimate sums them
     parts = []
     for stage in result.stages:
-        mine = [costs[stage.pp_rank][kind] for kind in kinds[stage.units[0]:stage.units[1]]]
+        mine = [costs[stage.pp_rank][key] for key in keys[stage.units[0]:stage.units[1]]]
         parts.append({"recompute": sum(c.recompute_s for c in mine), "tp_forward": sum(c.tp_forward_s for c in mine),
                       "tp_backward": sum(c.tp_backward_s for c in mine)})
     return parts

@@ -25,6 +25,9 @@ CASES = {
                     "2048", "--pp", "4", "--vpp", "2", "--micro-batch", "2", "--recompute", "full"],
     "gpipe": ["--model", "tiny-llama", "--cluster", "1x8xH100-80GB", "--global-batch", "16", "--seq-len", "1024",
               "--pp", "2", "--tp", "2", "--schedule", "gpipe"],
+    # sliding and global attention blocks: each unit's pieces come from its own block type
+    "mixed-blocks": ["--model", "gemma3-27b", "--cluster", "1x8xH100-80GB", "--global-batch", "8", "--seq-len",
+                     "4096", "--pp", "2", "--tp", "4", "--recompute", "full"],
     "no-pipeline": ["--model", "tiny-llama", "--cluster", "1x8xH100-80GB", "--global-batch", "16", "--seq-len",
                     "1024", "--distributed-optimizer"],
 }
