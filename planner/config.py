@@ -154,8 +154,10 @@ class ParallelConfig:
                                f"got {self.moe_dispatcher!r}")
         if self.reshard_after_forward is None:
             object.__setattr__(self, "reshard_after_forward", self.pp == 1)
-        object.__setattr__(self, "recompute", Recompute(self.recompute))
-        object.__setattr__(self, "schedule", Schedule(self.schedule))
+        if not isinstance(self.recompute, Recompute):
+            object.__setattr__(self, "recompute", Recompute(self.recompute))
+        if not isinstance(self.schedule, Schedule):
+            object.__setattr__(self, "schedule", Schedule(self.schedule))
         if self.zero_stage not in (0, 1, 2, 3):
             raise PlannerError(f"parallel config: zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.distributed_optimizer and self.zero_stage > 1:

@@ -246,6 +246,30 @@ def test_relaxed_rank_counts_trades_bottleneck_for_sum_on_mixed_speeds() -> None
     assert relaxed_rank_counts([0, 0], [1, 1], [3, 3], [9, 9], 4, 1.0, 1.0) is None  # lower bounds exceed blocks
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.7, 2.5]), st.sampled_from([0.0, 0.5, 1.0, 1.3]),
+                          st.integers(0, 2), st.integers(0, 9)), min_size=1, max_size=4),
+       st.integers(1, 12), st.sampled_from([0.0, 1.0, 7.5]), st.sampled_from([0.0, 0.4, 1.0]))
+def test_relaxed_rank_counts_is_the_least_over_every_count_vector(ranks, blocks, a, b) -> None:
+    """The relaxation's value equals brute force over every count vector within the ranks' limits (its
+    counts attain it), and it is None exactly when no vector exists."""
+    fixed, block, lower, upper = (list(column) for column in zip(*ranks, strict=True))
+    vectors = [n for n in itertools.product(*(range(lo, hi + 1) for lo, hi in zip(lower, upper, strict=True)))
+               if sum(n) == blocks]
+
+    def value(counts) -> float:
+        loads = [f + c * t for f, c, t in zip(fixed, counts, block, strict=True)]
+        return a * max(loads) + b * sum(loads)
+
+    found = relaxed_rank_counts(fixed, block, lower, upper, blocks, a, b)
+    if not vectors:
+        assert found is None
+        return
+    assert found is not None and sum(found[1]) == blocks
+    assert found[0] == pytest.approx(min(map(value, vectors)), rel=1e-9, abs=1e-12)
+    assert found[0] == pytest.approx(value(found[1]), rel=1e-9, abs=1e-12)
+
+
 @pytest.mark.parametrize("schedule, vpp", [(Schedule.ONE_F_ONE_B, 1), (Schedule.INTERLEAVED, 2)])
 def test_unlike_units_fall_back_to_the_ilp_and_reach_the_optimum(schedule, vpp) -> None:
     """Where blocks differ (the relaxation cannot close the gap), the ILP runs, bounded by it."""

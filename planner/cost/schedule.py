@@ -251,7 +251,7 @@ SCHEDULES: dict[Schedule, PipelineSchedule] = {s.kind: s for s in (OneFOneB(), G
 
 def schedule_of(kind: Schedule | str) -> PipelineSchedule:
     """The behaviour of a schedule name."""
-    return SCHEDULES[Schedule(kind)]
+    return SCHEDULES[kind if isinstance(kind, Schedule) else Schedule(kind)]
 
 
 def rank_times(stage_times: Sequence[float], pp: int) -> list[float]:
@@ -285,8 +285,9 @@ def relaxed_rank_counts(fixed_s: Sequence[float], block_s: Sequence[float], lowe
     lower_r ≤ n_r ≤ upper_r; None when no count vector exists.
 
     For a bottleneck T, the least Σ fills the cheapest ranks first up to min(upper, ⌊(T − c)/t⌋).
-    The optimal T is one of the c_r + n·t_r, tried in increasing order until a·T + b·(least Σ
-    over all T) cannot beat the best found.
+    The optimal T is one of the c_r + n·t_r: the least feasible one is found by selection, then the
+    larger ones are tried, a chunk at a time in one array computation, until a·T + b·(least Σ over all
+    T) cannot beat the best found (at once when b = 0).
     """
     fixed, time_ = np.asarray(fixed_s, dtype=float), np.asarray(block_s, dtype=float)
     lo, pp = np.asarray(lower, dtype=np.int64), len(fixed_s)
@@ -294,42 +295,45 @@ def relaxed_rank_counts(fixed_s: Sequence[float], block_s: Sequence[float], lowe
     if np.any(lo > hi) or lo.sum() > blocks or hi.sum() < blocks:
         return None
     cheapest = np.lexsort((np.arange(pp), time_))  # by block time, then rank
+    spare = blocks - lo.sum()
+    positive = time_ > 0
 
-    def fill(cap: np.ndarray) -> list[int] | None:
-        if np.any(cap < lo) or cap.sum() < blocks:
-            return None
-        room = (cap - lo)[cheapest]  # the blocks beyond the least go to the cheapest ranks first
-        before = np.cumsum(room) - room
-        counts = lo.copy()
-        counts[cheapest] += np.clip(blocks - lo.sum() - before, 0, room)
-        return counts.tolist()
+    def caps_at(bottlenecks: np.ndarray) -> np.ndarray:
+        """Most blocks per rank (columns) under each bottleneck (rows)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            room = np.where(positive, np.floor((bottlenecks[:, None] - fixed) / np.where(positive, time_, 1) + 1e-9),
+                            np.where(fixed <= bottlenecks[:, None] * (1 + 1e-12), blocks, -1))
+        return np.minimum(hi, room).astype(np.int64)
 
-    def value(counts: Sequence[int]) -> float:
-        loads = fixed + np.asarray(counts) * time_
-        return float(a * loads.max() + b * loads.sum())
+    def fill(caps: np.ndarray) -> np.ndarray:
+        """Counts per rank (rows: feasible caps): the blocks beyond the least go to the cheapest ranks first."""
+        room = (caps - lo)[:, cheapest]
+        before = np.cumsum(room, axis=1) - room
+        counts = np.broadcast_to(lo, caps.shape).copy()
+        counts[:, cheapest] += np.clip(spare - before, 0, room)
+        return counts
 
-    least_sum = fixed.sum() + sum(fill(hi)[r] * time_[r] for r in range(pp))  # type: ignore[index]
-    values = np.unique(np.concatenate([fixed[r] + np.arange(lo[r], hi[r] + 1) * time_[r] for r in range(pp)]))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        def cap_at(bottleneck: float) -> np.ndarray:
-            room = np.where(time_ > 0, np.floor((bottleneck - fixed) / np.where(time_ > 0, time_, 1) + 1e-9),
-                            np.where(fixed <= bottleneck * (1 + 1e-12), blocks, -1))
-            return np.minimum(hi, room).astype(np.int64)
-
-        low, high = 0, len(values) - 1  # binary search for the least feasible bottleneck
-        while low < high:
-            mid = (low + high) // 2
-            if fill(cap_at(values[mid])) is None:
-                low = mid + 1
-            else:
-                high = mid
-        best: tuple[float, list[int]] | None = None
-        for bottleneck in values[low:]:
-            if best is not None and a * bottleneck + b * least_sum >= best[0]:
-                break
-            counts = fill(cap_at(bottleneck))
-            if counts is not None and (best is None or value(counts) < best[0] - 1e-15):
-                best = (value(counts), counts)
+    least_sum = float(fixed.sum() + fill(hi[None, :])[0] @ time_)
+    # Above every rank's least load, Σ caps(T) = Σ lower + #{(r, n): lower_r < n ≤ upper_r, c_r + n·t_r ≤ T}:
+    # the least feasible bottleneck is the larger of that least load and the (blocks − Σ lower)-th such value.
+    rank = np.repeat(np.arange(pp), hi - lo)
+    steps = np.arange(len(rank)) - np.repeat(np.cumsum(hi - lo) - (hi - lo), hi - lo) + 1
+    increments = fixed[rank] + (lo[rank] + steps) * time_[rank]
+    least = float(np.max(fixed + lo * time_))
+    if spare > 0:
+        least = max(least, float(np.partition(increments, spare - 1)[spare - 1]))
+    # with b = 0 the least feasible bottleneck is optimal; else larger ones may lower the sum
+    values = np.unique(np.concatenate(([least], increments[increments > least]))) if b else np.array([least])
+    low, chunk = 0, 1
+    best: tuple[float, list[int]] | None = None
+    while low < len(values) and (best is None or a * values[low] + b * least_sum < best[0]):
+        counts = fill(caps_at(values[low:low + chunk]))  # every bottleneck from the least feasible one is feasible
+        loads = fixed + counts * time_
+        totals = a * loads.max(axis=1) + b * loads.sum(axis=1)
+        at = int(np.argmin(totals))
+        if best is None or totals[at] < best[0] - 1e-15:
+            best = (float(totals[at]), counts[at].tolist())
+        low, chunk = low + chunk, chunk * 8
     return best
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -120,12 +121,12 @@ class UnitCost:
     def tp_s(self) -> float:
         return self.tp_forward_s + self.tp_backward_s
 
-    @property
+    @cached_property
     def forward_pass_s(self) -> float:
         """The forward pass as the schedule sees it: compute plus its exposed TP and CP communication."""
         return self.forward_s + self.tp_forward_s + self.cp_forward_s
 
-    @property
+    @cached_property
     def total_s(self) -> float:
         return self.compute_s + self.recompute_s + self.tp_s + self.cp_forward_s + self.cp_backward_s
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -118,10 +119,12 @@ class _Candidate:
     pipeline_s: float = 0.0  # the pipeline part of the bound once refined
     memory_need_bytes: float = 0.0  # the memory bound (`_with_memory`), computed when first examined
     memory_available_bytes: float = math.inf
+    most_blocks: tuple[float, ...] | None = None  # most blocks each rank's memory holds (`_most_blocks`)
 
     @property
     def fits_bound(self) -> bool:
-        return self.memory_need_bytes <= self.memory_available_bytes
+        """Whether some split may fit: the ranks' memory together, and each rank's own, hold the model."""
+        return self.memory_need_bytes <= self.memory_available_bytes and self.most_blocks is not None
 
 
 class _Context:
@@ -210,7 +213,8 @@ class _Context:
             representatives, kind_of = self.memory_kinds(links)
             models = tuple(rank_memory_model(self.model, self.training, config, r, m, links.gpu[r], self.calibration)
                            for r in representatives)
-            self.memories[key] = (models, sum(models[kind].fixed_bytes for kind in kind_of))
+            ranks = Counter(kind_of)
+            self.memories[key] = (models, sum(model.fixed_bytes * ranks[kind] for kind, model in enumerate(models)))
         return self.memories[key]
 
     def in_flight(self, config: ParallelConfig, m: int) -> tuple[float, ...]:
@@ -220,33 +224,60 @@ class _Context:
             self.per_config[key] = tuple(in_flight_microbatches(config, r, m) for r in range(config.pp))
         return self.per_config[key]
 
+    def gpu_types(self, links: GroupLinks) -> tuple[GPUSpec, ...]:
+        """The distinct GPUs of the pipeline ranks (by identity: no hashing of each rank's spec per call)."""
+        key = (id(links), "gpu types")
+        if key not in self.per_config:
+            self.per_config[key] = tuple({id(gpu): gpu for gpu in links.gpu}.values())
+        return self.per_config[key]
+
+    def least_load(self, config: ParallelConfig, costs: tuple[dict[CostKey, UnitCost], ...],
+                   boundary_s: tuple[float, ...]) -> tuple[float, float]:
+        """(The least sum of all ranks' loads per micro-batch — every rank's fixed terms, every block at its
+        type's cheapest rank's time —, the model's parameters per TP rank), shared by the configurations
+        alike in both."""
+        key = ("least load", config.pp, config.vpp, id(costs), id(boundary_s))
+        if key not in self.per_config:
+            terms = self.rank_terms(config, costs, boundary_s)
+            least_sum = sum(terms.fixed_s) + sum(count * min(cost[block].total_s for cost in costs)
+                                                 for block, count in self.block_types)
+            self.per_config[key] = (least_sum, _model_total(self, costs[0], "params"))
+        return self.per_config[key]
+
     def rank_terms(self, config: ParallelConfig, costs: tuple[dict[CostKey, UnitCost], ...],
                    boundary_s: tuple[float, ...]) -> RankTerms:
         """Per rank: what a split cannot change (its end units, its stages' boundaries at both ends —
         `stage_boundary_s`'s rule: v − last outgoing and v − first incoming), the cheapest block type's time and
         the largest block forward time (with mixed block types every bound term stays a lower bound: a rank's
         load grows by at least the cheapest block, and 1F1B's bound subtracts forward work), the fewest blocks
-        (every stage needs a unit) and its least stage."""
+        (every stage needs a unit) and its least stage; one array computation over the ranks."""
         key = (config.pp, config.vpp, id(costs), id(boundary_s))  # both are this context's cached tuples
         if key not in self.terms:
             pp, v = config.pp, config.vpp
-            fixed, block, lower, forward_fixed, forward_block, least_stage = [], [], [], [], [], []
-            for r, cost in enumerate(costs):
-                first, last = r == 0, r == pp - 1
-                outgoing, incoming = (v - last) * boundary_s[r], (v - first) * boundary_s[r - 1]
-                ends = cost[UnitKind.EMBEDDING].total_s * first + cost[UnitKind.HEAD].total_s * last
-                fixed.append(ends + outgoing + incoming)
-                block.append(min(cost[b].total_s for b, _ in self.block_types))
-                lower.append(max(v - first - last, 0))
-                # a pass carries half of each boundary it touches
-                own_p2p = ((not last) * boundary_s[r] + (not first) * boundary_s[r - 1]) / 2
-                forward_fixed.append(cost[UnitKind.EMBEDDING].forward_pass_s * first
-                                     + cost[UnitKind.HEAD].forward_pass_s * last + own_p2p)
-                forward_block.append(max(cost[b].forward_pass_s for b, _ in self.block_types))
-                least_stage.append((cost[UnitKind.EMBEDDING].total_s if first else block[-1]) + boundary_s[r])
-            self.terms[key] = RankTerms(tuple(fixed), tuple(block), tuple(lower), tuple(forward_fixed),
-                                        tuple(forward_block), tuple(least_stage))
+            embedding, head, embedding_forward, head_forward, block, forward_block = np.array(
+                [self.unit_terms(cost) for cost in costs]).T
+            first, last = np.arange(pp) == 0, np.arange(pp) == pp - 1
+            outgoing = np.asarray(boundary_s, dtype=float)
+            incoming = np.roll(outgoing, 1)  # rank 0's later chunks receive from the last rank
+            fixed = embedding * first + head * last + (v - last) * outgoing + (v - first) * incoming
+            # a pass carries half of each boundary it touches
+            forward_fixed = embedding_forward * first + head_forward * last + (~last * outgoing + ~first * incoming) / 2
+            least_stage = np.where(first, embedding, block) + outgoing
+            self.terms[key] = RankTerms(tuple(fixed.tolist()), tuple(block.tolist()),
+                                        tuple(np.maximum(v - first - last, 0).tolist()), tuple(forward_fixed.tolist()),
+                                        tuple(forward_block.tolist()), tuple(least_stage.tolist()))
         return self.terms[key]
+
+    def unit_terms(self, cost: dict[CostKey, UnitCost]) -> tuple[float, ...]:
+        """Of one rank's cost table: (embedding and head time, their forward passes, the cheapest block type's
+        time, the largest block forward pass)."""
+        key = (id(cost), "unit terms")
+        if key not in self.per_config:
+            embedding, head = cost[UnitKind.EMBEDDING], cost[UnitKind.HEAD]
+            self.per_config[key] = (embedding.total_s, head.total_s, embedding.forward_pass_s, head.forward_pass_s,
+                                    min(cost[b].total_s for b, _ in self.block_types),
+                                    max(cost[b].forward_pass_s for b, _ in self.block_types))
+        return self.per_config[key]
 
 
 def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
@@ -262,13 +293,9 @@ def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
     m = config.num_microbatches(training.global_batch)
     boundary = ctx.boundary(config, links)
     a, b = schedule_of(config.schedule).bound_form(m)
-    terms = ctx.rank_terms(config, costs, boundary)
-    # every block runs on some rank: at least its type's cheapest rank's time
-    least_sum = sum(terms.fixed_s) + sum(count * min(cost[block].total_s for cost in costs)
-                                         for block, count in ctx.block_types)
+    least_sum, params = ctx.least_load(config, costs, boundary)
     pipeline = a * least_sum / config.pp + b * least_sum
-    params = _model_total(ctx, costs[0], "params")
-    optimizer = min(optimizer_step_time(params / config.pp, config, gpu, cal) for gpu in set(links.gpu))
+    optimizer = min(optimizer_step_time(params / config.pp, config, gpu, cal) for gpu in ctx.gpu_types(links))
     embedding_sync = embedding_sync_time(model, training, config, links.pp[-1], cal)
     dp_exposed = _least_dp_exposure(ctx, config, m, costs, links) if config.pp == 1 else 0.0
     split_free_s = optimizer + embedding_sync + cal.iteration_overhead_s
@@ -283,18 +310,26 @@ def _model_total(ctx: _Context, costs: dict[CostKey, UnitCost], name: str) -> fl
 
 
 def _with_memory(ctx: _Context, candidate: _Candidate) -> _Candidate:
-    """The candidate with its memory lower bound, valid for every stage split: model states plus the fewest
-    in-flight activations, spread perfectly over all pipeline ranks. Every rank shares the per-parameter
-    cost; in-flight micro-batches never grow with the rank, so the last rank holds the fewest; each
-    rank's fixed bytes (context, NCCL, buffers) are its own."""
+    """The candidate with its memory bounds, valid for every stage split. First the whole pipeline: model
+    states plus the fewest in-flight activations, spread perfectly over all ranks (every rank shares the
+    per-parameter cost; in-flight micro-batches never grow with the rank, so the last rank holds the
+    fewest; each rank's fixed bytes are its own). Then, when that holds, each rank's own: the most blocks
+    its memory holds (`_most_blocks`) must reach its fewest, and all ranks together every block — 1F1B's
+    first rank keeps pp micro-batches in flight, so the total alone misses most layouts that cannot fit."""
     config, costs = candidate.config, candidate.rank_costs
     _, links = ctx.placed(config)
     activations = _model_total(ctx, costs[0], "activation_bytes")
     models, fixed_bytes = ctx.memory_models(config, links, candidate.num_microbatches)
     last_rank = models[-1]
     need = last_rank.param_bytes * _model_total(ctx, costs[0], "params") + last_rank.activation_factor * activations
-    return replace(candidate, memory_need_bytes=need,
-                   memory_available_bytes=float(sum(links.capacity_bytes)) - fixed_bytes)
+    available = float(sum(links.capacity_bytes)) - fixed_bytes
+    most = _most_blocks(ctx, candidate) if need <= available else None
+    if most is not None:
+        fewest, blocks = ctx.rank_terms(config, costs, candidate.boundary_s).lower, ctx.model.num_layers
+        if (any(cap < low for cap, low in zip(most, fewest, strict=True))
+                or sum(min(cap, blocks) for cap in most) < blocks):
+            most = None
+    return replace(candidate, memory_need_bytes=need, memory_available_bytes=available, most_blocks=most)
 
 
 def _memory_key(config: ParallelConfig) -> tuple:
@@ -340,7 +375,7 @@ def _tighten(ctx: _Context, candidate: _Candidate) -> _Candidate:
         exposed = _least_dp_exposure(ctx, config, m, costs, links)
         bound = candidate.pipeline_s + exposed + candidate.split_free_s
         return replace(candidate, time_bound_s=max(bound, candidate.time_bound_s), dp_exposed_s=exposed, refined=2)
-    terms = replace(ctx.rank_terms(config, costs, candidate.boundary_s), upper=_most_blocks(ctx, candidate))
+    terms = replace(ctx.rank_terms(config, costs, candidate.boundary_s), upper=candidate.most_blocks)
     key = (config.schedule, terms, m)
     if key not in ctx.rank_bounds:
         ctx.rank_bounds[key] = schedule_of(config.schedule).lower_bound(terms, m, ctx.model.num_layers)
@@ -349,23 +384,42 @@ def _tighten(ctx: _Context, candidate: _Candidate) -> _Candidate:
 
 def _most_blocks(ctx: _Context, candidate: _Candidate) -> tuple[float, ...]:
     """Most blocks each pipeline rank's memory holds beside its end units (the accounting of `estimate`,
-    with the partitioner's float tolerance; each block at the smallest block type's bytes): no split that fits
-    gives a rank more, so the rank-load bound may cap them — the fastest layouts are the memory-tight ones,
-    where this bound matters."""
-    config, m, pp = candidate.config, candidate.num_microbatches, candidate.config.pp
+    with the partitioner's float tolerance; each block at the smallest block type's bytes; -1 when not even
+    its end units fit): no split that fits gives a rank more, so the rank-load bound may cap them — the
+    fastest layouts are the memory-tight ones, where this bound matters. Ranks alike in memory kind and
+    costs differ only in their in-flight micro-batches, so each such group is one array computation."""
+    config, m, costs = candidate.config, candidate.num_microbatches, candidate.rank_costs
     _, links = ctx.placed(config)
     models, _ = ctx.memory_models(config, links, m)
-    kind_of = ctx.memory_kinds(links)[1]
-    most = []
-    for r, (cost, in_flight) in enumerate(zip(candidate.rank_costs, ctx.in_flight(config, m), strict=True)):
-        memory = models[kind_of[r]]
-        ends = [cost[kind] for kind, held in ((UnitKind.EMBEDDING, r == 0), (UnitKind.HEAD, r == pp - 1)) if held]
-        held = memory.total(sum(unit.params for unit in ends), sum(unit.activation_bytes for unit in ends), in_flight)
-        block = min(memory.total(cost[b].params, cost[b].activation_bytes, in_flight)
-                    for b, _ in ctx.block_types) - memory.fixed_bytes  # the smallest block type
-        room = links.capacity_bytes[r] * (1 + MEMORY_TOLERANCE) - held
-        most.append(max(math.floor(room / block + 1e-9), -1) if block > 0 else math.inf)
-    return tuple(most)
+    in_flight = np.asarray(ctx.in_flight(config, m), dtype=float)
+    capacity = np.asarray(links.capacity_bytes, dtype=float) * (1 + MEMORY_TOLERANCE)
+    most = np.empty(config.pp)
+    for kind, first, last, ranks in _memory_groups(ctx, links, costs):
+        memory, cost, index = models[kind], costs[ranks[0]], np.asarray(ranks)
+        per_activation = (1 + memory.fragmentation) * in_flight[index]
+        ends = [cost[unit] for unit, held in ((UnitKind.EMBEDDING, first), (UnitKind.HEAD, last)) if held]
+        held = (memory.param_bytes * sum(unit.params for unit in ends)
+                + per_activation * sum(unit.activation_bytes for unit in ends) + memory.fixed_bytes)
+        block = np.min([memory.param_bytes * cost[b].params + per_activation * cost[b].activation_bytes
+                        for b, _ in ctx.block_types], axis=0)  # the smallest block type
+        with np.errstate(divide="ignore", invalid="ignore"):
+            most[index] = np.where(block > 0, np.maximum(np.floor((capacity[index] - held) / block + 1e-9), -1),
+                                   np.inf)
+    return tuple(most.tolist())
+
+
+def _memory_groups(ctx: _Context, links: GroupLinks, costs: tuple[dict[CostKey, UnitCost], ...]
+                   ) -> tuple[tuple[int, bool, bool, list[int]], ...]:
+    """The pipeline ranks grouped by memory kind, cost table and being first or last, as (kind, first, last,
+    ranks)."""
+    key = (id(links), id(costs), "memory groups")
+    if key not in ctx.per_config:
+        kind_of, pp = ctx.memory_kinds(links)[1], len(costs)
+        groups: dict[tuple, list[int]] = {}
+        for r in range(pp):
+            groups.setdefault((kind_of[r], id(costs[r]), r == 0, r == pp - 1), []).append(r)
+        ctx.per_config[key] = tuple((kind, first, last, ranks) for (kind, _, first, last), ranks in groups.items())
+    return ctx.per_config[key]
 
 
 def _refined(candidate: _Candidate, pipeline_s: float) -> _Candidate:
