@@ -142,6 +142,8 @@ class _Context:
         self.unit_types = (keys, tuple(keys.index(key) for key in model.unit_cost_keys))
         self.boundaries: dict[tuple, float] = {}
         self.partitions: dict[PartitionProblem, PartitionResult | None] = {}
+        # per problem without memory limits: False (seen once, not solved) or its solution
+        self.unlimited: dict[PartitionProblem, PartitionResult | bool | None] = {}
         self.rank_bounds: dict[tuple, float] = {}
         self.dp_tables: dict[tuple, np.ndarray] = {}
         self.per_config: dict[tuple, tuple] = {}  # per-rank costs and boundaries per (links, setting)
@@ -522,6 +524,29 @@ def _problem(ctx: _Context, candidate: _Candidate) -> PartitionProblem:
                             config.schedule)
 
 
+def _partition_reusing(ctx: _Context, problem: PartitionProblem, time_limit_s: float
+                       ) -> tuple[PartitionResult | None, str]:
+    """`_partition`, reusing work across problems that differ only in memory (e.g. the EP degrees of one
+    layout, whose expert weights alone differ): from the second such problem on, the optimum without memory
+    limits is solved once; where its split fits a problem's memory it is that problem's optimum too (no
+    split does better with fewer allowed). "how" adds "unlimited" when reused, "unlimited ilp" when solved."""
+    unlimited = replace(problem, unit_memory_bytes=tuple((0.0,) * problem.num_units for _ in range(problem.pp)),
+                        memory_budget_bytes=(0.0,) * problem.pp)
+    seen = ctx.unlimited.get(unlimited)
+    if seen is None:
+        ctx.unlimited[unlimited] = False  # first of its kind: solve as it is
+        return _partition(problem, time_limit_s)
+    how = "unlimited"
+    if seen is False:
+        ctx.unlimited[unlimited], solved = _partition(unlimited, time_limit_s)
+        how += " " + solved
+    free = ctx.unlimited[unlimited]
+    if free is not None and free.optimal and fits(problem, free.partition.unit_counts):
+        return free, how
+    found, solved = _partition(problem, time_limit_s)
+    return found, f"{how} {solved}"
+
+
 def _partition(problem: PartitionProblem, time_limit_s: float) -> tuple[PartitionResult | None, str]:
     """(result, how: "single stage", "bound", "ilp" or "none"). The rank-load bound settles most problems without a
     solver; otherwise the ILP runs with that bound from below and the best known split from above
@@ -602,10 +627,11 @@ def search(
             hits += 1
             found = ctx.partitions[problem]
         else:
-            found, how = _partition(problem, time_limit_s)
-            ilps += how == "ilp"
-            limited += how == "ilp" and found is not None and not found.optimal
-            proven += how == "bound"
+            found, how = _partition_reusing(ctx, problem, time_limit_s)
+            ilps += how.count("ilp")
+            limited += how.endswith("ilp") and found is not None and not found.optimal
+            proven += how.endswith("bound")
+            hits += how == "unlimited"
             ctx.partitions[problem] = found
         plan = _evaluate(ctx, candidate, found)
         if plan is None:
