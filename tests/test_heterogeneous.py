@@ -184,11 +184,15 @@ def _two_by_two() -> Cluster:
     ]}, "test")
 
 
-def test_mixed_replan_matches_brute_force_over_stage_assignments_and_splits():
+@pytest.mark.parametrize("micro_batch", [2, 4, 8])
+def test_mixed_replan_matches_brute_force_over_stage_assignments_and_splits(micro_batch):
+    """At micro-batch 4 and 8 the A100s must run the first stage with most blocks: the placement search under
+    the even split alone put the V100s first, and the closed form's split missed each rank's exposed DP
+    traffic (5–18 % off before the reversed pipeline and the estimate's polishing)."""
     cluster = _two_by_two()
     model = load_model("gpt3-1.3b")
     training = Training(global_batch=32, seq_len=2048, dtype="fp16", grad_bytes=2)
-    config = ParallelConfig(dp=2, tp=8, pp=2, micro_batch=2)  # GPU-bound: micro-batch 1 at tp8 is host-bound
+    config = ParallelConfig(dp=2, tp=8, pp=2, micro_batch=micro_batch)  # GPU-bound (micro-batch 1 at tp8 is not)
     result = replan(model, cluster, training, config)
     best = min(
         ((estimate(model, cluster, training, config, Partition.from_blocks((k, model.num_layers - k), model.num_layers),
@@ -197,12 +201,10 @@ def test_mixed_replan_matches_brute_force_over_stage_assignments_and_splits():
          for k in range(1, model.num_layers)),
         key=lambda pair: pair[0].iteration_time_s,
     )
-    # One GPU type per pipeline rank, as in the optimum (which type goes first is nearly a tie); the
-    # ILP's split optimises the schedule's closed form, which the simulated schedule of the full
-    # estimate can differ from (README "Accuracy": 1F1B closed form up to 10 % high), so allow 2 %.
+    # One GPU type per pipeline rank, as in the optimum
     assert sorted(s.gpu for s in result.after.stages) == sorted(s.gpu for s in best[0].stages)
     assert not mixed_rank_notes(cluster, config, result.placement)
-    assert result.after.iteration_time_s <= 1.02 * best[0].iteration_time_s
+    assert result.after.iteration_time_s <= 1.005 * best[0].iteration_time_s
     assert result.partition.blocks_per_stage()[0] != model.num_layers // 2  # uneven: A100s take more
     assert result.after.iteration_time_s < 0.8 * result.before.iteration_time_s
 

@@ -397,6 +397,13 @@ def repartition(model: ModelSpec, cluster: Cluster, training: Training, config: 
     return best.partition, best.estimate
 
 
+def reversed_pipeline(config: ParallelConfig, placement: Placement) -> Placement:
+    """The same GPUs with the pipeline ranks in reverse order (pp is the outermost rank dimension)."""
+    size = config.num_gpus // config.pp
+    stages = [placement.gpus[r * size:(r + 1) * size] for r in range(config.pp)]
+    return Placement(tuple(gpu for stage in reversed(stages) for gpu in stage))
+
+
 def replan(
     model: ModelSpec, cluster: Cluster, training: Training, config: ParallelConfig,
     partition: Partition | None = None, *, fixed_partition: bool = False, seed: int = 0,
@@ -419,9 +426,12 @@ def replan(
                                  time_limit_s=time_limit_s)
         options = [(found.estimate, found.placement, split)]
         if not fixed_partition:
-            better = repartition(model, cluster, training, config, found.placement, timer, calibration, framework)
-            if better is not None:
-                options.append((better[1], found.placement, better[0]))
+            # the placement search keeps the split, so it cannot see that another GPU type should run the first
+            # stages (the most in-flight micro-batches) with a different split: try the reversed pipeline too
+            for placement in dict.fromkeys((found.placement, reversed_pipeline(config, found.placement))):
+                better = repartition(model, cluster, training, config, placement, timer, calibration, framework)
+                if better is not None:
+                    options.append((better[1], placement, better[0]))
         round_best = min(options, key=lambda option: _score(option[0]))
         if _score(round_best[0]) < _score(best[0]):
             best = round_best

@@ -640,6 +640,8 @@ def search(
         plans.append(plan)
         plans.sort(key=_rank_key)
         del plans[top_k:]
+    if plans:
+        plans[0] = _polished(ctx, plans[0])
     pruned_time = len(heap) + len(configs) - len(candidates)
     stats = SearchStats(
         configurations=len(configs), pruned_memory=pruned_memory, pruned_time=pruned_time,
@@ -682,6 +684,41 @@ def _evaluate(ctx: _Context, candidate: _Candidate, found: PartitionResult | Non
     partition, result = min(start, key=lambda pair: pair[1].iteration_time_s)
     proven = bool(result.iteration_time_s <= candidate.time_bound_s * (1 + GAP_REL))
     return RankedPlan(config, partition, placement, result, uniform, proven, candidate.time_bound_s)
+
+
+POLISH_ESTIMATES = 32
+"""Most estimates spent polishing the best plan's split (`_polished`)."""
+
+
+def _polished(ctx: _Context, plan: RankedPlan) -> RankedPlan:
+    """The best plan with its split improved one block at a time across a stage boundary while `estimate`
+    improves (first improvement, at most POLISH_ESTIMATES estimates), unless already proven optimal. The
+    partitioner optimises the schedule's closed form, which leaves out what only the estimate sees (each rank's
+    exposed DP traffic, the simulated order of passes): on uneven GPUs these can move the best split by
+    several blocks, so the closed form's split is the start, and the estimate decides."""
+    if plan.optimal or plan.config.num_virtual_stages == 1:
+        return plan
+    placement, links = ctx.placed(plan.config)
+    costs = ctx.rank_costs(plan.config, links)
+    best, budget, improved = plan, POLISH_ESTIMATES, True
+    while improved and budget > 0:
+        improved = False
+        counts = best.partition.unit_counts
+        for k, step in ((k, step) for k in range(len(counts) - 1) for step in (1, -1)):
+            moved = list(counts)
+            moved[k], moved[k + 1] = moved[k] - step, moved[k + 1] + step
+            if min(moved[k], moved[k + 1]) < 1:
+                continue
+            if budget == 0:
+                break
+            budget -= 1
+            split = Partition(tuple(moved))
+            result = estimate(ctx.model, ctx.cluster, ctx.training, plan.config, split, placement, ctx.timer,
+                              ctx.calibration, links, costs)
+            if result.fits and result.iteration_time_s < best.estimate.iteration_time_s * (1 - 1e-9):
+                best, improved = replace(best, partition=split, estimate=result), True
+                break
+    return replace(best, optimal=bool(best.estimate.iteration_time_s <= plan.lower_bound_s * (1 + GAP_REL)))
 
 
 CLOSEST_ESTIMATES_MAX = 256
