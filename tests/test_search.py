@@ -21,7 +21,16 @@ from planner.placement import default_placement
 from planner.profile.analytic import AnalyticProfile
 from planner.profile.calibration import default_calibration
 from planner.search.partition import PartitionProblem, bound_partition, fits, objective_s
-from planner.search.search import _bound, _Context, _partition, _problem, _tighten, _with_memory, search
+from planner.search.search import (
+    _bound,
+    _Context,
+    _partition,
+    _partition_reusing,
+    _problem,
+    _tighten,
+    _with_memory,
+    search,
+)
 from planner.search.space import FixedOptions, enumerate_configs
 from planner.slowdown import apply_slowdowns, parse_slowdown
 
@@ -278,6 +287,30 @@ def test_unlike_units_fall_back_to_the_ilp_and_reach_the_optimum(schedule, vpp) 
     found, how = _partition(problem, 5.0)
     assert how == "ilp" and found is not None and found.optimal
     assert found.objective_s == pytest.approx(_brute_force(problem), rel=1e-9)
+
+
+@pytest.mark.parametrize("schedule, vpp", [(Schedule.ONE_F_ONE_B, 1), (Schedule.INTERLEAVED, 2)])
+def test_problems_differing_only_in_memory_share_the_unlimited_optimum_where_it_fits(schedule, vpp) -> None:
+    """The second problem of the same times reuses the optimum solved without memory limits when it fits, and
+    solves afresh when it does not; each answer equals brute force over the splits that fit."""
+    times = (0.5, 4.0, 1.0, 1.0, 3.0, 1.0, 2.0, 0.5)
+
+    def problem(first_rank_budget: float) -> PartitionProblem:
+        return PartitionProblem((times, times), (0.1, 0.1), ((1e9,) * 8, (1e9,) * 8), (first_rank_budget, 8e9),
+                                vpp, 4, schedule)
+
+    ctx = _Context.__new__(_Context)
+    ctx.unlimited = {}
+    loose, looser, tight = problem(8e9), problem(9e9), problem(2.5e9)
+    assert _partition_reusing(ctx, loose, 5.0)[1] in ("ilp", "bound")  # first of its times: solved as it is
+    found, how = _partition_reusing(ctx, looser, 5.0)
+    assert how.startswith("unlimited") and found is not None and found.optimal
+    assert found.objective_s == pytest.approx(_brute_force(looser), rel=1e-9)
+    assert not fits(tight, found.partition.unit_counts)  # two units on the first rank at most
+    found, how = _partition_reusing(ctx, tight, 5.0)
+    assert how != "unlimited" and found is not None
+    assert fits(tight, found.partition.unit_counts)
+    assert found.objective_s == pytest.approx(_brute_force(tight), rel=1e-9)
 
 
 def _all_splits(layers: int, stages: int):
