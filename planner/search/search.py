@@ -212,12 +212,21 @@ class _Context:
         configurations that differ only in what does not touch memory (the CP exchange variant, TP overlap)."""
         key = (id(links), m, _memory_key(config))
         if key not in self.memories:
-            representatives, kind_of = self.memory_kinds(links)
-            models = tuple(rank_memory_model(self.model, self.training, config, r, m, links.gpu[r], self.calibration)
-                           for r in representatives)
+            representatives, kind_of = self.memory_kinds(links)  # the last rank is the last kind's representative
+            models = (*(rank_memory_model(self.model, self.training, config, r, m, links.gpu[r], self.calibration)
+                        for r in representatives[:-1]), self.last_rank_memory(config, links, m))
             ranks = Counter(kind_of)
             self.memories[key] = (models, sum(model.fixed_bytes * ranks[kind] for kind, model in enumerate(models)))
         return self.memories[key]
+
+    def last_rank_memory(self, config: ParallelConfig, links: GroupLinks, m: int) -> RankMemoryModel:
+        """The last pipeline rank's memory model alone (it holds the fewest in-flight micro-batches): enough to
+        reject most configurations that cannot fit before the other ranks' models are built."""
+        key = (id(links), m, _memory_key(config), "last rank")
+        if key not in self.per_config:
+            self.per_config[key] = rank_memory_model(self.model, self.training, config, config.pp - 1, m,
+                                                     links.gpu[-1], self.calibration)
+        return self.per_config[key]
 
     def in_flight(self, config: ParallelConfig, m: int) -> tuple[float, ...]:
         """Each pipeline rank's in-flight micro-batches."""
@@ -321,10 +330,12 @@ def _with_memory(ctx: _Context, candidate: _Candidate) -> _Candidate:
     config, costs = candidate.config, candidate.rank_costs
     _, links = ctx.placed(config)
     activations = _model_total(ctx, costs[0], "activation_bytes")
-    models, fixed_bytes = ctx.memory_models(config, links, candidate.num_microbatches)
-    last_rank = models[-1]
+    last_rank = ctx.last_rank_memory(config, links, candidate.num_microbatches)
     need = last_rank.param_bytes * _model_total(ctx, costs[0], "params") + last_rank.activation_factor * activations
-    available = float(sum(links.capacity_bytes)) - fixed_bytes
+    available = float(sum(links.capacity_bytes))
+    if need > available:  # short even before any rank's fixed bytes: no other rank's model is needed
+        return replace(candidate, memory_need_bytes=need, memory_available_bytes=available)
+    available -= ctx.memory_models(config, links, candidate.num_microbatches)[1]
     most = _most_blocks(ctx, candidate) if need <= available else None
     if most is not None:
         fewest, blocks = ctx.rank_terms(config, costs, candidate.boundary_s).lower, ctx.model.num_layers
@@ -389,25 +400,24 @@ def _most_blocks(ctx: _Context, candidate: _Candidate) -> tuple[float, ...]:
     with the partitioner's float tolerance; each block at the smallest block type's bytes; -1 when not even
     its end units fit): no split that fits gives a rank more, so the rank-load bound may cap them — the
     fastest layouts are the memory-tight ones, where this bound matters. Ranks alike in memory kind and
-    costs differ only in their in-flight micro-batches, so each such group is one array computation."""
+    costs differ only in their in-flight micro-batches, so each such group's terms are computed once."""
     config, m, costs = candidate.config, candidate.num_microbatches, candidate.rank_costs
     _, links = ctx.placed(config)
     models, _ = ctx.memory_models(config, links, m)
-    in_flight = np.asarray(ctx.in_flight(config, m), dtype=float)
-    capacity = np.asarray(links.capacity_bytes, dtype=float) * (1 + MEMORY_TOLERANCE)
-    most = np.empty(config.pp)
+    in_flight = ctx.in_flight(config, m)
+    most = [0.0] * config.pp
     for kind, first, last, ranks in _memory_groups(ctx, links, costs):
-        memory, cost, index = models[kind], costs[ranks[0]], np.asarray(ranks)
-        per_activation = (1 + memory.fragmentation) * in_flight[index]
+        memory, cost = models[kind], costs[ranks[0]]
         ends = [cost[unit] for unit, held in ((UnitKind.EMBEDDING, first), (UnitKind.HEAD, last)) if held]
-        held = (memory.param_bytes * sum(unit.params for unit in ends)
-                + per_activation * sum(unit.activation_bytes for unit in ends) + memory.fixed_bytes)
-        block = np.min([memory.param_bytes * cost[b].params + per_activation * cost[b].activation_bytes
-                        for b, _ in ctx.block_types], axis=0)  # the smallest block type
-        with np.errstate(divide="ignore", invalid="ignore"):
-            most[index] = np.where(block > 0, np.maximum(np.floor((capacity[index] - held) / block + 1e-9), -1),
-                                   np.inf)
-    return tuple(most.tolist())
+        end_params, end_activations = sum(unit.params for unit in ends), sum(unit.activation_bytes for unit in ends)
+        blocks = [(memory.param_bytes * cost[b].params, cost[b].activation_bytes) for b, _ in ctx.block_types]
+        for r in ranks:
+            per_activation = (1 + memory.fragmentation) * in_flight[r]
+            held = memory.param_bytes * end_params + per_activation * end_activations + memory.fixed_bytes
+            block = min([params + per_activation * activations for params, activations in blocks])  # the smallest
+            room = links.capacity_bytes[r] * (1 + MEMORY_TOLERANCE) - held
+            most[r] = max(math.floor(room / block + 1e-9), -1) if block > 0 else math.inf
+    return tuple(most)
 
 
 def _memory_groups(ctx: _Context, links: GroupLinks, costs: tuple[dict[CostKey, UnitCost], ...]
