@@ -29,6 +29,7 @@ class Case:
     cluster: str
     global_batch: int
     seq_len: int
+    runs: int | None = None  # searches to take the median of; None: --runs (one for cases that take minutes)
 
 
 CASES = (
@@ -41,6 +42,8 @@ CASES = (
     # issue 11: Llama 3's own scale (16,384 H100; 16M-token batches at 8K and at 128K, where CP is needed)
     Case("llama3-405b", "2048x8xH100-80GB", 2048, 8192),
     Case("llama3-405b", "2048x8xH100-80GB", 128, 131072),
+    # issue 11: DeepSeek-V3 (MoE, MLA, dense-then-MoE layers and MTP) on 2,048 H800, its own batch and sequence
+    Case("deepseek-v3", "deepseek-v3-h800", 15360, 4096, runs=1),
 )
 
 
@@ -68,7 +71,7 @@ def main() -> None:
     for case in CASES:
         if args.only and args.only not in case.model and args.only not in case.cluster:
             continue
-        wall_s, result = run(case, args.runs)
+        wall_s, result = run(case, case.runs or args.runs)
         s, best = result.stats, result.plans[0]
         gpus = load_cluster(case.cluster).num_gpus
         print(f"| {case.model} | {gpus:,} | {case.global_batch} × {case.seq_len} | {wall_s:.2f} "

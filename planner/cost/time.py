@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from functools import cached_property
-from typing import Protocol, runtime_checkable
+from functools import cache, cached_property
+from typing import Protocol
 
 import numpy as np
 
@@ -83,7 +83,13 @@ class UnitTimer(Protocol):
     def times(self, kind: UnitKind, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes: ...
 
 
-@runtime_checkable
+@cache
+def _has_method(timer_type: type, name: str) -> bool:
+    """Whether a timer class offers an optional protocol's method (once per class: a runtime-checkable
+    protocol's isinstance walks every member on each call, thousands of times per search)."""
+    return callable(getattr(timer_type, name, None))
+
+
 class BlockTypeTimer(Protocol):
     """A timer that times each block type (the analytic profile); a timer without it (a measured profile) times
     the model's blocks as one kind, which then stands for every block type."""
@@ -91,7 +97,6 @@ class BlockTypeTimer(Protocol):
     def block_times(self, block: BlockSpec, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes: ...
 
 
-@runtime_checkable
 class ActivationSource(Protocol):
     """A timer that may also supply measured activation bytes; None means use the analytic ones."""
 
@@ -157,7 +162,7 @@ def unit_costs(
             tp_forward_s=forward_ars * all_reduce, tp_backward_s=backward_ars * all_reduce,
             activation_bytes=_activation_bytes(model, kind, None, training, config, setting, timer),
             params=parameters / config.tp)
-    typed = isinstance(timer, BlockTypeTimer)
+    typed = _has_method(type(timer), "block_times")  # a BlockTypeTimer
     for block in model.block_types():
         times = timer.block_times(block, setting, gpu) if typed else timer.times(UnitKind.BLOCK, setting, gpu)
         costs[block] = _block_cost(model, block, times, training, config, setting, tp_link, calibration, cp_link,
@@ -217,7 +222,7 @@ def _activation_bytes(model: ModelSpec, kind: UnitKind, block: BlockSpec | None,
     """A unit's activation bytes per micro-batch: the timer's measured ones where it has them (a measured
     profile's block stands for every block type, as its times do), else the analytic ones of its type."""
     measured = (timer.activation_bytes(kind, setting, config.recompute)
-                if isinstance(timer, ActivationSource) else None)
+                if _has_method(type(timer), "activation_bytes") else None)  # an ActivationSource
     if measured is not None:
         return measured
     if block is None:

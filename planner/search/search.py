@@ -269,7 +269,7 @@ class _Context:
                 [self.unit_terms(cost) for cost in costs]).T
             first, last = np.arange(pp) == 0, np.arange(pp) == pp - 1
             outgoing = np.asarray(boundary_s, dtype=float)
-            incoming = np.roll(outgoing, 1)  # rank 0's later chunks receive from the last rank
+            incoming = np.asarray(boundary_s[-1:] + boundary_s[:-1], dtype=float)  # rank 0 hears from the last
             fixed = embedding * first + head * last + (v - last) * outgoing + (v - first) * incoming
             # a pass carries half of each boundary it touches
             forward_fixed = embedding_forward * first + head_forward * last + (~last * outgoing + ~first * incoming) / 2
