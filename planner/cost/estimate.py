@@ -52,6 +52,7 @@ class StageEstimate:
     backward_s: float  # includes recompute and TP communication of the backward pass
     p2p_s: float
     memory: MemoryBreakdown
+    weight_s: float = 0.0  # the weight-gradient part of backward_s (a zero-bubble schedule's W pass)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def model_flops_per_iteration(model: ModelSpec, training: Training) -> float:
 
 def _sum_costs(kinds: list[UnitKind], costs: dict[UnitKind, UnitCost], start: int, end: int) -> dict[str, float]:
     totals = dict.fromkeys(("forward", "backward", "recompute", "tp_forward", "tp_backward", "cp_forward",
-                            "cp_backward", "activations", "params"), 0.0)
+                            "cp_backward", "activations", "params", "weight"), 0.0)
     for kind in kinds[start:end]:
         cost = costs[kind]
         totals["forward"] += cost.forward_s
@@ -103,6 +104,7 @@ def _sum_costs(kinds: list[UnitKind], costs: dict[UnitKind, UnitCost], start: in
         totals["cp_backward"] += cost.cp_backward_s
         totals["activations"] += cost.activation_bytes
         totals["params"] += cost.params
+        totals["weight"] += cost.weight_grad_s
     return totals
 
 
@@ -131,7 +133,7 @@ def _pipeline(sums: list[dict[str, float]], p2p: list[float], stage_times: list[
     forward = [s["forward"] + s["tp_forward"] + s["cp_forward"] + p / 2 for s, p in zip(sums, p2p, strict=True)]
     backward = [s["backward"] + s["recompute"] + s["tp_backward"] + s["cp_backward"] + p / 2
                 for s, p in zip(sums, p2p, strict=True)]
-    return simulated_pipeline_time(forward, backward, config.pp, m, config.schedule)
+    return simulated_pipeline_time(forward, backward, config.pp, m, config.schedule, [s["weight"] for s in sums])
 
 
 def estimate(
@@ -223,7 +225,7 @@ def estimate(
             embedding=start == 0, head=end == model.num_layers + 2, gpu=links.gpu[r].name,
             forward_s=sums[k]["forward"] + sums[k]["tp_forward"] + sums[k]["cp_forward"],
             backward_s=sums[k]["backward"] + sums[k]["recompute"] + sums[k]["tp_backward"] + sums[k]["cp_backward"],
-            p2p_s=p2p[k], memory=memories[r],
+            p2p_s=p2p[k], memory=memories[r], weight_s=sums[k]["weight"],
         ))
     return Estimate(
         iteration_time_s=iteration,

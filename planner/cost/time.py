@@ -20,7 +20,7 @@ from planner.cost.memory import activation_bytes, model_state_bytes, sharded_sta
 from planner.gpu import GPUSpec
 from planner.model import ModelSpec, UnitKind
 from planner.placement import ExpertLink
-from planner.profile.analytic import UnitSetting, UnitTimes, unit_setting
+from planner.profile.analytic import UnitSetting, UnitTimes, unit_setting, weight_gradient_s
 from planner.profile.calibration import Calibration
 
 __all__ = [
@@ -92,6 +92,7 @@ class UnitCost:
     cp_forward_s: float = 0.0  # exposed context-parallel KV / head exchange (`context_parallel_s`)
     cp_backward_s: float = 0.0  # its backward, plus the recomputed forward's
     ep_s: float = 0.0  # expert dispatch/combine all-to-all, part of tp_forward_s + tp_backward_s
+    weight_grad_s: float = 0.0  # the weight-gradient GEMMs inside backward_s (a zero-bubble W pass)
 
     @property
     def compute_s(self) -> float:
@@ -164,6 +165,7 @@ def unit_costs(
             cp_forward_s=cp_forward,
             cp_backward_s=cp_backward,
             ep_s=ep_forward + ep_backward,
+            weight_grad_s=weight_gradient_s(kind, times),
         )
     return costs
 

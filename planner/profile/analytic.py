@@ -28,6 +28,7 @@ __all__ = [
     "block_forward_flops",
     "head_forward_flops",
     "unit_setting",
+    "weight_gradient_s",
 ]
 
 _ATTENTION_BACKWARD_RATIO = 2.5  # FlashAttention-2 backward: 5 matmuls vs 2 forward (Dao 2023)
@@ -79,6 +80,20 @@ class UnitTimes:
     # (FC1), MLP down (FC2); its dgrad and wgrad GEMMs take as long. The compute TP collectives can hide behind.
     linear_forward_s: tuple[float, ...] = ()
     attention_core_backward_s: float = 0.0  # what context parallelism's ring steps hide behind in the backward
+    # the weight-gradient GEMMs inside backward_s (a zero-bubble schedule's W pass); None: not profiled
+    weight_grad_s: float | None = None
+
+
+def weight_gradient_s(kind: UnitKind, times: UnitTimes) -> float:
+    """The weight-gradient part of a unit's backward, what a zero-bubble W pass runs: the profile's own
+    figure; for a measured profile without one, the embedding's whole backward (it has no input gradient)
+    or the forward's part outside the attention core (its linear layers, whose weight-gradient GEMMs take
+    as long as their forward GEMMs), at most the backward."""
+    if times.weight_grad_s is not None:
+        return times.weight_grad_s
+    if kind is UnitKind.EMBEDDING:
+        return times.backward_s
+    return min(max(times.forward_s - times.attention_core_forward_s, 0.0), times.backward_s)
 
 
 def _local_heads(heads: int, tp: int) -> float:
@@ -213,10 +228,10 @@ class AnalyticProfile:
         dense, w = self._block_of(setting, gpu, moe=False), dense_layers / m.num_layers
         mix = [(1 - w) * a + w * b for a, b in zip(
             (moe.forward_s, moe.backward_s, moe.attention_core_forward_s, moe.attention_core_backward_s,
-             *moe.linear_forward_s),
+             weight_gradient_s(UnitKind.BLOCK, moe), *moe.linear_forward_s),
             (dense.forward_s, dense.backward_s, dense.attention_core_forward_s, dense.attention_core_backward_s,
-             *dense.linear_forward_s), strict=True)]
-        return UnitTimes(mix[0], mix[1], mix[2], tuple(mix[4:]), mix[3])
+             weight_gradient_s(UnitKind.BLOCK, dense), *dense.linear_forward_s), strict=True)]
+        return UnitTimes(mix[0], mix[1], mix[2], tuple(mix[5:]), mix[3], mix[4])
 
     def _attention_linears(self, setting: UnitSetting, gpu: GPUSpec) -> tuple[float, float, float]:
         """(QKV-side GEMMs, output projection, QKV output width per rank). MLA's down projections run whole
@@ -276,7 +291,9 @@ class AnalyticProfile:
                 _FP8_GRAD_CAST_BYTES * n + _FP8_INPUT_TRANSPOSE_BYTES * k_in for k_in, n in widths))
         forward = gemms + core_forward + elementwise + cast_forward
         backward = 2 * gemms + core_backward + 2 * elementwise + cast_backward
-        return UnitTimes(forward, backward, core_forward, tuple(linears), core_backward)
+        # W: each linear layer's and the router's weight-gradient GEMM (as long as its forward GEMM); the
+        # input-gradient GEMMs, the attention core's backward and the element-wise work are B's
+        return UnitTimes(forward, backward, core_forward, tuple(linears), core_backward, gemms)
 
     def _embedding(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
         m = self.model
@@ -285,7 +302,8 @@ class AnalyticProfile:
         forward_bytes = tokens * (2 * m.hidden_size + 2 * width * (2 if m.position_embedding == "learned" else 1))
         # backward accumulates row gradients into the (vocab-sharded) fp32 table gradient
         backward_bytes = tokens * m.hidden_size * (2 + 8)
-        return UnitTimes(self.memory_time(gpu, forward_bytes), self.memory_time(gpu, backward_bytes))
+        backward = self.memory_time(gpu, backward_bytes)  # all weight gradient: the tokens need no gradient
+        return UnitTimes(self.memory_time(gpu, forward_bytes), backward, weight_grad_s=backward)
 
     def _head(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
         m, t = self.model, setting.tp
@@ -297,7 +315,7 @@ class AnalyticProfile:
         norm = self.memory_time(gpu, tokens * 4 * width)
         # vocab-parallel cross entropy over fp32 logits: max, exp-sum and loss passes, then the gradient
         cross_entropy = self.memory_time(gpu, tokens * vocab_local * 4 * 4)
-        return UnitTimes(logits + norm + cross_entropy, 2 * logits + 2 * norm + cross_entropy)
+        return UnitTimes(logits + norm + cross_entropy, 2 * logits + 2 * norm + cross_entropy, weight_grad_s=logits)
 
 
 def unit_setting(training: Training, tp: int, micro_batch: int, sequence_parallel: bool, cp: int = 1, ep: int = 1,
