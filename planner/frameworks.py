@@ -12,7 +12,8 @@ Versions and sources (../shared/REFERENCE.md): Megatron-LM core 0.16 (`megatron/
 Megatron-FSDP: `--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads|optim_grads_params`),
 DeepSpeed 0.19 driven by Megatron-DeepSpeed (`PipelineEngine` asserts ZeRO < 2 with PP, reduces
 gradients after the pipeline flush, sends whole activations from every TP rank; no interleaving),
-torchtitan 0.2.2 (FSDP2/HSDP, TP always with sequence parallelism, async TP under torch.compile).
+torchtitan 0.2.2 (FSDP2/HSDP, TP always with sequence parallelism, async TP under torch.compile;
+pipeline schedules from torch.distributed.pipelining, `torchtitan/distributed/pipeline_parallel.py`).
 MoE token dispatch: Megatron-Core's --moe-token-dispatcher-type alltoall or flex (DeepEP / HybridEP) and
 --overlap-moe-expert-parallel-comm; torchtitan's parallelism.expert_parallel_comm_backend "standard"
 (all-to-all) or "deepep" (flex), its EP overlap only under the DualPipeV schedule planner does not model;
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from planner.config import CP_COMMS, MOE_DISPATCHERS, ParallelConfig, Schedule
+from planner.cost.schedule import schedule_of
 from planner.errors import PlannerError
 
 __all__ = ["FRAMEWORKS", "FRAMEWORK_NAMES", "TARGET_NAMES", "Framework", "framework_named", "runs_on"]
@@ -73,6 +75,7 @@ class Framework:
     semantics: Semantics
     # how it shards optimizer states only (the search's ZeRO-1 / distributed-optimizer option); None: it cannot
     optimizer_sharding_only: tuple[int, bool] | None
+    tp_overlap_with_split_backward: bool = True  # TP communication overlap under a zero-bubble schedule
 
     def why_not(self, config: ParallelConfig) -> str | None:
         """None if this framework runs `config` exactly as planned, else why not (one line)."""
@@ -89,6 +92,10 @@ class Framework:
             return f"{self.version} always runs tensor parallelism with sequence parallelism"
         if config.tp_comm_overlap and not self.tp_comm_overlap:
             return f"{self.version} cannot overlap TP communication with its GEMMs"
+        if (config.pp > 1 and config.tp_comm_overlap and not self.tp_overlap_with_split_backward
+                and schedule_of(config.schedule).splits_backward):
+            return (f"{self.version} cannot overlap TP communication (it needs torch.compile) under the "
+                    f"{config.schedule.value} schedule")
         if config.cp > 1 and config.cp_comm not in self.cp_comms:
             return f"{self.version} has no {config.cp_comm} context parallelism (cp={config.cp})"
         if config.ep > 1 and not self.expert_parallel:
@@ -142,7 +149,8 @@ FRAMEWORKS: dict[str, Framework] = {
     "any": Framework(
         "any", "any framework", _ALL_SCHEDULES, _ANY_SHARDING, _ANY_SHARDING, True, True, _CP_COMMS, True, True,
         _DISPATCHERS, True, True, True, _megatron_semantics, (0, True)),
-    # ZeRO-2/3 through Megatron-FSDP (optim_grads / optim_grads_params), which it does not claim with PP
+    # ZeRO-2/3 through Megatron-FSDP (optim_grads / optim_grads_params), which it does not claim with PP; no
+    # zero-bubble schedule (core_v0.16.1's delay_wgrad_compute only overlaps MoE all-to-all in its 1F1B)
     "megatron": Framework(
         "megatron", "Megatron-LM core 0.16", frozenset({Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED}),
         frozenset({(0, False), (0, True), (2, False), (3, False)}), frozenset({(0, False), (0, True)}),
@@ -155,11 +163,15 @@ FRAMEWORKS: dict[str, Framework] = {
         (1, False)),
     # FSDP2 (reshard_after_forward never: ZeRO-2; default: ZeRO-3) or DDP, with PP too; CP rotates KV by
     # all-gather or a ring of exchanges; etp in {1, tp} (ParallelDims v0.2.2)
+    # Its zero-bubble schedule is PyTorch's ScheduleInterleavedZeroBubble (at least 2 stages per rank); the
+    # split backward does not run under torch.compile, which its async TP needs
     "torchtitan": Framework(
-        "torchtitan", "torchtitan 0.2.2", _ALL_SCHEDULES,
+        "torchtitan", "torchtitan 0.2.2",
+        frozenset({Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.INTERLEAVED, Schedule.INTERLEAVED_ZB}),
         frozenset({(0, False), (2, False), (3, False)}), frozenset({(0, False), (2, False), (3, False)}),
         False, True, frozenset({"p2p", "all-gather"}), True, False, _DISPATCHERS, False, True, True,
-        _torchtitan_semantics, None),
+        _torchtitan_semantics, None,
+        tp_overlap_with_split_backward=False),
 }
 FRAMEWORK_NAMES = tuple(FRAMEWORKS)
 TARGET_NAMES = FRAMEWORK_NAMES[1:]

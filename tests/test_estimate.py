@@ -10,7 +10,7 @@ from planner.cluster import parse_shorthand
 from planner.config import ParallelConfig, Partition, Recompute, Schedule, Training
 from planner.cost.estimate import BREAKDOWN_KEYS, estimate
 from planner.cost.memory import rank_memory_model
-from planner.cost.schedule import pipeline_time
+from planner.cost.schedule import pipeline_time, schedule_of
 from planner.cost.time import unit_costs
 from planner.errors import PlannerError
 from planner.model import load_model
@@ -30,7 +30,7 @@ def configurations(draw):
     micro_batch = draw(st.sampled_from([1, 2]))
     m = draw(st.sampled_from([1, 2, 4, 8]))
     schedule = draw(st.sampled_from(list(Schedule))) if pp > 1 else Schedule.ONE_F_ONE_B
-    vpp = 2 if schedule is Schedule.INTERLEAVED else 1
+    vpp = 2 if schedule_of(schedule).chunked else 1
     config = ParallelConfig(
         dp=dp, tp=tp, pp=pp, vpp=vpp, micro_batch=micro_batch, schedule=schedule,
         sequence_parallel=tp > 1 and draw(st.booleans()), recompute=draw(st.sampled_from(list(Recompute))),

@@ -54,6 +54,7 @@ class StageEstimate:
     backward_s: float  # includes recompute and TP communication of the backward pass
     p2p_s: float
     memory: MemoryBreakdown
+    weight_s: float = 0.0  # the weight-gradient part of backward_s (a zero-bubble schedule's W pass)
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def model_flops_per_iteration(model: ModelSpec, training: Training) -> float:
 def _sum_costs(keys: Sequence[CostKey], costs: dict[CostKey, UnitCost], start: int, end: int) -> dict[str, float]:
     """Each cost term summed over units start..end − 1, each unit at its own type's cost."""
     totals = dict.fromkeys(("forward", "backward", "recompute", "tp_forward", "tp_backward", "cp_forward",
-                            "cp_backward", "activations", "params", "ep"), 0.0)
+                            "cp_backward", "activations", "params", "ep", "weight"), 0.0)
     for key in keys[start:end]:
         cost = costs[key]
         totals["forward"] += cost.forward_s
@@ -109,6 +110,7 @@ def _sum_costs(keys: Sequence[CostKey], costs: dict[CostKey, UnitCost], start: i
         totals["activations"] += cost.activation_bytes
         totals["params"] += cost.params
         totals["ep"] += cost.ep_s
+        totals["weight"] += cost.weight_grad_s
     return totals
 
 
@@ -137,7 +139,7 @@ def _pipeline(sums: list[dict[str, float]], p2p: list[float], stage_times: list[
     forward = [s["forward"] + s["tp_forward"] + s["cp_forward"] + p / 2 for s, p in zip(sums, p2p, strict=True)]
     backward = [s["backward"] + s["recompute"] + s["tp_backward"] + s["cp_backward"] + p / 2
                 for s, p in zip(sums, p2p, strict=True)]
-    return simulated_pipeline_time(forward, backward, config.pp, m, config.schedule)
+    return simulated_pipeline_time(forward, backward, config.pp, m, config.schedule, [s["weight"] for s in sums])
 
 
 def estimate(
@@ -230,7 +232,7 @@ def estimate(
             embedding=start == 0, head=end == model.num_layers + 2, gpu=links.gpu[r].name,
             forward_s=sums[k]["forward"] + sums[k]["tp_forward"] + sums[k]["cp_forward"],
             backward_s=sums[k]["backward"] + sums[k]["recompute"] + sums[k]["tp_backward"] + sums[k]["cp_backward"],
-            p2p_s=p2p[k], memory=memories[r],
+            p2p_s=p2p[k], memory=memories[r], weight_s=sums[k]["weight"],
         ))
     return Estimate(
         iteration_time_s=iteration,

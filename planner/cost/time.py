@@ -22,7 +22,7 @@ from planner.cost.memory import activation_bytes, block_type_activation_bytes, m
 from planner.gpu import GPUSpec
 from planner.model import AttentionSpec, BlockSpec, MlpSpec, ModelSpec, UnitKind
 from planner.placement import ExpertLink
-from planner.profile.analytic import UnitSetting, UnitTimes, unit_setting
+from planner.profile.analytic import UnitSetting, UnitTimes, unit_setting, weight_gradient_s
 from planner.profile.calibration import Calibration
 
 __all__ = [
@@ -111,6 +111,7 @@ class UnitCost:
     cp_forward_s: float = 0.0  # exposed context-parallel KV / head exchange (`context_parallel_s`)
     cp_backward_s: float = 0.0  # its backward, plus the recomputed forward's
     ep_s: float = 0.0  # expert dispatch/combine all-to-all, part of tp_forward_s + tp_backward_s
+    weight_grad_s: float = 0.0  # the weight-gradient GEMMs inside backward_s (a zero-bubble W pass)
 
     @property
     def compute_s(self) -> float:
@@ -155,7 +156,7 @@ def unit_costs(
             forward_s=times.forward_s, backward_s=times.backward_s, recompute_s=0.0,
             tp_forward_s=forward_ars * all_reduce, tp_backward_s=backward_ars * all_reduce,
             activation_bytes=_activation_bytes(model, kind, None, training, config, setting, timer),
-            params=parameters / config.tp)
+            params=parameters / config.tp, weight_grad_s=weight_gradient_s(kind, times))
     typed = isinstance(timer, BlockTypeTimer)
     for block in model.block_types():
         times = timer.block_times(block, setting, gpu) if typed else timer.times(UnitKind.BLOCK, setting, gpu)
@@ -208,6 +209,7 @@ def _block_cost(model: ModelSpec, block: BlockSpec, times: UnitTimes, training: 
         cp_forward_s=cp_forward,
         cp_backward_s=cp_backward,
         ep_s=ep_forward + ep_backward,
+        weight_grad_s=weight_gradient_s(UnitKind.BLOCK, times),
     )
 
 

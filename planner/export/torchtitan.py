@@ -21,7 +21,8 @@ from planner.plan import Plan
 __all__ = ["FLAVORS", "SCHEDULE_NAMES", "Flavor", "export_torchtitan", "flavor_notes", "model_flavor", "module_fqns",
            "torchtitan_program", "torchtitan_toml"]
 
-SCHEDULE_NAMES = {Schedule.ONE_F_ONE_B: "1F1B", Schedule.GPIPE: "GPipe", Schedule.INTERLEAVED: "Interleaved1F1B"}
+SCHEDULE_NAMES = {Schedule.ONE_F_ONE_B: "1F1B", Schedule.GPIPE: "GPipe", Schedule.INTERLEAVED: "Interleaved1F1B",
+                  Schedule.INTERLEAVED_ZB: "InterleavedZeroBubble"}
 TOML = "torchtitan.toml"
 _PLACEHOLDER = "PLACEHOLDER: set {} (torchrun.sh passes it)"
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from planner.cluster import Cluster
 from planner.config import CP_COMMS, MOE_DISPATCHERS, ParallelConfig, Recompute, Schedule, Training
+from planner.cost.schedule import schedule_of
 from planner.errors import PlannerError
 from planner.frameworks import framework_named
 from planner.model import ModelSpec
@@ -142,8 +143,10 @@ def _check_fixed(model: ModelSpec, cluster: Cluster, training: Training, fixed: 
     if fixed.micro_batch is not None and training.global_batch % fixed.micro_batch:
         raise PlannerError(
             f"--micro-batch {fixed.micro_batch} does not divide the global batch {training.global_batch}")
-    if fixed.vpp is not None and fixed.vpp > 1 and fixed.schedule not in (None, Schedule.INTERLEAVED):
-        raise PlannerError(f"--vpp {fixed.vpp} needs --schedule interleaved, got {fixed.schedule.value}")
+    if (fixed.vpp is not None and fixed.vpp > 1 and fixed.schedule is not None
+            and not schedule_of(fixed.schedule).chunked):
+        raise PlannerError(f"--vpp {fixed.vpp} needs --schedule interleaved or interleaved-zb, got "
+                           f"{fixed.schedule.value}")
     if fixed.sequence_parallel and fixed.tp == 1:
         raise PlannerError("--sequence-parallel needs tp > 1, got --tp 1")
     if fixed.tp_comm_overlap and (fixed.tp == 1 or fixed.sequence_parallel is False):
@@ -193,10 +196,10 @@ def _cp_comms(cp: int, tp: int, model: ModelSpec, training: Training, fixed: Fix
 def _schedules(pp: int, m: int, num_layers: int, fixed: FixedOptions) -> list[tuple[Schedule, int]]:
     """(schedule, vpp) pairs allowed for this pipeline depth and micro-batch count."""
     out: list[tuple[Schedule, int]] = []
-    for schedule in (Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.INTERLEAVED):
-        if fixed.schedule not in (None, schedule):
-            continue
-        if schedule is not Schedule.INTERLEAVED:
+    for schedule in Schedule:
+        if fixed.schedule not in (None, schedule) or (schedule_of(schedule).splits_backward and pp < 2):
+            continue  # without a pipeline a split backward changes nothing
+        if not schedule_of(schedule).chunked:
             if fixed.vpp in (None, 1):
                 out.append((schedule, 1))
             continue

@@ -1,0 +1,279 @@
+"""Zero-bubble schedules (Qi et al., ICLR 2024): orders, W passes in the simulator, memory, bounds, frameworks,
+export, CLI, and the paper's measured ZB/1F1B throughput ratios."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import tomllib
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_export_plans import make_plan
+
+from cli import main
+from planner.cluster import parse_shorthand
+from planner.config import ParallelConfig, Partition, Schedule, Training
+from planner.cost.estimate import estimate
+from planner.cost.schedule import (
+    BACKWARD,
+    FORWARD,
+    WEIGHT,
+    RankTerms,
+    schedule_of,
+    simulate,
+    simulated_pipeline_time,
+)
+from planner.errors import PlannerError
+from planner.export import export_plan
+from planner.export.torchtitan import export_torchtitan
+from planner.frameworks import FRAMEWORKS, runs_on
+from planner.model import ModelSpec, UnitKind, load_model
+from planner.profile.analytic import AnalyticProfile, unit_setting, weight_gradient_s
+from planner.profile.calibration import default_calibration
+
+ZERO_BUBBLE = (Schedule.ZB_H1, Schedule.ZB_H2, Schedule.INTERLEAVED_ZB)
+DATA = Path(__file__).parent / "data" / "qi2024_table4_zero_bubble_throughput.csv"
+
+
+def _layouts():
+    for schedule in ZERO_BUBBLE:
+        for pp, m in ((2, 2), (2, 6), (4, 4), (4, 8), (4, 12), (8, 16)):
+            for vpp in ((2, 3) if schedule_of(schedule).chunked else (1,)):
+                yield schedule, pp, vpp, m
+
+
+@pytest.mark.parametrize(("schedule", "pp", "vpp", "m"), list(_layouts()))
+def test_every_pass_once_and_w_after_its_b(schedule, pp, vpp, m) -> None:
+    behaviour = schedule_of(schedule)
+    for r in range(pp):
+        order = behaviour.order(r, pp, vpp, m)
+        counts = Counter(order)
+        expected = {(kind, c, mb) for kind in (FORWARD, BACKWARD, WEIGHT) for c in range(vpp) for mb in range(m)}
+        assert set(counts) == expected and set(counts.values()) == {1}
+        position = {p: i for i, p in enumerate(order)}
+        assert all(position[(FORWARD, c, mb)] < position[(BACKWARD, c, mb)] < position[(WEIGHT, c, mb)]
+                   for c in range(vpp) for mb in range(m))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(list(_layouts())), st.data())
+def test_simulated_passes_respect_dependencies(layout, data) -> None:
+    schedule, pp, vpp, m = layout
+    stages = pp * vpp
+    times = st.floats(0.1, 2.0)
+    forward = data.draw(st.lists(times, min_size=stages, max_size=stages))
+    backward = [2 * f for f in forward]
+    weight = [b * data.draw(st.floats(0.0, 1.0)) for b in backward]
+    p2p = data.draw(st.lists(st.floats(0.0, 0.2), min_size=stages, max_size=stages))
+    timeline = simulate(forward, backward, p2p, pp, m, schedule, weight_s=weight)
+    end = {(e.kind, e.stage, e.microbatch): e.end_s for e in timeline.events}
+    assert len(end) == 3 * stages * m
+    for e in timeline.events:
+        k, mb, eps = e.stage, e.microbatch, 1e-9
+        assert e.end_s - e.start_s == pytest.approx({FORWARD: forward[k], BACKWARD: backward[k] - weight[k],
+                                                     WEIGHT: weight[k]}[e.kind])
+        if e.kind == FORWARD and k:
+            assert e.start_s >= end[(FORWARD, k - 1, mb)] + p2p[k - 1] - eps
+        if e.kind == BACKWARD:
+            assert e.start_s >= end[(FORWARD, k, mb)] - eps
+            if k < stages - 1:
+                assert e.start_s >= end[(BACKWARD, k + 1, mb)] + p2p[k] - eps
+        if e.kind == WEIGHT:
+            assert e.start_s >= end[(BACKWARD, k, mb)] - eps
+    for r in range(pp):  # a rank runs one pass at a time
+        mine = timeline.rank_events(r)
+        assert all(a.end_s <= b.start_s + 1e-9 for a, b in itertools.pairwise(mine))
+
+
+@pytest.mark.parametrize(("pp", "m"), [(2, 4), (4, 4), (4, 8), (8, 24), (16, 32)])
+def test_zb_h1_holds_1f1b_peak_and_zb_h2_about_twice(pp, m) -> None:
+    def peak(schedule: Schedule) -> float:
+        return max(schedule_of(schedule).in_flight(r, pp, 1, m) for r in range(pp))
+
+    assert peak(Schedule.ZB_H1) == peak(Schedule.ONE_F_ONE_B) == min(pp, m)
+    assert peak(Schedule.ZB_H2) == min(2 * pp - 1, m)
+    # in flight never grows with the rank (the search's memory bound takes the last rank as the least)
+    for schedule in ZERO_BUBBLE[:2]:
+        held = [schedule_of(schedule).in_flight(r, pp, 1, m) for r in range(pp)]
+        assert held == sorted(held, reverse=True)
+
+
+@pytest.mark.parametrize(("pp", "m"), [(4, 8), (4, 16), (8, 24), (8, 64)])
+@pytest.mark.parametrize("weight_share", [0.5, 0.4, 0.3])
+def test_bubble_zb_h2_below_zb_h1_below_1f1b_on_equal_stages(pp, m, weight_share) -> None:
+    forward, backward = [1.0] * pp, [2.0] * pp
+    weight = [weight_share * b for b in backward]
+    bubble = {s: simulated_pipeline_time(forward, backward, pp, m, s, weight).bubble_s
+              for s in (Schedule.ONE_F_ONE_B, Schedule.ZB_H1, Schedule.ZB_H2)}
+    assert bubble[Schedule.ZB_H2] < bubble[Schedule.ZB_H1] < bubble[Schedule.ONE_F_ONE_B]
+    if weight_share == 0.5:  # F = B = W: the paper's (p − 1)·3F, (p − 1)·F and 0
+        assert bubble[Schedule.ONE_F_ONE_B] == pytest.approx(3 * (pp - 1))
+        assert bubble[Schedule.ZB_H1] == pytest.approx(pp - 1)
+        assert bubble[Schedule.ZB_H2] == pytest.approx(0.0, abs=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(ZERO_BUBBLE), st.integers(2, 5), st.integers(10, 30), st.integers(0, 4), st.data())
+def test_periodic_simulation_equals_the_full_simulation(schedule, pp, groups, offset, data) -> None:
+    behaviour = schedule_of(schedule)
+    vpp = 2 if behaviour.chunked else 1
+    m = groups * pp + (0 if behaviour.chunked else offset % pp)
+    forward = data.draw(st.lists(st.floats(0.2, 3.0), min_size=pp * vpp, max_size=pp * vpp))
+    backward = [f * data.draw(st.floats(1.5, 2.5)) for f in forward]
+    weight = [b * data.draw(st.floats(0.2, 0.6)) for b in backward]
+    full = simulate(forward, backward, [0.0] * len(forward), pp, m, schedule, record=False, weight_s=weight)
+    periodic = simulated_pipeline_time(forward, backward, pp, m, schedule, weight)
+    assert periodic.total_s == pytest.approx(full.iteration_s, rel=1e-9)
+
+
+@pytest.mark.parametrize(("schedule", "bubble"), [(Schedule.ZB_H1, 3.0), (Schedule.ZB_H2, 0.0)])
+def test_ten_million_microbatches_cost_what_a_few_hundred_do(schedule, bubble) -> None:
+    pp, m = 4, 10_000_000
+    total = simulated_pipeline_time([1.0] * pp, [2.0] * pp, pp, m, schedule, [1.0] * pp).total_s
+    assert total == pytest.approx(3.0 * m + bubble, rel=1e-12)
+    assert schedule_of(schedule).in_flight(0, pp, 1, m) == (pp if schedule is Schedule.ZB_H1 else 2 * pp - 1)
+
+
+def test_interleaved_zb_below_interleaved_and_without_split_like_it() -> None:
+    pp, vpp, m = 4, 2, 8
+    forward, backward = [0.5] * (pp * vpp), [1.0] * (pp * vpp)
+    split = simulated_pipeline_time(forward, backward, pp, m, Schedule.INTERLEAVED_ZB, [0.5] * (pp * vpp))
+    assert split.total_s < simulated_pipeline_time(forward, backward, pp, m, Schedule.INTERLEAVED).total_s
+    forward, backward = forward[:pp], backward[:pp]
+    unsplit = simulated_pipeline_time(forward, backward, pp, m, Schedule.ZB_H1)  # W passes of no length
+    assert unsplit.total_s == simulated_pipeline_time(forward, backward, pp, m, Schedule.ONE_F_ONE_B).total_s
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(ZERO_BUBBLE), st.sampled_from([2, 3, 4]), st.sampled_from([1, 2, 3, 4, 8]), st.data())
+def test_lower_bound_never_exceeds_the_simulated_time(schedule, pp, m, data) -> None:
+    behaviour = schedule_of(schedule)
+    vpp = 2 if behaviour.chunked else 1
+    if not behaviour.runnable(pp, m):
+        m = pp * m
+    stages = pp * vpp
+    times = st.floats(0.01, 1.0)
+    fixed_f = data.draw(st.lists(times, min_size=pp, max_size=pp))
+    block_f = data.draw(st.lists(times, min_size=pp, max_size=pp))
+    ratio = data.draw(st.floats(1.0, 3.0))
+    # every stage holds exactly one block, so the relaxation's count vector is forced: the bound is for this split
+    forward = [(fixed_f[k % pp] if k < pp else 0.0) + block_f[k % pp] for k in range(stages)]
+    backward = [ratio * f for f in forward]
+    weight = [b * data.draw(st.floats(0.0, 0.6)) for b in backward]
+    terms = RankTerms(tuple((1 + ratio) * f for f in fixed_f), tuple((1 + ratio) * b for b in block_f),
+                      (vpp,) * pp, tuple(fixed_f), tuple(block_f), tuple((1 + ratio) * f for f in forward[:pp]))
+    simulated = simulate(forward, backward, [0.0] * stages, pp, m, schedule, record=False, weight_s=weight)
+    assert behaviour.lower_bound(terms, m, stages) <= simulated.iteration_s * (1 + 1e-9)
+
+
+def test_weight_gradient_is_the_linear_layers_backward_gemms() -> None:
+    model = load_model("llama2-7b")
+    profile = AnalyticProfile(model, default_calibration())
+    gpu = parse_shorthand("1x8xA100-80GB").nodes[0].gpu
+    setting = unit_setting(Training(global_batch=8, seq_len=4096), 1, 1, False)
+    block = profile.times(UnitKind.BLOCK, setting, gpu)
+    assert block.weight_grad_s == pytest.approx(sum(block.linear_forward_s))
+    assert 0.3 * block.backward_s < block.weight_grad_s < 0.5 * block.backward_s
+    embedding = profile.times(UnitKind.EMBEDDING, setting, gpu)
+    assert weight_gradient_s(UnitKind.EMBEDDING, embedding) == embedding.backward_s
+    measured = type(block)(block.forward_s, block.backward_s, block.attention_core_forward_s)  # no W figure
+    linears = block.forward_s - block.attention_core_forward_s
+    assert weight_gradient_s(UnitKind.BLOCK, measured) == pytest.approx(linears)
+
+
+def test_only_torchtitan_runs_interleaved_zero_bubble() -> None:
+    interleaved = ParallelConfig(dp=1, tp=1, pp=4, vpp=2, schedule=Schedule.INTERLEAVED_ZB)
+    assert runs_on(interleaved) == ["torchtitan"]
+    for schedule in (Schedule.ZB_H1, Schedule.ZB_H2):
+        config = ParallelConfig(dp=1, tp=1, pp=4, schedule=schedule)
+        assert runs_on(config) == [] and FRAMEWORKS["any"].why_not(config) is None
+    compiled = ParallelConfig(dp=1, tp=2, pp=4, vpp=2, schedule=Schedule.INTERLEAVED_ZB, sequence_parallel=True,
+                              tp_comm_overlap=True)
+    assert "torch.compile" in FRAMEWORKS["torchtitan"].why_not(compiled)
+    with pytest.raises(PlannerError, match="interleaved-zb schedule needs pp >= 2 and vpp >= 2"):
+        ParallelConfig(dp=1, tp=1, pp=4, vpp=1, schedule=Schedule.INTERLEAVED_ZB)
+
+
+def test_export_names_the_framework_schedule_or_refuses() -> None:
+    plan = make_plan(blocks=(3, 4, 4, 4, 4, 4, 5, 4), vpp=2, schedule="interleaved-zb")
+    toml = tomllib.loads(export_torchtitan(plan).files["torchtitan.toml"])
+    assert toml["parallelism"]["pipeline_parallel_schedule"] == "InterleavedZeroBubble"
+    for target in ("megatron", "deepspeed"):
+        with pytest.raises(PlannerError, match="no interleaved-zb pipeline schedule"):
+            export_plan(plan, target)
+    with pytest.raises(PlannerError, match="no target runs it"):
+        export_plan(make_plan(schedule="zb-h1"), "torchtitan")
+
+
+def _estimate_cli(*extra: str):
+    return CliRunner().invoke(main, ["estimate", "--model", "llama2-7b", "--cluster", "1x8xA100-80GB",
+                                     "--global-batch", "32", "--seq-len", "2048", "--pp", "4", "--json", *extra])
+
+
+def test_cli_schedules_and_bad_values() -> None:
+    times = {}
+    for schedule in ("1f1b", "zb-h1", "zb-h2"):
+        result = _estimate_cli("--schedule", schedule)
+        assert result.exit_code == 0, result.output
+        times[schedule] = json.loads(result.output)["estimate"]["iteration_time_s"]
+    assert times["zb-h2"] < times["zb-h1"] < times["1f1b"]
+    assert _estimate_cli("--schedule", "interleaved-zb", "--vpp", "2").exit_code == 0
+    for bad in (("--schedule", "zb-h3"), ("--schedule", "interleaved-zb"), ("--schedule", "zb-h1", "--vpp", "2")):
+        result = _estimate_cli(*bad)
+        assert result.exit_code == 2, (bad, result.output)
+
+
+def test_plan_searches_zero_bubble_only_where_the_framework_runs_it() -> None:
+    args = ["plan", "--model", "llama2-7b", "--cluster", "1x8xA100-80GB", "--global-batch", "32", "--seq-len",
+            "2048", "--pp", "4", "--tp", "2", "--json"]
+
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["parallelism"]["schedule"] in {"zb-h1", "zb-h2", "interleaved-zb"}
+    result = CliRunner().invoke(main, [*args, "--framework", "megatron"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["parallelism"]["schedule"] in {"1f1b", "interleaved"}
+
+
+def _published() -> list[dict[str, str]]:
+    with DATA.open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def _paper_model(row: dict[str, str]) -> ModelSpec:
+    """Table 3's GPT: Megatron-LM's GPT defaults (GeLU MLP of 4h, LayerNorm, learned positions, biases,
+    tied embeddings, dropout) with the run's 32000-entry SentencePiece vocabulary."""
+    hidden = int(row["hidden"])
+    return ModelSpec(name=f"zb-gpt-{row['model']}", num_layers=int(row["layers"]), hidden_size=hidden,
+                     num_attention_heads=int(row["heads"]), ffn_hidden_size=4 * hidden, vocab_size=32000,
+                     activation="gelu", normalization="layernorm", position_embedding="learned",
+                     tie_embeddings=True, linear_bias=True, dropout=True)
+
+
+@pytest.mark.parametrize("row", _published(), ids=lambda row: f"{row['model']}-m{row['microbatches']}")
+def test_published_zero_bubble_speedups_within_five_points(row) -> None:
+    """ZB-1p's bubble is ZB-H1's (the paper's Table 5), so zb-h1 reproduces its ratio; ZB-2p, the paper's
+    time-aware automatic schedule, beats the handcrafted ZB-H2 by up to 4.6 points in the paper's own
+    Table 5, so zb-h2 may fall short of it by that much more."""
+    model, gpus, m = _paper_model(row), int(row["gpus"]), int(row["microbatches"])
+    micro_batch = int(row["micro_batch"])
+    cluster = parse_shorthand(f"{max(gpus // 8, 1)}x8xA100-80GB")
+    per_rank = (model.num_layers + 2) // gpus  # --allow-padding-num-layers: one block fewer at both ends
+    partition = Partition.from_blocks([per_rank - 1, *[per_rank] * (gpus - 2), per_rank - 1], model.num_layers)
+    training = Training(global_batch=m * micro_batch, seq_len=1024, dtype="fp16", attention="unfused")
+
+    def time(schedule: Schedule) -> float:
+        config = ParallelConfig(dp=1, tp=1, pp=gpus, micro_batch=micro_batch, schedule=schedule)
+        return estimate(model, cluster, training, config, partition).iteration_time_s
+
+    baseline = time(Schedule.ONE_F_ONE_B)
+    published_1p = float(row["zb1p"]) / float(row["onefoneb"])
+    published_2p = float(row["zb2p"]) / float(row["onefoneb"])
+    assert baseline / time(Schedule.ZB_H1) == pytest.approx(published_1p, abs=0.05)
+    assert published_2p - 0.05 - 0.046 <= baseline / time(Schedule.ZB_H2) <= published_2p + 0.05
