@@ -18,7 +18,9 @@ MoE token dispatch: Megatron-Core's --moe-token-dispatcher-type alltoall or flex
 --overlap-moe-expert-parallel-comm; torchtitan's parallelism.expert_parallel_comm_backend "standard"
 (all-to-all) or "deepep" (flex), its EP overlap only under the DualPipeV schedule planner does not model;
 Megatron-DeepSpeed's MoE all-to-all only.
-"any" searches every configuration planner models, with Megatron-LM's semantics.
+"any" runs every configuration planner models, with Megatron-LM's semantics; its search leaves out the schedules
+that split the backward (zero bubble) unless --schedule names one: only torchtitan runs them, and searching them
+for every target would double the space (`Framework.searches`).
 """
 
 from __future__ import annotations
@@ -76,6 +78,25 @@ class Framework:
     # how it shards optimizer states only (the search's ZeRO-1 / distributed-optimizer option); None: it cannot
     optimizer_sharding_only: tuple[int, bool] | None
     tp_overlap_with_split_backward: bool = True  # TP communication overlap under a zero-bubble schedule
+    # schedules the search tries when --schedule is left open (None: every one it runs)
+    searched_schedules: frozenset[Schedule] | None = None
+
+    def searches(self, schedule: Schedule) -> bool:
+        """Whether the search tries `schedule` when the user leaves --schedule open: every schedule a named
+        target runs; "any" only those that do not split the backward (no target it stands for runs the
+        zero-bubble ones except torchtitan, which `--framework torchtitan` searches), so its space stays bounded."""
+        allowed = self.schedules if self.searched_schedules is None else self.searched_schedules
+        return schedule in allowed
+
+    def check_schedule(self, schedule: Schedule) -> None:
+        """PlannerError naming `schedule` and what this framework runs when it cannot run it."""
+        if schedule not in self.schedules:
+            runs = ", ".join(s.value for s in Schedule if s in self.schedules)
+            where = ", ".join(name for name in TARGET_NAMES if schedule in FRAMEWORKS[name].schedules)
+            hint = (f"; --framework {where} runs it" if where
+                    else "; no export target runs it (plan with --framework any)")
+            raise PlannerError(f"--schedule {schedule.value}: {self.version} has no such pipeline schedule "
+                               f"(it runs {runs}){hint}")
 
     def why_not(self, config: ParallelConfig) -> str | None:
         """None if this framework runs `config` exactly as planned, else why not (one line)."""
@@ -140,6 +161,7 @@ def _sharding_name(sharding: tuple[int, bool]) -> str:
 
 
 _ALL_SCHEDULES = frozenset(Schedule)
+_UNSPLIT_SCHEDULES = frozenset(s for s in Schedule if not schedule_of(s).splits_backward)
 _ANY_SHARDING = frozenset({(0, False), (1, False), (2, False), (3, False), (0, True), (1, True)})
 
 _CP_COMMS = frozenset(CP_COMMS)
@@ -148,7 +170,7 @@ _DISPATCHERS = frozenset(MOE_DISPATCHERS)
 FRAMEWORKS: dict[str, Framework] = {
     "any": Framework(
         "any", "any framework", _ALL_SCHEDULES, _ANY_SHARDING, _ANY_SHARDING, True, True, _CP_COMMS, True, True,
-        _DISPATCHERS, True, True, True, _megatron_semantics, (0, True)),
+        _DISPATCHERS, True, True, True, _megatron_semantics, (0, True), searched_schedules=_UNSPLIT_SCHEDULES),
     # ZeRO-2/3 through Megatron-FSDP (optim_grads / optim_grads_params), which it does not claim with PP; no
     # zero-bubble schedule (core_v0.16.1's delay_wgrad_compute only overlaps MoE all-to-all in its 1F1B)
     "megatron": Framework(

@@ -36,6 +36,7 @@ from planner.frameworks import FRAMEWORKS, runs_on
 from planner.model import ModelSpec, UnitKind, load_model
 from planner.profile.analytic import AnalyticProfile, unit_setting, weight_gradient_s
 from planner.profile.calibration import default_calibration
+from planner.search.space import FixedOptions, enumerate_configs
 
 ZERO_BUBBLE = (Schedule.ZB_H1, Schedule.ZB_H2, Schedule.INTERLEAVED_ZB)
 DATA = Path(__file__).parent / "data" / "qi2024_table4_zero_bubble_throughput.csv"
@@ -230,15 +231,23 @@ def test_cli_schedules_and_bad_values() -> None:
 
 
 def test_plan_searches_zero_bubble_only_where_the_framework_runs_it() -> None:
+    model, cluster = load_model("llama2-7b"), parse_shorthand("1x8xA100-80GB")
+    training = Training(global_batch=32, seq_len=2048)
+
+    def searched(framework: str) -> set[Schedule]:
+        return {c.schedule for c in enumerate_configs(model, cluster, training, FixedOptions(framework=framework))}
+
+    # "any" searches the split backward only when --schedule names it; a named target searches what it runs
+    assert searched("any") == {Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE}
+    assert searched("megatron") == {Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED}
+    assert searched("torchtitan") == FRAMEWORKS["torchtitan"].schedules
     args = ["plan", "--model", "llama2-7b", "--cluster", "1x8xA100-80GB", "--global-batch", "32", "--seq-len",
             "2048", "--pp", "4", "--tp", "2", "--json"]
-
-    result = CliRunner().invoke(main, args)
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["parallelism"]["schedule"] in {"zb-h1", "zb-h2", "interleaved-zb"}
-    result = CliRunner().invoke(main, [*args, "--framework", "megatron"])
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["parallelism"]["schedule"] in {"1f1b", "interleaved"}
+    named = CliRunner().invoke(main, [*args, "--schedule", "zb-h1"])
+    assert named.exit_code == 0 and json.loads(named.output)["parallelism"]["schedule"] == "zb-h1"
+    for bad in (("--framework", "megatron", "--schedule", "zb-h1"), ("--schedule", "zb-h1", "--pp", "1")):
+        refused = CliRunner().invoke(main, [*args[:-5], "--json", *bad])
+        assert refused.exit_code == 2 and refused.output.count("\n") == 1 and "zb-h1" in refused.output, bad
 
 
 def _published() -> list[dict[str, str]]:

@@ -268,6 +268,12 @@ class ZeroBubble(PipelineSchedule):
     splits_backward = True
     fill: float
 
+    def check(self, pp: int, vpp: int) -> None:
+        if pp < 2:
+            raise PlannerError(f"parallel config: the {self.kind.value} schedule splits the backward between "
+                               f"pipeline stages and needs pp >= 2, got pp={pp}")
+        super().check(pp, vpp)
+
     def deferred(self, pp_rank: int, pp: int) -> int:
         """W passes a rank holds back before it runs its oldest one."""
         return pp_rank  # the later a rank, the longer it would idle at the end waiting for gradients

@@ -143,6 +143,11 @@ def _check_fixed(model: ModelSpec, cluster: Cluster, training: Training, fixed: 
     if fixed.micro_batch is not None and training.global_batch % fixed.micro_batch:
         raise PlannerError(
             f"--micro-batch {fixed.micro_batch} does not divide the global batch {training.global_batch}")
+    if fixed.schedule is not None:
+        framework_named(fixed.framework or "any").check_schedule(fixed.schedule)
+        if schedule_of(fixed.schedule).splits_backward and fixed.pp == 1:
+            raise PlannerError(f"--schedule {fixed.schedule.value} splits the backward between pipeline stages and "
+                               f"needs pp >= 2, got --pp 1")
     if (fixed.vpp is not None and fixed.vpp > 1 and fixed.schedule is not None
             and not schedule_of(fixed.schedule).chunked):
         raise PlannerError(f"--vpp {fixed.vpp} needs --schedule interleaved or interleaved-zb, got "
@@ -194,10 +199,14 @@ def _cp_comms(cp: int, tp: int, model: ModelSpec, training: Training, fixed: Fix
 
 
 def _schedules(pp: int, m: int, num_layers: int, fixed: FixedOptions) -> list[tuple[Schedule, int]]:
-    """(schedule, vpp) pairs allowed for this pipeline depth and micro-batch count."""
+    """(schedule, vpp) pairs allowed for this pipeline depth and micro-batch count: the fixed schedule, or
+    those the framework's search tries (`Framework.searches`)."""
     out: list[tuple[Schedule, int]] = []
+    framework = framework_named(fixed.framework or "any")
     for schedule in Schedule:
-        if fixed.schedule not in (None, schedule) or (schedule_of(schedule).splits_backward and pp < 2):
+        if fixed.schedule not in (None, schedule) or (fixed.schedule is None and not framework.searches(schedule)):
+            continue
+        if schedule_of(schedule).splits_backward and pp < 2:
             continue  # without a pipeline a split backward changes nothing
         if not schedule_of(schedule).chunked:
             if fixed.vpp in (None, 1):
