@@ -185,11 +185,13 @@ FRAMEWORKS: dict[str, Framework] = {
         (1, False)),
     # FSDP2 (reshard_after_forward never: ZeRO-2; default: ZeRO-3) or DDP, with PP too; CP rotates KV by
     # all-gather or a ring of exchanges; etp in {1, tp} (ParallelDims v0.2.2)
-    # Its zero-bubble schedule is PyTorch's ScheduleInterleavedZeroBubble (at least 2 stages per rank); the
-    # split backward does not run under torch.compile, which its async TP needs
+    # Its zero-bubble schedules are PyTorch's ScheduleInterleavedZeroBubble (at least 2 stages per rank, loop
+    # layout) and ScheduleZBVZeroBubble (exactly 2, "v" layout: pipeline_parallel.py picks the style by class);
+    # the split backward does not run under torch.compile, which its async TP needs
     "torchtitan": Framework(
         "torchtitan", "torchtitan 0.2.2",
-        frozenset({Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.INTERLEAVED, Schedule.INTERLEAVED_ZB}),
+        frozenset({Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.INTERLEAVED, Schedule.INTERLEAVED_ZB,
+                   Schedule.ZB_V}),
         frozenset({(0, False), (2, False), (3, False)}), frozenset({(0, False), (2, False), (3, False)}),
         False, True, frozenset({"p2p", "all-gather"}), True, False, _DISPATCHERS, False, True, True,
         _torchtitan_semantics, None,

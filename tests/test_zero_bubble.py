@@ -25,10 +25,13 @@ from planner.cost.schedule import (
     FORWARD,
     WEIGHT,
     RankTerms,
+    pipeline_time,
     schedule_of,
     simulate,
     simulated_pipeline_time,
+    stage_ranks,
 )
+from planner.cost.time import stage_boundary_s
 from planner.errors import PlannerError
 from planner.export import export_plan
 from planner.export.torchtitan import export_torchtitan
@@ -38,14 +41,14 @@ from planner.profile.analytic import AnalyticProfile, unit_setting, weight_gradi
 from planner.profile.calibration import default_calibration
 from planner.search.space import FixedOptions, enumerate_configs
 
-ZERO_BUBBLE = (Schedule.ZB_H1, Schedule.ZB_H2, Schedule.INTERLEAVED_ZB)
+ZERO_BUBBLE = (Schedule.ZB_H1, Schedule.ZB_H2, Schedule.INTERLEAVED_ZB, Schedule.ZB_V)
 DATA = Path(__file__).parent / "data" / "qi2024_table4_zero_bubble_throughput.csv"
 
 
 def _layouts():
     for schedule in ZERO_BUBBLE:
         for pp, m in ((2, 2), (2, 6), (4, 4), (4, 8), (4, 12), (8, 16)):
-            for vpp in ((2, 3) if schedule_of(schedule).chunked else (1,)):
+            for vpp in schedule_of(schedule).chunk_counts(3):
                 yield schedule, pp, vpp, m
 
 
@@ -94,12 +97,13 @@ def test_simulated_passes_respect_dependencies(layout, data) -> None:
 
 @pytest.mark.parametrize(("pp", "m"), [(2, 4), (4, 4), (4, 8), (8, 24), (16, 32)])
 def test_zb_h1_holds_1f1b_peak_and_zb_h2_about_twice(pp, m) -> None:
-    def peak(schedule: Schedule) -> float:
-        return max(schedule_of(schedule).in_flight(r, pp, 1, m) for r in range(pp))
+    def peak(schedule: Schedule, vpp: int = 1) -> float:
+        return max(schedule_of(schedule).in_flight(r, pp, vpp, m) for r in range(pp))
 
     assert peak(Schedule.ZB_H1) == peak(Schedule.ONE_F_ONE_B) == min(pp, m)
     assert peak(Schedule.ZB_H2) == min(2 * pp - 1, m)
-    # in flight never grows with the rank (the search's memory bound takes the last rank as the least)
+    # ZB-V: two chunks per rank, 1F1B's peak (each chunk pass holds half a rank's activations)
+    assert peak(Schedule.ZB_V, 2) == peak(Schedule.ONE_F_ONE_B)
     for schedule in ZERO_BUBBLE[:2]:
         held = [schedule_of(schedule).in_flight(r, pp, 1, m) for r in range(pp)]
         assert held == sorted(held, reverse=True)
@@ -164,13 +168,54 @@ def test_lower_bound_never_exceeds_the_simulated_time(schedule, pp, m, data) -> 
     block_f = data.draw(st.lists(times, min_size=pp, max_size=pp))
     ratio = data.draw(st.floats(1.0, 3.0))
     # every stage holds exactly one block, so the relaxation's count vector is forced: the bound is for this split
-    forward = [(fixed_f[k % pp] if k < pp else 0.0) + block_f[k % pp] for k in range(stages)]
+    forward = [(fixed_f[k] if k < pp else 0.0) + block_f[behaviour.stage_rank(k, pp)] for k in range(stages)]
     backward = [ratio * f for f in forward]
     weight = [b * data.draw(st.floats(0.0, 0.6)) for b in backward]
     terms = RankTerms(tuple((1 + ratio) * f for f in fixed_f), tuple((1 + ratio) * b for b in block_f),
                       (vpp,) * pp, tuple(fixed_f), tuple(block_f), tuple((1 + ratio) * f for f in forward[:pp]))
     simulated = simulate(forward, backward, [0.0] * stages, pp, m, schedule, record=False, weight_s=weight)
     assert behaviour.lower_bound(terms, m, stages) <= simulated.iteration_s * (1 + 1e-9)
+
+
+def test_zb_v_places_two_chunks_in_a_v_in_pytorchs_order() -> None:
+    assert stage_ranks(Schedule.ZB_V, 4, 8) == (0, 1, 2, 3, 3, 2, 1, 0)  # torchtitan's "v" style
+    assert stage_ranks(Schedule.INTERLEAVED_ZB, 4, 8) == (0, 1, 2, 3, 0, 1, 2, 3)  # its "loop" style
+    # the V's turn (stage p − 1 → p) stays on rank p − 1; the second leg crosses the links backwards
+    assert stage_boundary_s([1.0, 2.0, 3.0, 4.0], 8, Schedule.ZB_V) == [1, 3, 5, 3, 3, 5, 3, 1]
+    behaviour = schedule_of(Schedule.ZB_V)
+
+    def text(r: int) -> str:
+        return " ".join(f"{kind}{chunk}{mb}" for kind, chunk, mb in behaviour.order(r, 2, 2, 3))
+
+    # ScheduleZBVZeroBubble._calculate_single_rank_operations, pp = 2, 3 micro-batches (I → B)
+    assert text(0) == "F00 F01 F02 F10 B10 W10 F11 B11 W11 B00 W00 F12 B12 W12 B01 W01 B02 W02"
+    assert text(1) == "F00 F10 F01 F11 B10 W10 F02 B00 W00 F12 B11 W11 B01 B12 B02 W01 W12 W02"
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8])
+def test_zb_v_bubble_is_one_chunk_forward_per_rank_at_equal_passes(pp) -> None:
+    """At F = B = W per chunk its bubble is (p − 1)·F, a sixth of the rank's work per micro-batch times
+    p − 1 (1F1B: (p − 1)·6F), which its closed form states; W passes of no length run like its B-only order."""
+    m, stages = 4 * pp, 2 * pp
+    simulated = simulated_pipeline_time([1.0] * stages, [2.0] * stages, pp, m, Schedule.ZB_V, [1.0] * stages)
+    assert simulated.bubble_s == pytest.approx(pp - 1)
+    assert pipeline_time([3.0] * stages, pp, m, Schedule.ZB_V).total_s == pytest.approx(simulated.total_s)
+    one_f_one_b = simulated_pipeline_time([2.0] * pp, [4.0] * pp, pp, m, Schedule.ONE_F_ONE_B)
+    assert one_f_one_b.bubble_s == pytest.approx(6 * (pp - 1))
+
+
+def test_zb_v_estimate_puts_the_head_on_rank_0_and_needs_no_embedding_all_reduce() -> None:
+    model, cluster = load_model("gpt3-125m"), parse_shorthand("1x8xA100-80GB")
+    assert model.tie_embeddings
+    training = Training(global_batch=32, seq_len=1024)
+    results = {}
+    for schedule in (Schedule.INTERLEAVED_ZB, Schedule.ZB_V):
+        config = ParallelConfig(dp=2, tp=1, pp=4, vpp=2, micro_batch=1, schedule=schedule)
+        results[schedule] = result = estimate(model, cluster, training, config)
+        assert [stage.pp_rank for stage in result.stages] == list(config.stage_ranks)
+    assert results[Schedule.ZB_V].stages[-1].pp_rank == 0
+    assert results[Schedule.ZB_V].breakdown_detail_s["embedding_grad_allreduce"] == 0.0
+    assert results[Schedule.INTERLEAVED_ZB].breakdown_detail_s["embedding_grad_allreduce"] > 0.0
 
 
 def test_weight_gradient_is_the_linear_layers_backward_gemms() -> None:
@@ -188,9 +233,11 @@ def test_weight_gradient_is_the_linear_layers_backward_gemms() -> None:
     assert weight_gradient_s(UnitKind.BLOCK, measured) == pytest.approx(linears)
 
 
-def test_only_torchtitan_runs_interleaved_zero_bubble() -> None:
-    interleaved = ParallelConfig(dp=1, tp=1, pp=4, vpp=2, schedule=Schedule.INTERLEAVED_ZB)
-    assert runs_on(interleaved) == ["torchtitan"]
+def test_only_torchtitan_runs_interleaved_zero_bubble_and_zb_v() -> None:
+    for schedule in (Schedule.INTERLEAVED_ZB, Schedule.ZB_V):
+        assert runs_on(ParallelConfig(dp=1, tp=1, pp=4, vpp=2, schedule=schedule)) == ["torchtitan"]
+    with pytest.raises(PlannerError, match="zb-v schedule holds exactly two model chunks"):
+        ParallelConfig(dp=1, tp=1, pp=4, vpp=3, schedule=Schedule.ZB_V)
     for schedule in (Schedule.ZB_H1, Schedule.ZB_H2):
         config = ParallelConfig(dp=1, tp=1, pp=4, schedule=schedule)
         assert runs_on(config) == [] and FRAMEWORKS["any"].why_not(config) is None
@@ -208,6 +255,17 @@ def test_export_names_the_framework_schedule_or_refuses() -> None:
     for target in ("megatron", "deepspeed"):
         with pytest.raises(PlannerError, match="no interleaved-zb pipeline schedule"):
             export_plan(plan, target)
+    v_plan = make_plan(blocks=(3, 4, 4, 4, 4, 4, 5, 4), vpp=2, schedule="zb-v")
+    assert [stage["pp_rank"] for stage in v_plan.document["stages"]] == [0, 1, 2, 3, 3, 2, 1, 0]
+    text = export_torchtitan(v_plan).files["torchtitan.toml"]
+    parallelism = tomllib.loads(text)["parallelism"]
+    assert parallelism["pipeline_parallel_schedule"] == "ZBVZeroBubble"
+    # stages in model order: torchtitan gives rank r stages r and 2pp − 1 − r itself for a V schedule
+    assert parallelism["module_fqns_per_model_part"][-1][-2:] == ["norm", "output"]
+    assert "v style" in text
+    for target in ("megatron", "deepspeed"):
+        with pytest.raises(PlannerError, match="no zb-v pipeline schedule"):
+            export_plan(v_plan, target)
     with pytest.raises(PlannerError, match="no target runs it"):
         export_plan(make_plan(schedule="zb-h1"), "torchtitan")
 
@@ -225,9 +283,14 @@ def test_cli_schedules_and_bad_values() -> None:
         times[schedule] = json.loads(result.output)["estimate"]["iteration_time_s"]
     assert times["zb-h2"] < times["zb-h1"] < times["1f1b"]
     assert _estimate_cli("--schedule", "interleaved-zb", "--vpp", "2").exit_code == 0
-    for bad in (("--schedule", "zb-h3"), ("--schedule", "interleaved-zb"), ("--schedule", "zb-h1", "--vpp", "2")):
+    zb_v = _estimate_cli("--schedule", "zb-v")  # two chunks per rank without --vpp
+    assert zb_v.exit_code == 0 and json.loads(zb_v.output)["parallelism"]["vpp"] == 2
+    for bad in (("--schedule", "zb-h3"), ("--schedule", "interleaved-zb"), ("--schedule", "zb-h1", "--vpp", "2"),
+                ("--schedule", "zb-v", "--vpp", "3"), ("--schedule", "zb-v", "--pp", "1"),
+                ("--schedule", "zb-v", "--framework", "megatron")):
         result = _estimate_cli(*bad)
-        assert result.exit_code == 2, (bad, result.output)
+        assert result.exit_code == 2 and "Traceback" not in result.output, (bad, result.output)
+        assert result.output.count("\n") == 1 and bad[1] in result.output, (bad, result.output)
 
 
 def test_plan_searches_zero_bubble_only_where_the_framework_runs_it() -> None:

@@ -174,11 +174,12 @@ def estimate(
                                            links.cp[r], links.ep[r]) for r in range(config.pp)]
     bounds = partition.bounds()
     boundary = [p2p_boundary_time(model, training, config, link, calibration) for link in links.pp]
-    p2p = stage_boundary_s(boundary, len(bounds))
+    p2p = stage_boundary_s(boundary, len(bounds), config.schedule)
+    ranks = config.stage_ranks
     keys = model.unit_cost_keys
     sums, stage_times = [], []
     for k, (start, end) in enumerate(bounds):
-        totals = _sum_costs(keys, rank_costs[k % config.pp], start, end)
+        totals = _sum_costs(keys, rank_costs[ranks[k]], start, end)
         sums.append(totals)
         stage_times.append(totals["forward"] + totals["backward"] + totals["recompute"] + totals["tp_forward"]
                            + totals["tp_backward"] + totals["cp_forward"] + totals["cp_backward"] + p2p[k])
@@ -186,7 +187,7 @@ def estimate(
     pipeline = _pipeline(sums, p2p, stage_times, config, m)
     memories, dp_exposed, optimizer = [], [], []
     for r in range(config.pp):
-        mine = [k for k in range(len(bounds)) if k % config.pp == r]
+        mine = [k for k in range(len(bounds)) if ranks[k] == r]
         params = sum(sums[k]["params"] for k in mine)
         rank_memory = rank_memory_model(model, training, config, r, m, links.gpu[r], calibration)
         memories.append(rank_memory.breakdown(params, sum(sums[k]["activations"] for k in mine),
@@ -197,7 +198,7 @@ def estimate(
         optimizer.append(optimizer_step_time(params, config, links.gpu[r], calibration))
 
     embedding_sync = embedding_sync_time(model, training, config, links.pp[-1], calibration)
-    bottleneck = [k for k in range(len(bounds)) if k % config.pp == pipeline.bottleneck_rank]
+    bottleneck = [k for k in range(len(bounds)) if ranks[k] == pipeline.bottleneck_rank]
     steady = {name: m * sum(sums[k][name] for k in bottleneck) for name in sums[0]}
     breakdown = {
         "compute": steady["forward"] + steady["backward"],
@@ -226,7 +227,7 @@ def estimate(
     peak = sum(links.gpu[r].peak_flops(training.dtype) for r in range(config.pp)) / config.pp
     stages = []
     for k, ((start, end), blocks) in enumerate(zip(bounds, partition.block_ranges(), strict=True)):
-        r = k % config.pp
+        r = ranks[k]
         stages.append(StageEstimate(
             index=k, pp_rank=r, virtual_index=k // config.pp, units=(start, end), blocks=blocks,
             embedding=start == 0, head=end == model.num_layers + 2, gpu=links.gpu[r].name,

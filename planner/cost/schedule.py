@@ -45,6 +45,7 @@ __all__ = [
     "schedule_of",
     "simulate",
     "simulated_pipeline_time",
+    "stage_ranks",
 ]
 
 
@@ -57,6 +58,7 @@ class Schedule(str, Enum):
     ZB_H1 = "zb-h1"
     ZB_H2 = "zb-h2"
     INTERLEAVED_ZB = "interleaved-zb"
+    ZB_V = "zb-v"
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,14 @@ class PipelineSchedule:
     splits_backward = False  # backward run as B (input gradient) and a later W (weight gradient) pass
     tiles_iterations = False  # no synchronisation before the optimizer step: iterations overlap rank by rank
 
+    def stage_rank(self, stage: int, pp: int) -> int:
+        """The pipeline rank that runs virtual stage `stage`: k mod pp (the "loop" layout)."""
+        return stage % pp
+
+    def rank_stage(self, pp_rank: int, chunk: int, pp: int) -> int:
+        """The virtual stage of a rank's `chunk`-th model chunk (inverse of `stage_rank`)."""
+        return chunk * pp + pp_rank
+
     def check(self, pp: int, vpp: int) -> None:
         """Raise when (pp, vpp) is not allowed for this schedule."""
         if vpp != 1:
@@ -114,6 +124,10 @@ class PipelineSchedule:
     def runnable(self, pp: int, num_microbatches: int) -> bool:
         """Whether the framework's order exists for this pipeline depth and micro-batch count."""
         return True
+
+    def chunk_counts(self, most: int) -> range:
+        """The model chunks per rank (vpp) it runs, up to `most` where it runs any number."""
+        return range(2, most + 1) if self.chunked else range(1, 2)
 
     def forward_table(self, pp: int, vpp: int, num_microbatches: int) -> list[tuple[int, int]]:
         """(micro-batch, chunk) of each forward pass of a rank, in order."""
@@ -399,6 +413,78 @@ class InterleavedZeroBubble(ZeroBubble):
         return min((vpp - 1) * pp + pp - pp_rank - 1, num_microbatches * vpp)
 
 
+class ZeroBubbleV(ZeroBubble):
+    """ZB-V (Qi et al. 2024 §6; torch.distributed.pipelining's ScheduleZBVZeroBubble, torchtitan's ZBVZeroBubble):
+    two model chunks per rank in a V — rank r holds stages r and 2p − 1 − r, so the first and the last stage
+    share rank 0 and the turn at stage p − 1 → p stays on rank p − 1. The order is PyTorch's
+    (`_calculate_single_rank_operations`): 2(p − r) − 1 chunk-0 forwards, r pairs of chunk-1 and chunk-0
+    forwards, p − r chunk-1 F/B/W triples, then F, B, W of chunk 0 and of chunk 1 alternately, then the
+    remaining B with W held back. At most 2p chunk passes in flight on rank 0, p micro-batches of the
+    rank's layers: 1F1B's peak (the paper's Table 6)."""
+
+    kind = Schedule.ZB_V
+    chunked = True
+    fill = 1 / 3  # at F = B = W its bubble is one chunk forward per rank, (p − 1)·R/6: 1/(3v) of 1F1B's, v = 2
+
+    def check(self, pp: int, vpp: int) -> None:
+        if pp < 2 or vpp != 2:
+            raise PlannerError(f"parallel config: the {self.kind.value} schedule holds exactly two model chunks per "
+                               f"rank in a V and needs pp >= 2 and vpp = 2, got pp={pp} vpp={vpp}")
+
+    def chunk_counts(self, most: int) -> range:
+        return range(2, 3)
+
+    def stage_rank(self, stage: int, pp: int) -> int:
+        return stage if stage < pp else 2 * pp - 1 - stage
+
+    def rank_stage(self, pp_rank: int, chunk: int, pp: int) -> int:
+        return pp_rank if chunk == 0 else 2 * pp - 1 - pp_rank
+
+    def order(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> list[tuple[str, int, int]]:
+        return list(_zbv_order(pp_rank, pp, num_microbatches))
+
+
+@functools.lru_cache(maxsize=256)
+def _zbv_order(r: int, pp: int, num_microbatches: int) -> tuple[tuple[str, int, int], ...]:
+    """PyTorch's ZB-V order for rank r, built for max(2p − 1, m) micro-batches and cut to the m that exist."""
+    n = max(2 * pp - 1, num_microbatches)
+    order: list[tuple[str, int, int]] = []
+    count = {(kind, chunk): 0 for kind in (FORWARD, BACKWARD, WEIGHT) for chunk in (0, 1)}
+
+    def run(kind: str, chunk: int) -> None:
+        order.append((kind, chunk, count[kind, chunk]))
+        count[kind, chunk] += 1
+
+    for _ in range(2 * (pp - r) - 1):
+        run(FORWARD, 0)
+    for _ in range(r):
+        run(FORWARD, 1)
+        run(FORWARD, 0)
+    for _ in range(pp - r):
+        run(FORWARD, 1)
+        run(BACKWARD, 1)
+        run(WEIGHT, 1)
+    while count[FORWARD, 1] < count[FORWARD, 0] or count[FORWARD, 0] < n:
+        if count[FORWARD, 0] < n:
+            run(FORWARD, 0)
+        run(BACKWARD, 0)
+        run(WEIGHT, 0)
+        run(FORWARD, 1)
+        run(BACKWARD, 1)
+        run(WEIGHT, 1)
+    for _ in range(r):
+        run(BACKWARD, 0)
+        run(BACKWARD, 1)
+    for _ in range(pp - r):
+        run(BACKWARD, 0)
+        run(WEIGHT, 0)
+    while count[WEIGHT, 1] < count[BACKWARD, 1]:
+        run(WEIGHT, 1)
+    while count[WEIGHT, 0] < count[BACKWARD, 0]:
+        run(WEIGHT, 0)
+    return tuple(p for p in order if p[2] < num_microbatches)
+
+
 def _least_linear(fixed_s: Sequence[float], terms: RankTerms, blocks: int, a: float, b: float) -> float:
     """Least a·max R + b·Σ R over block counts per rank (math.inf when no count vector exists)."""
     relaxed = relaxed_rank_counts(fixed_s, terms.block_s, terms.lower, terms.most_blocks(), blocks, a, b)
@@ -409,7 +495,7 @@ def _least_linear(fixed_s: Sequence[float], terms: RankTerms, blocks: int, a: fl
 
 
 SCHEDULES: dict[Schedule, PipelineSchedule] = {s.kind: s for s in (
-    OneFOneB(), GPipe(), Interleaved(), ZeroBubbleH1(), ZeroBubbleH2(), InterleavedZeroBubble())}
+    OneFOneB(), GPipe(), Interleaved(), ZeroBubbleH1(), ZeroBubbleH2(), InterleavedZeroBubble(), ZeroBubbleV())}
 
 
 def schedule_of(kind: Schedule | str) -> PipelineSchedule:
@@ -417,17 +503,26 @@ def schedule_of(kind: Schedule | str) -> PipelineSchedule:
     return SCHEDULES[Schedule(kind)]
 
 
-def rank_times(stage_times: Sequence[float], pp: int) -> list[float]:
-    """Per-micro-batch work of each pipeline rank: virtual stage k runs on rank k mod pp."""
+@functools.cache
+def stage_ranks(schedule: Schedule, pp: int, num_stages: int) -> tuple[int, ...]:
+    """The pipeline rank of each virtual stage under `schedule` (`PipelineSchedule.stage_rank`): the one rule
+    the estimate, the partitioner, the search bounds, the simulator and the exports use."""
+    behaviour = schedule_of(schedule)
+    return tuple(behaviour.stage_rank(k, pp) for k in range(num_stages))
+
+
+def rank_times(stage_times: Sequence[float], pp: int, schedule: Schedule = Schedule.ONE_F_ONE_B) -> list[float]:
+    """Per-micro-batch work of each pipeline rank: the sum of its virtual stages' (`stage_ranks`)."""
     ranks = [0.0] * pp
-    for index, value in enumerate(stage_times):
-        ranks[index % pp] += value
+    for value, rank in zip(stage_times, stage_ranks(schedule, pp, len(stage_times)), strict=True):
+        ranks[rank] += value
     return ranks
 
 
 def pipeline_time(stage_times: Sequence[float], pp: int, num_microbatches: int, schedule: Schedule) -> PipelineTime:
     """Closed-form iteration time of the pipeline part (no DP/optimizer) for non-uniform stages."""
-    return schedule_of(schedule).closed_form(rank_times(stage_times, pp), num_microbatches, len(stage_times) // pp)
+    return schedule_of(schedule).closed_form(rank_times(stage_times, pp, schedule), num_microbatches,
+                                             len(stage_times) // pp)
 
 
 def rank_order(pp_rank: int, pp: int, vpp: int, num_microbatches: int,
@@ -508,7 +603,7 @@ class PassEvent(NamedTuple):
     simulator creates tens of thousands per call)."""
 
     kind: str  # FORWARD, BACKWARD or WEIGHT
-    stage: int  # virtual stage k (chunk · pp + rank)
+    stage: int  # virtual stage k (the schedule's `rank_stage` of rank and chunk)
     pp_rank: int
     chunk: int
     microbatch: int
@@ -534,8 +629,8 @@ def simulate(
 ) -> Timeline:
     """Event simulation of one iteration's pipeline part, every pass of every micro-batch.
 
-    `forward_s[k]` / `backward_s[k]`: time of one micro-batch's pass on virtual stage k (rank
-    k mod pp, chunk k div pp); `p2p_s[k]`: one-way transfer time across the boundary k → k+1
+    `forward_s[k]` / `backward_s[k]`: time of one micro-batch's pass on virtual stage k (on the
+    rank `stage_ranks` gives, chunk k div pp); `p2p_s[k]`: one-way transfer time across the boundary k → k+1
     (the backward gradient takes the same time the other way). A pass starts when its rank is
     free and its input has arrived; ranks follow the schedule's order strictly (no reordering), and
     transfers overlap compute (asynchronous send/recv). `record=False` skips the per-pass events.
@@ -572,7 +667,7 @@ def simulate(
         order = orders[r]
         while cursor[r] < len(order):
             kind, chunk, mb = order[cursor[r]]
-            k = chunk * pp + r
+            k = behaviour.rank_stage(r, chunk, pp)
             ready, missing = _input_ready(ends, kind, k, mb, stages, p2p_s)
             if missing is not None:
                 waiting[missing] = r
@@ -660,6 +755,7 @@ def simulated_pipeline_time(forward_s: Sequence[float], backward_s: Sequence[flo
     weight-gradient part of each backward (`simulate`)."""
     total = _periodic_iteration_s(tuple(forward_s), tuple(backward_s), pp, num_microbatches, schedule,
                                   None if weight_s is None else tuple(weight_s))
-    busy = [num_microbatches * t for t in rank_times([f + b for f, b in zip(forward_s, backward_s, strict=True)], pp)]
+    busy = [num_microbatches * t
+            for t in rank_times([f + b for f, b in zip(forward_s, backward_s, strict=True)], pp, schedule)]
     slowest = max(range(pp), key=lambda r: (busy[r], -r))
     return PipelineTime(total, slowest, busy[slowest])

@@ -19,6 +19,7 @@ from planner.cluster import Link
 from planner.config import ParallelConfig, Recompute, Training
 from planner.cost.comm import all_gather_time, all_reduce_time, all_to_all_time, p2p_time, reduce_scatter_time
 from planner.cost.memory import activation_bytes, block_type_activation_bytes, model_state_bytes, sharded_state_bytes
+from planner.cost.schedule import Schedule, stage_ranks
 from planner.gpu import GPUSpec
 from planner.model import AttentionSpec, BlockSpec, MlpSpec, ModelSpec, UnitKind
 from planner.placement import ExpertLink
@@ -478,21 +479,33 @@ def p2p_boundary_time(model: ModelSpec, training: Training, config: ParallelConf
     return 2 * p2p_time(size, link, calibration)
 
 
-def stage_boundary_s(boundary_by_rank: Sequence[float], num_stages: int) -> list[float]:
+def stage_boundary_s(boundary_by_rank: Sequence[float], num_stages: int,
+                     schedule: Schedule = Schedule.ONE_F_ONE_B) -> list[float]:
     """p2p time each virtual stage pays per micro-batch. Blocking send/recv occupies both ends of a
     boundary, so a stage pays its incoming and its outgoing one; `boundary_by_rank[r]` is the
-    boundary after a stage on rank r (stage k runs on rank k mod pp). The one rule the estimate,
-    the partitioner and the search bounds all use."""
+    boundary between rank r and rank r + 1 (mod pp), crossed by a stage on rank r sending forward
+    (loop layout: stage k on rank k mod pp) or by a stage on rank r + 1 sending back (the second leg of
+    a V); a boundary between two stages on one rank (the V's turn) costs nothing (`stage_ranks`). The one
+    rule the estimate, the partitioner and the search bounds all use."""
     pp = len(boundary_by_rank)
-    return [(boundary_by_rank[k % pp] if k < num_stages - 1 else 0.0)
-            + (boundary_by_rank[(k - 1) % pp] if k else 0.0) for k in range(num_stages)]
+    ranks = stage_ranks(schedule, pp, num_stages)
+
+    def after(k: int) -> float:
+        here, there = ranks[k], ranks[k + 1]
+        if here == there:
+            return 0.0
+        return boundary_by_rank[here] if there == (here + 1) % pp else boundary_by_rank[there]
+
+    outgoing = [after(k) for k in range(num_stages - 1)] + [0.0]
+    return [outgoing[k] + (outgoing[k - 1] if k else 0.0) for k in range(num_stages)]
 
 
 def embedding_sync_time(model: ModelSpec, training: Training, config: ParallelConfig, link: Link,
                         calibration: Calibration) -> float:
     """All-reduce of the tied word-embedding gradient between the first and the last pipeline stage,
-    once per iteration after the pipeline flush (Megatron-LM and DeepSpeed alike; not overlapped)."""
-    if not model.tie_embeddings or config.pp == 1:
+    once per iteration after the pipeline flush (Megatron-LM and DeepSpeed alike; not overlapped); none
+    where one rank holds both (a V layout)."""
+    if not model.tie_embeddings or config.pp == 1 or config.stage_ranks[0] == config.stage_ranks[-1]:
         return 0.0
     size = model.vocab_size * model.hidden_size / config.tp * training.grad_bytes
     return all_reduce_time(size, 2, link, calibration)

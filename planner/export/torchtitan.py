@@ -2,8 +2,9 @@
 
 Keys and rules from ../shared/REFERENCE.md §3: world = dp_replicate · dp_shard · cp · tp · pp;
 `module_fqns_per_model_part` lists each stage's modules (tok_embeddings, layers.N, norm, output) in
-stage order, stage s on pipeline rank s mod pp (loop style); n_microbatches = local_batch_size /
-pipeline_parallel_microbatch_size.
+stage order, stage s on pipeline rank s mod pp (loop style), or under ZBVZeroBubble on rank s for s < pp and
+2pp − 1 − s after (torchtitan's "v" style, picked by the schedule class), the plan's `stage_ranks`;
+n_microbatches = local_batch_size / pipeline_parallel_microbatch_size.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ __all__ = ["FLAVORS", "SCHEDULE_NAMES", "Flavor", "export_torchtitan", "flavor_n
            "torchtitan_program", "torchtitan_toml"]
 
 SCHEDULE_NAMES = {Schedule.ONE_F_ONE_B: "1F1B", Schedule.GPIPE: "GPipe", Schedule.INTERLEAVED: "Interleaved1F1B",
-                  Schedule.INTERLEAVED_ZB: "InterleavedZeroBubble"}
+                  Schedule.INTERLEAVED_ZB: "InterleavedZeroBubble", Schedule.ZB_V: "ZBVZeroBubble"}
 TOML = "torchtitan.toml"
 _PLACEHOLDER = "PLACEHOLDER: set {} (torchrun.sh passes it)"
 
@@ -154,7 +155,9 @@ def torchtitan_toml(plan: Plan, notes: tuple[str, ...] = ()) -> str:
     if config.pp > 1:
         lines += [f"pipeline_parallel_schedule = {_value(SCHEDULE_NAMES[config.schedule])}",
                   f"pipeline_parallel_microbatch_size = {config.micro_batch}  # n_microbatches = {m}",
-                  "# one list per stage; stage s runs on pipeline rank s mod pp",
+                  "# one list per stage; stage s runs on pipeline rank " + ("s for s < pp, else 2·pp − 1 − s (v style)"
+                                                                              if config.stage_ranks[-1] == 0
+                                                                              else "s mod pp"),
                   "module_fqns_per_model_part = ["]
         lines += [f"  {_value(part)}," for part in module_fqns(plan)]
         lines.append("]")

@@ -35,6 +35,7 @@ from planner.cost.time import (
     embedding_sync_time,
     optimizer_step_time,
     p2p_boundary_time,
+    stage_boundary_s,
     unit_costs,
 )
 from planner.errors import InfeasibleError, PlannerError
@@ -223,23 +224,24 @@ class _Context:
     def rank_terms(self, config: ParallelConfig, costs: tuple[dict[CostKey, UnitCost], ...],
                    boundary_s: tuple[float, ...]) -> RankTerms:
         """Per rank: what a split cannot change (its end units, its stages' boundaries at both ends —
-        `stage_boundary_s`'s rule: v − last outgoing and v − first incoming), the cheapest block type's time and
+        `stage_boundary_s`'s rule over the rank's stages in the schedule's layout), the cheapest block type's time and
         the largest block forward time (with mixed block types every bound term stays a lower bound: a rank's
         load grows by at least the cheapest block, and 1F1B's bound subtracts forward work), the fewest blocks
         (every stage needs a unit) and its least stage."""
-        key = (config.pp, config.vpp, id(costs), id(boundary_s))  # both are this context's cached tuples
+        ranks = config.stage_ranks
+        key = (ranks, id(costs), id(boundary_s))  # both are this context's cached tuples
         if key not in self.terms:
-            pp, v = config.pp, config.vpp
+            v = config.vpp
+            stage_p2p = stage_boundary_s(boundary_s, len(ranks), config.schedule)
             fixed, block, lower, forward_fixed, forward_block, least_stage = [], [], [], [], [], []
             for r, cost in enumerate(costs):
-                first, last = r == 0, r == pp - 1
-                outgoing, incoming = (v - last) * boundary_s[r], (v - first) * boundary_s[r - 1]
+                first, last = ranks[0] == r, ranks[-1] == r
                 ends = cost[UnitKind.EMBEDDING].total_s * first + cost[UnitKind.HEAD].total_s * last
-                fixed.append(ends + outgoing + incoming)
+                fixed.append(ends + sum(p2p for p2p, rank in zip(stage_p2p, ranks, strict=True) if rank == r))
                 block.append(min(cost[b].total_s for b, _ in self.block_types))
                 lower.append(max(v - first - last, 0))
-                # a pass carries half of each boundary it touches
-                own_p2p = ((not last) * boundary_s[r] + (not first) * boundary_s[r - 1]) / 2
+                # a pass carries half of each boundary its first chunk's stage touches
+                own_p2p = stage_p2p[ranks.index(r)] / 2
                 forward_fixed.append(cost[UnitKind.EMBEDDING].forward_pass_s * first
                                      + cost[UnitKind.HEAD].forward_pass_s * last + own_p2p)
                 forward_block.append(max(cost[b].forward_pass_s for b, _ in self.block_types))
@@ -285,14 +287,15 @@ def _model_total(ctx: _Context, costs: dict[CostKey, UnitCost], name: str) -> fl
 def _with_memory(ctx: _Context, candidate: _Candidate) -> _Candidate:
     """The candidate with its memory lower bound, valid for every stage split: model states plus the fewest
     in-flight activations, spread perfectly over all pipeline ranks. Every rank shares the per-parameter
-    cost; in-flight micro-batches never grow with the rank, so the last rank holds the fewest; each
-    rank's fixed bytes (context, NCCL, buffers) are its own."""
+    cost; every rank holds at least the fewest in-flight micro-batches of any rank; each rank's fixed bytes
+    (context, NCCL, buffers) are its own."""
     config, costs = candidate.config, candidate.rank_costs
     _, links = ctx.placed(config)
     activations = _model_total(ctx, costs[0], "activation_bytes")
     models, fixed_bytes = ctx.memory_models(config, links, candidate.num_microbatches)
     last_rank = models[-1]
-    need = last_rank.param_bytes * _model_total(ctx, costs[0], "params") + last_rank.activation_factor * activations
+    least_factor = (1 + last_rank.fragmentation) * min(ctx.in_flight(config, candidate.num_microbatches))
+    need = last_rank.param_bytes * _model_total(ctx, costs[0], "params") + least_factor * activations
     return replace(candidate, memory_need_bytes=need,
                    memory_available_bytes=float(sum(links.capacity_bytes)) - fixed_bytes)
 
@@ -352,14 +355,15 @@ def _most_blocks(ctx: _Context, candidate: _Candidate) -> tuple[float, ...]:
     with the partitioner's float tolerance; each block at the smallest block type's bytes): no split that fits
     gives a rank more, so the rank-load bound may cap them — the fastest layouts are the memory-tight ones,
     where this bound matters."""
-    config, m, pp = candidate.config, candidate.num_microbatches, candidate.config.pp
+    config, m = candidate.config, candidate.num_microbatches
     _, links = ctx.placed(config)
     models, _ = ctx.memory_models(config, links, m)
     kind_of = ctx.memory_kinds(links)[1]
     most = []
     for r, (cost, in_flight) in enumerate(zip(candidate.rank_costs, ctx.in_flight(config, m), strict=True)):
         memory = models[kind_of[r]]
-        ends = [cost[kind] for kind, held in ((UnitKind.EMBEDDING, r == 0), (UnitKind.HEAD, r == pp - 1)) if held]
+        ends = [cost[kind] for kind, held in ((UnitKind.EMBEDDING, r == config.stage_ranks[0]),
+                                              (UnitKind.HEAD, r == config.stage_ranks[-1])) if held]
         held = memory.total(sum(unit.params for unit in ends), sum(unit.activation_bytes for unit in ends), in_flight)
         block = min(memory.total(cost[b].params, cost[b].activation_bytes, in_flight)
                     for b, _ in ctx.block_types) - memory.fixed_bytes  # the smallest block type
@@ -395,7 +399,8 @@ def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tup
                                   links.replicate[0]).exposed_s
     groups: dict[tuple, list[int]] = {}
     for r in range(pp):
-        groups.setdefault((id(costs[r]), links.dp[r], links.replicate[r], r == 0, r == pp - 1), []).append(r)
+        groups.setdefault((id(costs[r]), links.dp[r], links.replicate[r], r == config.stage_ranks[0],
+                           r == config.stage_ranks[-1]), []).append(r)
     tables, weights = [], []
     for (_, dp_link, replicate_link, first, last), ranks in groups.items():
         key = (id(costs[ranks[0]]), dp_link, replicate_link, first, last, v, config.pp > 1, config.replicas,

@@ -148,10 +148,14 @@ def _check_fixed(model: ModelSpec, cluster: Cluster, training: Training, fixed: 
         if schedule_of(fixed.schedule).splits_backward and fixed.pp == 1:
             raise PlannerError(f"--schedule {fixed.schedule.value} splits the backward between pipeline stages and "
                                f"needs pp >= 2, got --pp 1")
-    if (fixed.vpp is not None and fixed.vpp > 1 and fixed.schedule is not None
-            and not schedule_of(fixed.schedule).chunked):
-        raise PlannerError(f"--vpp {fixed.vpp} needs --schedule interleaved or interleaved-zb, got "
-                           f"{fixed.schedule.value}")
+    if fixed.vpp is not None and fixed.schedule is not None:
+        behaviour = schedule_of(fixed.schedule)
+        if fixed.vpp not in behaviour.chunk_counts(max(fixed.vpp, 2)):
+            some = behaviour.chunk_counts(3)
+            allowed = f"{some[0]} or more" if len(some) > 1 else str(some[0])
+            chunked = ", ".join(s.value for s in Schedule if schedule_of(s).chunked)
+            raise PlannerError(f"--vpp {fixed.vpp} is not allowed with --schedule {fixed.schedule.value} (allowed: "
+                               f"{allowed}; chunks per rank need one of {chunked})")
     if fixed.sequence_parallel and fixed.tp == 1:
         raise PlannerError("--sequence-parallel needs tp > 1, got --tp 1")
     if fixed.tp_comm_overlap and (fixed.tp == 1 or fixed.sequence_parallel is False):
@@ -206,16 +210,13 @@ def _schedules(pp: int, m: int, num_layers: int, fixed: FixedOptions) -> list[tu
     for schedule in Schedule:
         if fixed.schedule not in (None, schedule) or (fixed.schedule is None and not framework.searches(schedule)):
             continue
-        if schedule_of(schedule).splits_backward and pp < 2:
-            continue  # without a pipeline a split backward changes nothing
-        if not schedule_of(schedule).chunked:
-            if fixed.vpp in (None, 1):
-                out.append((schedule, 1))
-            continue
-        if pp < 2 or m % pp:
+        behaviour = schedule_of(schedule)
+        if (behaviour.splits_backward or behaviour.chunked) and pp < 2:
+            continue  # without a pipeline a split backward or chunks change nothing
+        if not behaviour.runnable(pp, m):
             continue
         top = min(num_layers // pp, MAX_SEARCHED_VPP if fixed.vpp is None else fixed.vpp)
-        out.extend((schedule, v) for v in range(2, top + 1) if fixed.vpp in (None, v))
+        out.extend((schedule, v) for v in behaviour.chunk_counts(top) if fixed.vpp in (None, v))
     return out
 
 
@@ -312,7 +313,7 @@ def _expert_options(model: ModelSpec, tp: int, ranks: int, fixed: FixedOptions) 
 
 def complete_config(fixed: FixedOptions, model: ModelSpec, cluster: Cluster, training: Training) -> ParallelConfig:
     """The one configuration `estimate` evaluates from what the user fixed, checked like the search's:
-    unspecified degrees default to 1 with dp taking the remaining GPUs, the defaults of the search
+    unspecified degrees default to 1 (vpp 2 for zb-v) with dp taking the remaining GPUs, the defaults of the search
     (1F1B, or interleaved when vpp > 1; sequence parallelism with tp > 1; no recompute, sharding, TP or EP
     communication overlap, Megatron-LM's defaults; the alltoall dispatcher), as `fixed.framework` runs it
     (PlannerError if it cannot)."""
@@ -324,7 +325,8 @@ def complete_config(fixed: FixedOptions, model: ModelSpec, cluster: Cluster, tra
             raise PlannerError(f"tp × pp × cp = {tp * pp * cp} does not divide the cluster's {cluster.num_gpus} GPUs; "
                                f"give --dp explicitly")
         dp = cluster.num_gpus // (tp * pp * cp)
-    vpp = fixed.vpp or 1
+    chunks = schedule_of(fixed.schedule).chunk_counts(3) if fixed.schedule else range(1, 2)
+    vpp = fixed.vpp or (chunks[0] if len(chunks) == 1 else 1)  # zb-v runs two chunks, no more, no fewer
     hsdp = fixed.hsdp_replicas or 1
     _check_fixed_experts(model, cluster, fixed)
     etp = fixed.etp or (tp if model.is_moe else 1)  # Megatron-LM: --expert-tensor-parallel-size defaults to tp
