@@ -236,7 +236,7 @@ class ParallelConfig:
     @property
     def stage_ranks(self) -> tuple[int, ...]:
         """The pipeline rank of each virtual stage, the schedule's layout (cost/schedule.py `stage_ranks`)."""
-        return stage_ranks(self.schedule, self.pp, self.num_virtual_stages)
+        return stage_ranks(self.schedule, self.pp, self.pp * self.vpp)
 
     @property
     def num_virtual_stages(self) -> int:

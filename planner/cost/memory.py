@@ -280,8 +280,10 @@ def nccl_communicators(model: ModelSpec, config: ParallelConfig, pp_rank: int) -
     communicator, NVIDIA/nccl#864 and #986): TP, the pipeline's send/recv, DP (gradients, and ZeRO-3's
     gathers; HSDP's replicas another), context parallelism's KV exchange, and the tied-embedding group
     joining the ranks of the first and the last stage (none where one rank holds both)."""
-    first, last = config.stage_ranks[0], config.stage_ranks[-1]
-    tied_end = model.tie_embeddings and first != last and pp_rank in (first, last)
+    tied_end = False
+    if model.tie_embeddings and config.pp > 1:
+        first, last = config.stage_ranks[0], config.stage_ranks[-1]
+        tied_end = first != last and pp_rank in (first, last)
     return sum((config.tp > 1, config.pp > 1, config.replicas > 1, config.hsdp_replicas > 1, config.cp > 1, tied_end))
 
 

@@ -651,6 +651,7 @@ def simulate(
             f"({pp}); Megatron-LM's order deadlocks otherwise"
         )
     orders = [behaviour.order(r, pp, vpp, num_microbatches) for r in range(pp)]
+    stage_of = [[behaviour.rank_stage(r, chunk, pp) for chunk in range(vpp)] for r in range(pp)]
     weight = [0.0] * stages if weight_s is None or not behaviour.splits_backward else weight_s
     durations = {FORWARD: forward_s, BACKWARD: [b - w for b, w in zip(backward_s, weight, strict=True)],
                  WEIGHT: weight}
@@ -667,13 +668,14 @@ def simulate(
         order = orders[r]
         while cursor[r] < len(order):
             kind, chunk, mb = order[cursor[r]]
-            k = behaviour.rank_stage(r, chunk, pp)
+            k = stage_of[r][chunk]
             ready, missing = _input_ready(ends, kind, k, mb, stages, p2p_s)
             if missing is not None:
                 waiting[missing] = r
                 break
             start = max(rank_free[r], ready)
-            rank_start[r] = min(rank_start[r], start)
+            if not cursor[r]:  # a rank's passes run in order: its first starts first
+                rank_start[r] = start
             end = start + durations[kind][k]
             ends[kind][k][mb] = end
             rank_free[r] = end

@@ -157,8 +157,9 @@ def _stage_counts(problem: PartitionProblem, rank_blocks: Sequence[int]) -> list
     (the first and last unit count as one unit of their stage)."""
     pp, stages = problem.pp, problem.num_stages
     counts = [int(k == 0) + int(k == stages - 1) for k in range(stages)]
+    ranks = problem.stage_ranks
     for r in range(pp):
-        own = [k for k in range(stages) if problem.stage_ranks[k] == r]
+        own = [k for k in range(stages) if ranks[k] == r]
         left = rank_blocks[r]
         for k in own:  # every stage needs a unit
             if counts[k] == 0:

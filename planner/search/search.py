@@ -231,17 +231,20 @@ class _Context:
         ranks = config.stage_ranks
         key = (ranks, id(costs), id(boundary_s))  # both are this context's cached tuples
         if key not in self.terms:
-            v = config.vpp
+            v, behaviour = config.vpp, schedule_of(config.schedule)
             stage_p2p = stage_boundary_s(boundary_s, len(ranks), config.schedule)
+            rank_p2p = [0.0] * config.pp
+            for p2p, rank in zip(stage_p2p, ranks, strict=True):
+                rank_p2p[rank] += p2p
             fixed, block, lower, forward_fixed, forward_block, least_stage = [], [], [], [], [], []
             for r, cost in enumerate(costs):
                 first, last = ranks[0] == r, ranks[-1] == r
                 ends = cost[UnitKind.EMBEDDING].total_s * first + cost[UnitKind.HEAD].total_s * last
-                fixed.append(ends + sum(p2p for p2p, rank in zip(stage_p2p, ranks, strict=True) if rank == r))
+                fixed.append(ends + rank_p2p[r])
                 block.append(min(cost[b].total_s for b, _ in self.block_types))
                 lower.append(max(v - first - last, 0))
                 # a pass carries half of each boundary its first chunk's stage touches
-                own_p2p = stage_p2p[ranks.index(r)] / 2
+                own_p2p = stage_p2p[behaviour.rank_stage(r, 0, config.pp)] / 2
                 forward_fixed.append(cost[UnitKind.EMBEDDING].forward_pass_s * first
                                      + cost[UnitKind.HEAD].forward_pass_s * last + own_p2p)
                 forward_block.append(max(cost[b].forward_pass_s for b, _ in self.block_types))
@@ -360,10 +363,11 @@ def _most_blocks(ctx: _Context, candidate: _Candidate) -> tuple[float, ...]:
     models, _ = ctx.memory_models(config, links, m)
     kind_of = ctx.memory_kinds(links)[1]
     most = []
+    ranks = config.stage_ranks
     for r, (cost, in_flight) in enumerate(zip(candidate.rank_costs, ctx.in_flight(config, m), strict=True)):
         memory = models[kind_of[r]]
-        ends = [cost[kind] for kind, held in ((UnitKind.EMBEDDING, r == config.stage_ranks[0]),
-                                              (UnitKind.HEAD, r == config.stage_ranks[-1])) if held]
+        ends = [cost[kind] for kind, held in ((UnitKind.EMBEDDING, r == ranks[0]), (UnitKind.HEAD, r == ranks[-1]))
+                if held]
         held = memory.total(sum(unit.params for unit in ends), sum(unit.activation_bytes for unit in ends), in_flight)
         block = min(memory.total(cost[b].params, cost[b].activation_bytes, in_flight)
                     for b, _ in ctx.block_types) - memory.fixed_bytes  # the smallest block type
