@@ -451,37 +451,23 @@ def _zbv_order(r: int, pp: int, num_microbatches: int) -> tuple[tuple[str, int, 
     order: list[tuple[str, int, int]] = []
     count = {(kind, chunk): 0 for kind in (FORWARD, BACKWARD, WEIGHT) for chunk in (0, 1)}
 
-    def run(kind: str, chunk: int) -> None:
-        order.append((kind, chunk, count[kind, chunk]))
-        count[kind, chunk] += 1
+    def phase(times: int, *passes: tuple[str, int]) -> None:
+        """`times` rounds of `passes`, each the (kind, chunk) of the next micro-batch of that kind and chunk."""
+        for _ in range(times):
+            for kind, chunk in passes:
+                order.append((kind, chunk, count[kind, chunk]))
+                count[kind, chunk] += 1
 
-    for _ in range(2 * (pp - r) - 1):
-        run(FORWARD, 0)
-    for _ in range(r):
-        run(FORWARD, 1)
-        run(FORWARD, 0)
-    for _ in range(pp - r):
-        run(FORWARD, 1)
-        run(BACKWARD, 1)
-        run(WEIGHT, 1)
-    while count[FORWARD, 1] < count[FORWARD, 0] or count[FORWARD, 0] < n:
-        if count[FORWARD, 0] < n:
-            run(FORWARD, 0)
-        run(BACKWARD, 0)
-        run(WEIGHT, 0)
-        run(FORWARD, 1)
-        run(BACKWARD, 1)
-        run(WEIGHT, 1)
-    for _ in range(r):
-        run(BACKWARD, 0)
-        run(BACKWARD, 1)
-    for _ in range(pp - r):
-        run(BACKWARD, 0)
-        run(WEIGHT, 0)
-    while count[WEIGHT, 1] < count[BACKWARD, 1]:
-        run(WEIGHT, 1)
-    while count[WEIGHT, 0] < count[BACKWARD, 0]:
-        run(WEIGHT, 0)
+    phase(2 * (pp - r) - 1, (FORWARD, 0))  # warm-up
+    phase(r, (FORWARD, 1), (FORWARD, 0))
+    phase(pp - r, (FORWARD, 1), (BACKWARD, 1), (WEIGHT, 1))
+    while count[FORWARD, 1] < count[FORWARD, 0] or count[FORWARD, 0] < n:  # steady state
+        phase(int(count[FORWARD, 0] < n), (FORWARD, 0))
+        phase(1, (BACKWARD, 0), (WEIGHT, 0), (FORWARD, 1), (BACKWARD, 1), (WEIGHT, 1))
+    phase(r, (BACKWARD, 0), (BACKWARD, 1))  # cool-down: W held back, then run oldest first
+    phase(pp - r, (BACKWARD, 0), (WEIGHT, 0))
+    phase(count[BACKWARD, 1] - count[WEIGHT, 1], (WEIGHT, 1))
+    phase(count[BACKWARD, 0] - count[WEIGHT, 0], (WEIGHT, 0))
     return tuple(p for p in order if p[2] < num_microbatches)
 
 
