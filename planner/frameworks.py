@@ -81,6 +81,11 @@ class Framework:
     # schedules the search tries when --schedule is left open (None: every one it runs)
     searched_schedules: frozenset[Schedule] | None = None
 
+    def overlaps_tp(self, config: ParallelConfig) -> bool:
+        """Whether it can overlap TP communication with the GEMMs under `config`'s pipeline schedule."""
+        return self.tp_comm_overlap and (config.pp == 1 or self.tp_overlap_with_split_backward
+                                         or not schedule_of(config.schedule).splits_backward)
+
     def searches(self, schedule: Schedule) -> bool:
         """Whether the search tries `schedule` when the user leaves --schedule open: every schedule a named
         target runs; "any" only those that do not split the backward (no target it stands for runs the
@@ -113,8 +118,7 @@ class Framework:
             return f"{self.version} always runs tensor parallelism with sequence parallelism"
         if config.tp_comm_overlap and not self.tp_comm_overlap:
             return f"{self.version} cannot overlap TP communication with its GEMMs"
-        if (config.pp > 1 and config.tp_comm_overlap and not self.tp_overlap_with_split_backward
-                and schedule_of(config.schedule).splits_backward):
+        if config.tp_comm_overlap and not self.overlaps_tp(config):
             return (f"{self.version} cannot overlap TP communication (it needs torch.compile) under the "
                     f"{config.schedule.value} schedule")
         if config.cp > 1 and config.cp_comm not in self.cp_comms:

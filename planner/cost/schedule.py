@@ -420,7 +420,7 @@ class ZeroBubbleV(ZeroBubble):
     (`_calculate_single_rank_operations`): 2(p − r) − 1 chunk-0 forwards, r pairs of chunk-1 and chunk-0
     forwards, p − r chunk-1 F/B/W triples, then F, B, W of chunk 0 and of chunk 1 alternately, then the
     remaining B with W held back. At most 2p chunk passes in flight on rank 0, p micro-batches of the
-    rank's layers: 1F1B's peak (the paper's Table 6)."""
+    rank's layers: 1F1B's peak, as the paper states for ZB-V."""
 
     kind = Schedule.ZB_V
     chunked = True

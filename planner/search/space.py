@@ -353,10 +353,11 @@ def runnable_by_framework(configs: Iterable[ParallelConfig], fixed: FixedOptions
     """The configurations the framework runs, with its execution semantics. Where the user left them open,
     the framework's own way of sharding only optimizer states stands for the distributed optimizer
     (DeepSpeed: ZeRO-1; torchtitan has none), and TP communication overlap, EP communication overlap and the
-    flex dispatcher are off where it has none."""
+    flex dispatcher are off where it has none (TP overlap also where its schedule rules it out: torchtitan's
+    async TP needs torch.compile, which its zero-bubble schedules do not run under)."""
     framework = framework_named(fixed.framework or "any")
     sharding_open = fixed.zero_stage is None and fixed.distributed_optimizer is None
-    overlap_off = fixed.tp_comm_overlap is None and not framework.tp_comm_overlap
+    overlap_open = fixed.tp_comm_overlap is None
     ep_overlap_off = fixed.moe_ep_overlap is None and not framework.moe_ep_overlap
     dispatcher_open = fixed.moe_dispatcher is None
     for config in configs:
@@ -369,7 +370,7 @@ def runnable_by_framework(configs: Iterable[ParallelConfig], fixed: FixedOptions
                 continue
             zero_stage, distributed_optimizer = framework.optimizer_sharding_only
             config = replace(config, zero_stage=zero_stage, distributed_optimizer=distributed_optimizer)
-        if overlap_off and config.tp_comm_overlap:
+        if overlap_open and config.tp_comm_overlap and not framework.overlaps_tp(config):
             config = replace(config, tp_comm_overlap=False)
         if framework.why_not(config) is None:
             yield framework.runs(config)
