@@ -16,7 +16,7 @@ torchtitan 0.2.2 (FSDP2/HSDP, TP always with sequence parallelism, async TP unde
 pipeline schedules from torch.distributed.pipelining, `torchtitan/distributed/pipeline_parallel.py`).
 MoE token dispatch: Megatron-Core's --moe-token-dispatcher-type alltoall or flex (DeepEP / HybridEP) and
 --overlap-moe-expert-parallel-comm; torchtitan's parallelism.expert_parallel_comm_backend "standard"
-(all-to-all) or "deepep" (flex), its EP overlap only under the DualPipeV schedule planner does not model;
+(all-to-all) or "deepep" (flex), its EP overlap only under the DualPipeV schedule without activation checkpointing;
 Megatron-DeepSpeed's MoE all-to-all only.
 "any" runs every configuration planner models, with Megatron-LM's semantics; its search leaves out the schedules
 that split the backward (zero bubble) unless --schedule names one: only torchtitan runs them, and searching them
@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from planner.config import CP_COMMS, MOE_DISPATCHERS, ParallelConfig, Schedule
+from planner.config import CP_COMMS, MOE_DISPATCHERS, ParallelConfig, Recompute, Schedule
 from planner.cost.schedule import schedule_of
 from planner.errors import PlannerError
 
@@ -80,6 +80,16 @@ class Framework:
     tp_overlap_with_split_backward: bool = True  # TP communication overlap under a zero-bubble schedule
     # schedules the search tries when --schedule is left open (None: every one it runs)
     searched_schedules: frozenset[Schedule] | None = None
+    # EP communication overlap only under these schedules and without activation recompute (None: wherever
+    # moe_ep_overlap and ParallelConfig.ep_overlap_why_not allow it)
+    ep_overlap_schedules: frozenset[Schedule] | None = None
+
+    def overlaps_ep(self, config: ParallelConfig) -> bool:
+        """Whether it can overlap `config`'s EP all-to-alls with compute (before ParallelConfig's own rules)."""
+        if self.ep_overlap_schedules is None:
+            return self.moe_ep_overlap
+        return (self.moe_ep_overlap and config.schedule in self.ep_overlap_schedules
+                and config.recompute is Recompute.NONE)
 
     def overlaps_tp(self, config: ParallelConfig) -> bool:
         """Whether it can overlap TP communication with the GEMMs under `config`'s pipeline schedule."""
@@ -129,6 +139,10 @@ class Framework:
             return f"{self.version} has no {config.moe_dispatcher} MoE token dispatcher"
         if config.moe_ep_overlap and not self.moe_ep_overlap:
             return f"{self.version} cannot overlap EP communication with compute"
+        if config.moe_ep_overlap and not self.overlaps_ep(config):
+            names = ", ".join(s.value for s in Schedule if s in (self.ep_overlap_schedules or ()))
+            return (f"{self.version} overlaps EP communication only under the {names} schedule without activation "
+                    f"recompute, got {config.schedule.value} with recompute={config.recompute.value}")
         if config.moe_ep_overlap and (why := config.ep_overlap_why_not()):
             return f"{self.version}: {why}"
         if config.etp not in (1, config.tp) and not self.expert_tp_any:
@@ -190,16 +204,18 @@ FRAMEWORKS: dict[str, Framework] = {
     # FSDP2 (reshard_after_forward never: ZeRO-2; default: ZeRO-3) or DDP, with PP too; CP rotates KV by
     # all-gather or a ring of exchanges; etp in {1, tp} (ParallelDims v0.2.2)
     # Its zero-bubble schedules are PyTorch's ScheduleInterleavedZeroBubble (at least 2 stages per rank, loop
-    # layout) and ScheduleZBVZeroBubble (exactly 2, "v" layout: pipeline_parallel.py picks the style by class);
-    # the split backward does not run under torch.compile, which its async TP needs
+    # layout), ScheduleZBVZeroBubble and ScheduleDualPipeV (exactly 2, "v" layout: pipeline_parallel.py picks the
+    # style by class); the split backward does not run under torch.compile, which its async TP needs. EP
+    # all-to-alls overlap the paired pass only under DualPipeV with activation checkpointing off
+    # (dual_pipe_v.py get_dual_pipe_v_flag, pipeline_parallel_expert_parallel_overlap)
     "torchtitan": Framework(
         "torchtitan", "torchtitan 0.2.2",
         frozenset({Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.INTERLEAVED, Schedule.INTERLEAVED_ZB,
-                   Schedule.ZB_V}),
+                   Schedule.ZB_V, Schedule.DUALPIPE_V}),
         frozenset({(0, False), (2, False), (3, False)}), frozenset({(0, False), (2, False), (3, False)}),
-        False, True, frozenset({"p2p", "all-gather"}), True, False, _DISPATCHERS, False, True, True,
+        False, True, frozenset({"p2p", "all-gather"}), True, False, _DISPATCHERS, True, True, True,
         _torchtitan_semantics, None,
-        tp_overlap_with_split_backward=False),
+        tp_overlap_with_split_backward=False, ep_overlap_schedules=frozenset({Schedule.DUALPIPE_V})),
 }
 FRAMEWORK_NAMES = tuple(FRAMEWORKS)
 TARGET_NAMES = FRAMEWORK_NAMES[1:]

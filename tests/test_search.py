@@ -276,12 +276,13 @@ def _all_splits(layers: int, stages: int):
 @given(
     pp=st.sampled_from([2, 3, 4]),
     schedule=st.sampled_from([Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.ZB_H1, Schedule.ZB_H2,
-                              Schedule.ZB_V]),
+                              Schedule.ZB_V, Schedule.DUALPIPE_V]),
     microbatches=st.sampled_from([1, 3, 8]),
     pair_gbps=st.lists(st.floats(0.5, 50.0), min_size=6, max_size=6),
     slow=st.sampled_from([None, "node1=2", "node2:0=3"]),
 )
 @example(pp=2, schedule=Schedule.ZB_V, microbatches=8, pair_gbps=[1.0, 20.0, 5.0, 50.0, 0.5, 8.0], slow="node1=2")
+@example(pp=2, schedule=Schedule.DUALPIPE_V, microbatches=8, pair_gbps=[2.0, 20.0, 5.0, 50.0, 0.5, 8.0], slow=None)
 @example(pp=4, schedule=Schedule.ZB_H1, microbatches=3, pair_gbps=[1.0, 20.0, 5.0, 50.0, 0.5, 8.0], slow=None)
 def test_the_split_called_optimal_is_the_best_split_by_brute_force_over_estimate(
         pp, schedule, microbatches, pair_gbps, slow) -> None:
@@ -296,7 +297,10 @@ def test_the_split_called_optimal_is_the_best_split_by_brute_force_over_estimate
     training = Training(global_batch=2 * microbatches, seq_len=1024)
     fixed = FixedOptions(tp=2, pp=pp, dp=4 // pp if 4 % pp == 0 else None, micro_batch=1, schedule=schedule,
                          recompute=Recompute.NONE, zero_stage=0, distributed_optimizer=False)
-    if fixed.dp is None or (schedule is Schedule.ZB_V and pp > 2):  # a V of 2pp stages: brute force at pp = 2
+    v_shaped = schedule in (Schedule.ZB_V, Schedule.DUALPIPE_V)
+    if fixed.dp is None or (v_shaped and pp > 2):  # a V of 2pp stages: brute force at pp = 2
+        return
+    if not schedule_of(schedule).runnable(pp, microbatches):  # DualPipeV: at least 2pp micro-batches
         return
     vpp = schedule_of(schedule).chunk_counts(2)[0]  # zb-v: two chunks per rank
     found = search(SMALL, cluster, training, replace(fixed, vpp=vpp), top_k=1).plans[0]

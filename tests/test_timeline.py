@@ -35,6 +35,8 @@ CASES = {
     # V layout: rank r draws stages r and 2pp − 1 − r
     "zb-v": ["--model", "gpt3-1.3b", "--cluster", "1x8xA100-80GB", "--global-batch", "16", "--seq-len", "2048",
              "--tp", "2", "--pp", "4", "--schedule", "zb-v"],
+    "dualpipe-v": ["--model", "gpt3-1.3b", "--cluster", "1x8xA100-80GB", "--global-batch", "16", "--seq-len", "2048",
+                   "--tp", "2", "--pp", "4", "--schedule", "dualpipe-v"],
     "no-pipeline": ["--model", "tiny-llama", "--cluster", "1x8xH100-80GB", "--global-batch", "16", "--seq-len",
                     "1024", "--distributed-optimizer"],
 }
@@ -140,7 +142,7 @@ def test_a_missing_plan_or_a_directory_out_is_one_line_exit_2(tmp_path: Path) ->
     assert directory.exit_code == 2 and directory.output.startswith("error:")
 
 
-@pytest.mark.parametrize("name", ["zb-h1", "zb-h2", "zb-v"])
+@pytest.mark.parametrize("name", ["zb-h1", "zb-h2", "zb-v", "dualpipe-v"])
 def test_zero_bubble_draws_one_w_pass_per_microbatch_and_stage(tmp_path: Path, name: str) -> None:
     problem = problem_of(load_plan(plan_file(tmp_path, name)))
     result = problem.estimate()

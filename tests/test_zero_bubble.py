@@ -17,7 +17,7 @@ from test_export_plans import make_plan
 from benchmarks.zero_bubble import published_rows, ratios
 from cli import main
 from planner.cluster import parse_shorthand
-from planner.config import ParallelConfig, Schedule, Training
+from planner.config import ParallelConfig, Recompute, Schedule, Training
 from planner.cost.estimate import estimate
 from planner.cost.schedule import (
     BACKWARD,
@@ -40,14 +40,15 @@ from planner.profile.analytic import AnalyticProfile, unit_setting, weight_gradi
 from planner.profile.calibration import default_calibration
 from planner.search.space import FixedOptions, enumerate_configs
 
-ZERO_BUBBLE = (Schedule.ZB_H1, Schedule.ZB_H2, Schedule.INTERLEAVED_ZB, Schedule.ZB_V)
+ZERO_BUBBLE = (Schedule.ZB_H1, Schedule.ZB_H2, Schedule.INTERLEAVED_ZB, Schedule.ZB_V, Schedule.DUALPIPE_V)
 
 
 def _layouts():
     for schedule in ZERO_BUBBLE:
         for pp, m in ((2, 2), (2, 6), (4, 4), (4, 8), (4, 12), (8, 16)):
             for vpp in schedule_of(schedule).chunk_counts(3):
-                yield schedule, pp, vpp, m
+                if schedule_of(schedule).runnable(pp, m):
+                    yield schedule, pp, vpp, m
 
 
 @pytest.mark.parametrize(("schedule", "pp", "vpp", "m"), list(_layouts()))
@@ -159,7 +160,7 @@ def test_lower_bound_never_exceeds_the_simulated_time(schedule, pp, m, data) -> 
     behaviour = schedule_of(schedule)
     vpp = 2 if behaviour.chunked else 1
     if not behaviour.runnable(pp, m):
-        m = pp * m
+        m = 2 * pp * m
     stages = pp * vpp
     times = st.floats(0.01, 1.0)
     fixed_f = data.draw(st.lists(times, min_size=pp, max_size=pp))
@@ -190,6 +191,22 @@ def test_zb_v_places_two_chunks_in_a_v_in_pytorchs_order() -> None:
     assert text(1) == "F00 F10 F01 F11 B10 W10 F02 B00 W00 F12 B11 W11 B01 B12 B02 W01 W12 W02"
 
 
+def test_dualpipe_v_runs_pytorchs_order_in_the_v() -> None:
+    behaviour = schedule_of(Schedule.DUALPIPE_V)
+    assert stage_ranks(Schedule.DUALPIPE_V, 4, 8) == stage_ranks(Schedule.ZB_V, 4, 8)
+
+    def text(r: int) -> str:
+        return " ".join(f"{kind}{chunk}{mb}" for kind, chunk, mb in behaviour.order(r, 2, 2, 4))
+
+    # ScheduleDualPipeV._calculate_single_rank_operations, pp = 2, 4 micro-batches: an overlapped F/B pair runs
+    # its forward, then the whole backward (B W); from the middle of step 6 on the backward splits (I → B)
+    assert text(0) == "F00 F01 F02 F10 B10 W10 F11 F03 B11 W11 F12 B00 W00 B12 W12 F13 B01 W01 B13 W13 B02 W02 B03 W03"
+    assert text(1) == "F00 F10 F01 F11 F02 B10 W10 F12 B00 W00 F03 B11 W11 F13 B01 W01 B12 W12 B02 W02 B13 B03 W13 W03"
+    assert not behaviour.runnable(4, 7) and behaviour.runnable(4, 8)  # at least as many micro-batches as stages
+    for pp in (2, 4, 8):  # DeepSeek-V3's PP + 1 activations: 2p + 1 chunk passes in flight
+        assert [behaviour.in_flight(r, pp, 2, 4 * pp) for r in range(pp)] == [pp + 0.5] * pp
+
+
 @pytest.mark.parametrize("pp", [2, 4, 8])
 def test_zb_v_bubble_is_one_chunk_forward_per_rank_at_equal_passes(pp) -> None:
     """At F = B = W per chunk its bubble is (p − 1)·F, a sixth of the rank's work per micro-batch times
@@ -200,6 +217,8 @@ def test_zb_v_bubble_is_one_chunk_forward_per_rank_at_equal_passes(pp) -> None:
     assert pipeline_time([3.0] * stages, pp, m, Schedule.ZB_V).total_s == pytest.approx(simulated.total_s)
     one_f_one_b = simulated_pipeline_time([2.0] * pp, [4.0] * pp, pp, m, Schedule.ONE_F_ONE_B)
     assert one_f_one_b.bubble_s == pytest.approx(6 * (pp - 1))
+    dualpipe = simulated_pipeline_time([1.0] * stages, [2.0] * stages, pp, m, Schedule.DUALPIPE_V, [1.0] * stages)
+    assert dualpipe.total_s == pytest.approx(simulated.total_s)  # the same closed form
 
 
 def test_zb_v_estimate_puts_the_head_on_rank_0_and_needs_no_embedding_all_reduce() -> None:
@@ -214,6 +233,15 @@ def test_zb_v_estimate_puts_the_head_on_rank_0_and_needs_no_embedding_all_reduce
     assert results[Schedule.ZB_V].stages[-1].pp_rank == 0
     assert results[Schedule.ZB_V].breakdown_detail_s["embedding_grad_allreduce"] == 0.0
     assert results[Schedule.INTERLEAVED_ZB].breakdown_detail_s["embedding_grad_allreduce"] > 0.0
+
+
+def test_torchtitan_searches_dualpipe_v_with_its_ep_overlap_and_only_there() -> None:
+    model, cluster = load_model("qwen3-30b-a3b"), parse_shorthand("2x8xH100-80GB")
+    fixed = FixedOptions(framework="torchtitan", pp=2, tp=1, ep=8)
+    configs = list(enumerate_configs(model, cluster, Training(global_batch=64, seq_len=4096), fixed))
+    overlapped = {(c.schedule, c.recompute) for c in configs if c.moe_ep_overlap}
+    assert overlapped == {(Schedule.DUALPIPE_V, Recompute.NONE)}
+    assert any(c.schedule is Schedule.DUALPIPE_V and not c.moe_ep_overlap for c in configs)  # with recompute
 
 
 def test_weight_gradient_is_the_linear_layers_backward_gemms() -> None:
@@ -231,9 +259,15 @@ def test_weight_gradient_is_the_linear_layers_backward_gemms() -> None:
     assert weight_gradient_s(UnitKind.BLOCK, measured) == pytest.approx(linears)
 
 
-def test_only_torchtitan_runs_interleaved_zero_bubble_and_zb_v() -> None:
-    for schedule in (Schedule.INTERLEAVED_ZB, Schedule.ZB_V):
+def test_only_torchtitan_runs_interleaved_zero_bubble_zb_v_and_dualpipe_v() -> None:
+    for schedule in (Schedule.INTERLEAVED_ZB, Schedule.ZB_V, Schedule.DUALPIPE_V):
         assert runs_on(ParallelConfig(dp=1, tp=1, pp=4, vpp=2, schedule=schedule)) == ["torchtitan"]
+    # torchtitan overlaps EP all-to-alls only under DualPipeV with activation checkpointing off
+    titan = FRAMEWORKS["torchtitan"]
+    moe = {"dp": 4, "tp": 1, "pp": 2, "vpp": 2, "ep": 4, "moe_ep_overlap": True}
+    assert titan.why_not(ParallelConfig(**moe, schedule=Schedule.DUALPIPE_V)) is None
+    for other in ({"schedule": Schedule.ZB_V}, {"schedule": Schedule.DUALPIPE_V, "recompute": Recompute.SELECTIVE}):
+        assert "only under the dualpipe-v schedule" in titan.why_not(ParallelConfig(**moe, **other))
     with pytest.raises(PlannerError, match="zb-v schedule holds exactly two model chunks"):
         ParallelConfig(dp=1, tp=1, pp=4, vpp=3, schedule=Schedule.ZB_V)
     for schedule in (Schedule.ZB_H1, Schedule.ZB_H2):
@@ -264,6 +298,13 @@ def test_export_names_the_framework_schedule_or_refuses() -> None:
     for target in ("megatron", "deepspeed"):
         with pytest.raises(PlannerError, match="no zb-v pipeline schedule"):
             export_plan(v_plan, target)
+    dual = make_plan(blocks=(3, 4, 4, 4, 4, 4, 5, 4), vpp=2, schedule="dualpipe-v")
+    parallelism = tomllib.loads(export_torchtitan(dual).files["torchtitan.toml"])["parallelism"]
+    assert parallelism["pipeline_parallel_schedule"] == "DualPipeV"
+    assert parallelism["pipeline_parallel_expert_parallel_overlap"] is False
+    with pytest.raises(PlannerError, match="DualPipeV needs at least 2·pp = 8 micro-batches, the plan has 4"):
+        export_torchtitan(make_plan(blocks=(3, 4, 4, 4, 4, 4, 5, 4), vpp=2, schedule="dualpipe-v", global_batch=16,
+                                    micro_batch=2))
     with pytest.raises(PlannerError, match="no target runs it"):
         export_plan(make_plan(schedule="zb-h1"), "torchtitan")
 
@@ -285,7 +326,8 @@ def test_cli_schedules_and_bad_values() -> None:
     assert zb_v.exit_code == 0 and json.loads(zb_v.output)["parallelism"]["vpp"] == 2
     for bad in (("--schedule", "zb-h3"), ("--schedule", "interleaved-zb"), ("--schedule", "zb-h1", "--vpp", "2"),
                 ("--schedule", "zb-v", "--vpp", "3"), ("--schedule", "zb-v", "--pp", "1"),
-                ("--schedule", "zb-v", "--framework", "megatron")):
+                ("--schedule", "zb-v", "--framework", "megatron"), ("--schedule", "dualpipe-v", "--vpp", "4"),
+                ("--schedule", "dualpipe-v", "--framework", "deepspeed")):
         result = _estimate_cli(*bad)
         assert result.exit_code == 2 and "Traceback" not in result.output, (bad, result.output)
         assert result.output.count("\n") == 1 and bad[1] in result.output, (bad, result.output)

@@ -59,6 +59,7 @@ class Schedule(str, Enum):
     ZB_H2 = "zb-h2"
     INTERLEAVED_ZB = "interleaved-zb"
     ZB_V = "zb-v"
+    DUALPIPE_V = "dualpipe-v"
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ class PipelineSchedule:
     chunked = False  # more than one model chunk per rank (vpp > 1)
     splits_backward = False  # backward run as B (input gradient) and a later W (weight gradient) pass
     tiles_iterations = False  # no synchronisation before the optimizer step: iterations overlap rank by rank
+    extrapolated = True  # the simulator may extrapolate long runs from short prefixes (`_periodic_iteration_s`)
 
     def stage_rank(self, stage: int, pp: int) -> int:
         """The pipeline rank that runs virtual stage `stage`: k mod pp (the "loop" layout)."""
@@ -471,6 +473,85 @@ def _zbv_order(r: int, pp: int, num_microbatches: int) -> tuple[tuple[str, int, 
     return tuple(p for p in order if p[2] < num_microbatches)
 
 
+class DualPipeV(ZeroBubbleV):
+    """DualPipeV (DeepSeek-V3's DualPipe folded into a V; torch.distributed.pipelining's ScheduleDualPipeV,
+    torchtitan's DualPipeV): ZB-V's layout, PyTorch's order (`_dualpipev_order`) — forwards of both chunks
+    first, then pairs of one chunk's forward with the other chunk's whole backward (B and W back to back),
+    splitting the backward only near the end. The pairs are what lets torchtitan overlap one micro-batch's EP
+    all-to-alls with the other's compute (`pipeline_parallel_expert_parallel_overlap`); the passes of a pair
+    run one after the other here, the overlap is in each block's exposed all-to-all time (cost/time.py). It needs
+    at least as many micro-batches as stages (2p). Peak in flight: 2p + 1 chunk passes, p + 1/2 micro-batches
+    of the rank's layers (DeepSeek-V3 report: PP + 1 activations)."""
+
+    kind = Schedule.DUALPIPE_V  # ZB-V's closed form too: at F = B = W the same (p − 1)·F bubble (tests)
+    # with unlike stages its critical path can change after the simulator's prefixes (pp 4: at m = 56), so
+    # every micro-batch is simulated: cost linear in m, for a schedule searched only for torchtitan or by name
+    extrapolated = False
+
+    def runnable(self, pp: int, num_microbatches: int) -> bool:
+        return num_microbatches >= 2 * pp
+
+    def order(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> list[tuple[str, int, int]]:
+        return list(_dualpipev_order(pp_rank, pp, num_microbatches))
+
+
+@functools.lru_cache(maxsize=256)
+def _dualpipev_order(r: int, pp: int, num_microbatches: int) -> tuple[tuple[str, int, int], ...]:
+    """PyTorch's DualPipeV order for rank r (`ScheduleDualPipeV._calculate_single_rank_operations`, steps 1-8):
+    a whole backward is B then its W; a split one holds its W back until a later step runs the oldest."""
+    order: list[tuple[str, int, int]] = []
+    count = {(kind, chunk): 0 for kind in (FORWARD, BACKWARD) for chunk in (0, 1)}
+    held: list[tuple[int, int]] = []
+
+    def forward(chunk: int) -> None:
+        order.append((FORWARD, chunk, count[FORWARD, chunk]))
+        count[FORWARD, chunk] += 1
+
+    def backward(chunk: int, split: bool) -> None:
+        mb = count[BACKWARD, chunk]
+        count[BACKWARD, chunk] += 1
+        order.append((BACKWARD, chunk, mb))
+        if split:
+            held.append((chunk, mb))
+        else:
+            order.append((WEIGHT, chunk, mb))
+
+    def weight() -> None:
+        if held:
+            order.append((WEIGHT, *held.pop(0)))
+
+    for _ in range(2 * (pp - r - 1)):  # 1: F0
+        forward(0)
+    for _ in range(r + 1):  # 2: F0 F1
+        forward(0)
+        forward(1)
+    for _ in range(pp - r - 1):  # 3: B1 (split) W F1
+        backward(1, True)
+        weight()
+        forward(1)
+    for _ in range(num_microbatches - 2 * pp + r + 1):  # 4: (F0 with B1) (F1 with B0)
+        forward(0)
+        backward(1, False)
+        forward(1)
+        backward(0, False)
+    for _ in range(pp - r - 1):  # 5: B1, (F1 with B0)
+        backward(1, False)
+        forward(1)
+        backward(0, False)
+    split = False
+    for i in range(r + 1):  # 6: B1 B0, split from the middle on
+        split = split or (i == (r + 1) // 2 and r % 2 == 1)
+        backward(1, split)
+        split = split or (i == (r + 1) // 2 and r % 2 == 0)
+        backward(0, split)
+    for _ in range(pp - r - 1):  # 7: W B0
+        weight()
+        backward(0, split)
+    for _ in range(r + 1):  # 8: W
+        weight()
+    return tuple(order)
+
+
 def _least_linear(fixed_s: Sequence[float], terms: RankTerms, blocks: int, a: float, b: float) -> float:
     """Least a·max R + b·Σ R over block counts per rank (math.inf when no count vector exists)."""
     relaxed = relaxed_rank_counts(fixed_s, terms.block_s, terms.lower, terms.most_blocks(), blocks, a, b)
@@ -481,7 +562,8 @@ def _least_linear(fixed_s: Sequence[float], terms: RankTerms, blocks: int, a: fl
 
 
 SCHEDULES: dict[Schedule, PipelineSchedule] = {s.kind: s for s in (
-    OneFOneB(), GPipe(), Interleaved(), ZeroBubbleH1(), ZeroBubbleH2(), InterleavedZeroBubble(), ZeroBubbleV())}
+    OneFOneB(), GPipe(), Interleaved(), ZeroBubbleH1(), ZeroBubbleH2(), InterleavedZeroBubble(), ZeroBubbleV(),
+    DualPipeV())}
 
 
 def schedule_of(kind: Schedule | str) -> PipelineSchedule:
@@ -725,7 +807,8 @@ def _periodic_iteration_s(forward_s: tuple[float, ...], backward_s: tuple[float,
                         weight_s=weight_s).iteration_s
 
     # the prefix simulations cost about 5·m₀ + 14pp micro-batches: worth it only when m is larger
-    while 5 * (start := base + num_microbatches % pp) + 14 * pp < num_microbatches:
+    extrapolated = schedule_of(schedule).extrapolated
+    while extrapolated and 5 * (start := base + num_microbatches % pp) + 14 * pp < num_microbatches:
         times = [simulated(start + i * pp) for i in range(4)]
         steps = [b - a for a, b in itertools.pairwise(times)]
         if (all(abs(step - steps[0]) <= 1e-9 * times[-1] for step in steps)

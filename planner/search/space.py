@@ -358,12 +358,12 @@ def runnable_by_framework(configs: Iterable[ParallelConfig], fixed: FixedOptions
     framework = framework_named(fixed.framework or "any")
     sharding_open = fixed.zero_stage is None and fixed.distributed_optimizer is None
     overlap_open = fixed.tp_comm_overlap is None
-    ep_overlap_off = fixed.moe_ep_overlap is None and not framework.moe_ep_overlap
+    ep_overlap_open = fixed.moe_ep_overlap is None
     dispatcher_open = fixed.moe_dispatcher is None
     for config in configs:
         if dispatcher_open and config.moe_dispatcher not in framework.moe_dispatchers:
             config = replace(config, moe_dispatcher="alltoall")
-        if ep_overlap_off and config.moe_ep_overlap:
+        if ep_overlap_open and config.moe_ep_overlap and not framework.overlaps_ep(config):
             config = replace(config, moe_ep_overlap=False)
         if sharding_open and (config.zero_stage, config.distributed_optimizer) == (0, True):
             if framework.optimizer_sharding_only is None:
