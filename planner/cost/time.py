@@ -9,6 +9,7 @@ optimise the same quantities the estimate reports.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
@@ -487,17 +488,24 @@ def stage_boundary_s(boundary_by_rank: Sequence[float], num_stages: int,
     (loop layout: stage k on rank k mod pp) or by a stage on rank r + 1 sending back (the second leg of
     a V); a boundary between two stages on one rank (the V's turn) costs nothing (`stage_ranks`). The one
     rule the estimate, the partitioner and the search bounds all use."""
-    pp = len(boundary_by_rank)
+    outgoing = [0.0 if link is None else boundary_by_rank[link]
+                for link in _boundary_links(schedule, len(boundary_by_rank), num_stages)]
+    return [outgoing[k] + (outgoing[k - 1] if k else 0.0) for k in range(num_stages)]
+
+
+@functools.cache
+def _boundary_links(schedule: Schedule, pp: int, num_stages: int) -> tuple[int | None, ...]:
+    """Per stage, the rank boundary its outgoing send crosses (`stage_boundary_s`); None for none (the last
+    stage, the V's turn)."""
     ranks = stage_ranks(schedule, pp, num_stages)
 
-    def after(k: int) -> float:
+    def link(k: int) -> int | None:
         here, there = ranks[k], ranks[k + 1]
         if here == there:
-            return 0.0
-        return boundary_by_rank[here] if there == (here + 1) % pp else boundary_by_rank[there]
+            return None
+        return here if there == (here + 1) % pp else there
 
-    outgoing = [after(k) for k in range(num_stages - 1)] + [0.0]
-    return [outgoing[k] + (outgoing[k - 1] if k else 0.0) for k in range(num_stages)]
+    return (*(link(k) for k in range(num_stages - 1)), None)
 
 
 def embedding_sync_time(model: ModelSpec, training: Training, config: ParallelConfig, link: Link,

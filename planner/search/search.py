@@ -231,7 +231,8 @@ class _Context:
         ranks = config.stage_ranks
         key = (ranks, id(costs), id(boundary_s))  # both are this context's cached tuples
         if key not in self.terms:
-            v, behaviour = config.vpp, schedule_of(config.schedule)
+            v = config.vpp
+            first_stage = {rank: k for k, rank in reversed(list(enumerate(ranks)))}  # each rank's chunk 0
             stage_p2p = stage_boundary_s(boundary_s, len(ranks), config.schedule)
             rank_p2p = [0.0] * config.pp
             for p2p, rank in zip(stage_p2p, ranks, strict=True):
@@ -244,7 +245,7 @@ class _Context:
                 block.append(min(cost[b].total_s for b, _ in self.block_types))
                 lower.append(max(v - first - last, 0))
                 # a pass carries half of each boundary its first chunk's stage touches
-                own_p2p = stage_p2p[behaviour.rank_stage(r, 0, config.pp)] / 2
+                own_p2p = stage_p2p[first_stage[r]] / 2
                 forward_fixed.append(cost[UnitKind.EMBEDDING].forward_pass_s * first
                                      + cost[UnitKind.HEAD].forward_pass_s * last + own_p2p)
                 forward_block.append(max(cost[b].forward_pass_s for b, _ in self.block_types))
