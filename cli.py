@@ -22,7 +22,7 @@ import yaml
 from planner import InfeasibleError, PlannerError, __version__
 from planner.cluster import Cluster, catalog_cluster_names, load_cluster
 from planner.compare import compare_plans
-from planner.config import DTYPES, MOE_DISPATCHERS, ParallelConfig, Partition, Training
+from planner.config import DTYPES, MOE_DISPATCHERS, ParallelConfig, Partition, Schedule, Training
 from planner.cost.estimate import Estimate, estimate, fit_advice
 from planner.explain import explain
 from planner.export import TARGETS, exporter, render_stdout, write_export
@@ -114,9 +114,14 @@ def parallel_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--dp", type=click.IntRange(min=1), help="Data-parallel degree."),
         click.option("--micro-batch", type=click.IntRange(min=1), help="Micro-batch size (sequences)."),
         click.option("--vpp", type=click.IntRange(min=1),
-                     help="Model chunks per pipeline rank (interleaved schedule)."),
+                     help="Model chunks per pipeline rank (interleaved and interleaved-zb schedules; zb-v and "
+                          "dualpipe-v: 2)."),
         click.option("--recompute", type=click.Choice(["none", "selective", "full"])),
-        click.option("--schedule", type=click.Choice(["1f1b", "interleaved", "gpipe"])),
+        click.option("--schedule", type=click.Choice([schedule.value for schedule in Schedule]),
+                     help="Pipeline schedule; zb-h1, zb-h2, interleaved-zb, zb-v and dualpipe-v split each "
+                          "backward into input- and weight-gradient passes (zero bubble, Qi et al. 2024; "
+                          "DeepSeek-V3's DualPipeV); searched only where the --framework runs them (torchtitan: "
+                          "interleaved-zb, zb-v, dualpipe-v) or when named here."),
         click.option("--zero", "zero_stage", type=click.IntRange(0, 3), help="ZeRO stage (DeepSpeed semantics)."),
         click.option("--distributed-optimizer", is_flag=True, default=None,
                      help="Megatron-LM distributed optimizer (shards optimizer states like ZeRO-1)."),

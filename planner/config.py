@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from planner.cost.schedule import Schedule, schedule_of
+from planner.cost.schedule import Schedule, schedule_of, stage_ranks
 from planner.errors import PlannerError
 
 __all__ = ["CP_COMMS", "DTYPES", "MOE_DISPATCHERS", "ParallelConfig", "Partition", "Recompute", "Schedule", "Training"]
@@ -234,6 +234,11 @@ class ParallelConfig:
     def shard_group(self) -> int:
         """Ranks ZeRO / the distributed optimizer shard states over: dp·cp, or dp·cp / R under HSDP."""
         return self.replicas // self.hsdp_replicas
+
+    @property
+    def stage_ranks(self) -> tuple[int, ...]:
+        """The pipeline rank of each virtual stage, the schedule's layout (cost/schedule.py `stage_ranks`)."""
+        return stage_ranks(self.schedule, self.pp, self.pp * self.vpp)
 
     @property
     def num_virtual_stages(self) -> int:

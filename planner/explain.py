@@ -14,6 +14,7 @@ from typing import Any
 
 from planner.config import ParallelConfig, Recompute, Schedule
 from planner.cost.estimate import BREAKDOWN_KEYS, Estimate
+from planner.cost.schedule import schedule_of
 from planner.errors import InfeasibleError, PlannerError
 from planner.gpu import GIB
 from planner.replay import PlanProblem
@@ -156,9 +157,11 @@ def neighbours(config: ParallelConfig) -> list[tuple[str, ParallelConfig]]:
     steps += [step for name in ("cp", "ep") if hasattr(config, name) for step in _degree_steps(config, name)]
     steps += [(f"micro-batch {config.micro_batch}→{mb}", {"micro_batch": mb})
               for mb in (config.micro_batch * 2, config.micro_batch // 2) if mb >= 1]
-    if config.pp > 1:
-        steps += [(f"vpp {config.vpp}→{v}", {"vpp": v, "schedule": Schedule.INTERLEAVED if v > 1
-                                             else Schedule.ONE_F_ONE_B})
+    if config.pp > 1:  # a zero-bubble plan stays zero bubble: interleaved-zb over chunks, zb-h1 without
+        split = schedule_of(config.schedule).splits_backward
+        chunked, single = ((Schedule.INTERLEAVED_ZB, Schedule.ZB_H1) if split
+                           else (Schedule.INTERLEAVED, Schedule.ONE_F_ONE_B))
+        steps += [(f"vpp {config.vpp}→{v}", {"vpp": v, "schedule": chunked if v > 1 else single})
                   for v in (config.vpp + 1, config.vpp - 1) if v >= 1]
     steps += _ladder_steps("recompute", _RECOMPUTE, config.recompute, lambda r: {"recompute": r})
     sharding = (0, True) if config.zero_stage == 1 else (config.zero_stage, config.distributed_optimizer)

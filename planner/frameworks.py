@@ -12,12 +12,15 @@ Versions and sources (../shared/REFERENCE.md): Megatron-LM core 0.16 (`megatron/
 Megatron-FSDP: `--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads|optim_grads_params`),
 DeepSpeed 0.19 driven by Megatron-DeepSpeed (`PipelineEngine` asserts ZeRO < 2 with PP, reduces
 gradients after the pipeline flush, sends whole activations from every TP rank; no interleaving),
-torchtitan 0.2.2 (FSDP2/HSDP, TP always with sequence parallelism, async TP under torch.compile).
+torchtitan 0.2.2 (FSDP2/HSDP, TP always with sequence parallelism, async TP under torch.compile;
+pipeline schedules from torch.distributed.pipelining, `torchtitan/distributed/pipeline_parallel.py`).
 MoE token dispatch: Megatron-Core's --moe-token-dispatcher-type alltoall or flex (DeepEP / HybridEP) and
 --overlap-moe-expert-parallel-comm; torchtitan's parallelism.expert_parallel_comm_backend "standard"
-(all-to-all) or "deepep" (flex), its EP overlap only under the DualPipeV schedule planner does not model;
+(all-to-all) or "deepep" (flex), its EP overlap only under the DualPipeV schedule without activation checkpointing;
 Megatron-DeepSpeed's MoE all-to-all only.
-"any" searches every configuration planner models, with Megatron-LM's semantics.
+"any" runs every configuration planner models, with Megatron-LM's semantics; its search leaves out the schedules
+that split the backward (zero bubble) unless --schedule names one: only torchtitan runs them, and searching them
+for every target would double the space (`Framework.searches`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from planner.config import CP_COMMS, MOE_DISPATCHERS, ParallelConfig, Schedule
+from planner.config import CP_COMMS, MOE_DISPATCHERS, ParallelConfig, Recompute, Schedule
+from planner.cost.schedule import schedule_of
 from planner.errors import PlannerError
 
 __all__ = ["FRAMEWORKS", "FRAMEWORK_NAMES", "TARGET_NAMES", "Framework", "framework_named", "runs_on"]
@@ -73,6 +77,41 @@ class Framework:
     semantics: Semantics
     # how it shards optimizer states only (the search's ZeRO-1 / distributed-optimizer option); None: it cannot
     optimizer_sharding_only: tuple[int, bool] | None
+    tp_overlap_with_split_backward: bool = True  # TP communication overlap under a zero-bubble schedule
+    # schedules the search tries when --schedule is left open (None: every one it runs)
+    searched_schedules: frozenset[Schedule] | None = None
+    # EP communication overlap only under these schedules and without activation recompute (None: wherever
+    # moe_ep_overlap and ParallelConfig.ep_overlap_why_not allow it)
+    ep_overlap_schedules: frozenset[Schedule] | None = None
+
+    def overlaps_ep(self, config: ParallelConfig) -> bool:
+        """Whether it can overlap `config`'s EP all-to-alls with compute (before ParallelConfig's own rules)."""
+        if self.ep_overlap_schedules is None:
+            return self.moe_ep_overlap
+        return (self.moe_ep_overlap and config.schedule in self.ep_overlap_schedules
+                and config.recompute is Recompute.NONE)
+
+    def overlaps_tp(self, config: ParallelConfig) -> bool:
+        """Whether it can overlap TP communication with the GEMMs under `config`'s pipeline schedule."""
+        return self.tp_comm_overlap and (config.pp == 1 or self.tp_overlap_with_split_backward
+                                         or not schedule_of(config.schedule).splits_backward)
+
+    def searches(self, schedule: Schedule) -> bool:
+        """Whether the search tries `schedule` when the user leaves --schedule open: every schedule a named
+        target runs; "any" only those that do not split the backward (no target it stands for runs the
+        zero-bubble ones except torchtitan, which `--framework torchtitan` searches), so its space stays bounded."""
+        allowed = self.schedules if self.searched_schedules is None else self.searched_schedules
+        return schedule in allowed
+
+    def check_schedule(self, schedule: Schedule) -> None:
+        """PlannerError naming `schedule` and what this framework runs when it cannot run it."""
+        if schedule not in self.schedules:
+            runs = ", ".join(s.value for s in Schedule if s in self.schedules)
+            where = ", ".join(name for name in TARGET_NAMES if schedule in FRAMEWORKS[name].schedules)
+            hint = (f"; --framework {where} runs it" if where
+                    else "; no export target runs it (plan with --framework any)")
+            raise PlannerError(f"--schedule {schedule.value}: {self.version} has no such pipeline schedule "
+                               f"(it runs {runs}){hint}")
 
     def why_not(self, config: ParallelConfig) -> str | None:
         """None if this framework runs `config` exactly as planned, else why not (one line)."""
@@ -89,6 +128,9 @@ class Framework:
             return f"{self.version} always runs tensor parallelism with sequence parallelism"
         if config.tp_comm_overlap and not self.tp_comm_overlap:
             return f"{self.version} cannot overlap TP communication with its GEMMs"
+        if config.tp_comm_overlap and not self.overlaps_tp(config):
+            return (f"{self.version} cannot overlap TP communication (it needs torch.compile) under the "
+                    f"{config.schedule.value} schedule")
         if config.cp > 1 and config.cp_comm not in self.cp_comms:
             return f"{self.version} has no {config.cp_comm} context parallelism (cp={config.cp})"
         if config.ep > 1 and not self.expert_parallel:
@@ -97,6 +139,10 @@ class Framework:
             return f"{self.version} has no {config.moe_dispatcher} MoE token dispatcher"
         if config.moe_ep_overlap and not self.moe_ep_overlap:
             return f"{self.version} cannot overlap EP communication with compute"
+        if config.moe_ep_overlap and not self.overlaps_ep(config):
+            names = ", ".join(s.value for s in Schedule if s in (self.ep_overlap_schedules or ()))
+            return (f"{self.version} overlaps EP communication only under the {names} schedule without activation "
+                    f"recompute, got {config.schedule.value} with recompute={config.recompute.value}")
         if config.moe_ep_overlap and (why := config.ep_overlap_why_not()):
             return f"{self.version}: {why}"
         if config.etp not in (1, config.tp) and not self.expert_tp_any:
@@ -133,6 +179,7 @@ def _sharding_name(sharding: tuple[int, bool]) -> str:
 
 
 _ALL_SCHEDULES = frozenset(Schedule)
+_UNSPLIT_SCHEDULES = frozenset(s for s in Schedule if not schedule_of(s).splits_backward)
 _ANY_SHARDING = frozenset({(0, False), (1, False), (2, False), (3, False), (0, True), (1, True)})
 
 _CP_COMMS = frozenset(CP_COMMS)
@@ -141,8 +188,9 @@ _DISPATCHERS = frozenset(MOE_DISPATCHERS)
 FRAMEWORKS: dict[str, Framework] = {
     "any": Framework(
         "any", "any framework", _ALL_SCHEDULES, _ANY_SHARDING, _ANY_SHARDING, True, True, _CP_COMMS, True, True,
-        _DISPATCHERS, True, True, True, _megatron_semantics, (0, True)),
-    # ZeRO-2/3 through Megatron-FSDP (optim_grads / optim_grads_params), which it does not claim with PP
+        _DISPATCHERS, True, True, True, _megatron_semantics, (0, True), searched_schedules=_UNSPLIT_SCHEDULES),
+    # ZeRO-2/3 through Megatron-FSDP (optim_grads / optim_grads_params), which it does not claim with PP; no
+    # zero-bubble schedule (core_v0.16.1's delay_wgrad_compute only overlaps MoE all-to-all in its 1F1B)
     "megatron": Framework(
         "megatron", "Megatron-LM core 0.16", frozenset({Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED}),
         frozenset({(0, False), (0, True), (2, False), (3, False)}), frozenset({(0, False), (0, True)}),
@@ -155,11 +203,19 @@ FRAMEWORKS: dict[str, Framework] = {
         (1, False)),
     # FSDP2 (reshard_after_forward never: ZeRO-2; default: ZeRO-3) or DDP, with PP too; CP rotates KV by
     # all-gather or a ring of exchanges; etp in {1, tp} (ParallelDims v0.2.2)
+    # Its zero-bubble schedules are PyTorch's ScheduleInterleavedZeroBubble (at least 2 stages per rank, loop
+    # layout), ScheduleZBVZeroBubble and ScheduleDualPipeV (exactly 2, "v" layout: pipeline_parallel.py picks the
+    # style by class); the split backward does not run under torch.compile, which its async TP needs. EP
+    # all-to-alls overlap the paired pass only under DualPipeV with activation checkpointing off
+    # (dual_pipe_v.py get_dual_pipe_v_flag, pipeline_parallel_expert_parallel_overlap)
     "torchtitan": Framework(
-        "torchtitan", "torchtitan 0.2.2", _ALL_SCHEDULES,
+        "torchtitan", "torchtitan 0.2.2",
+        frozenset({Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.INTERLEAVED, Schedule.INTERLEAVED_ZB,
+                   Schedule.ZB_V, Schedule.DUALPIPE_V}),
         frozenset({(0, False), (2, False), (3, False)}), frozenset({(0, False), (2, False), (3, False)}),
-        False, True, frozenset({"p2p", "all-gather"}), True, False, _DISPATCHERS, False, True, True,
-        _torchtitan_semantics, None),
+        False, True, frozenset({"p2p", "all-gather"}), True, False, _DISPATCHERS, True, True, True,
+        _torchtitan_semantics, None,
+        tp_overlap_with_split_backward=False, ep_overlap_schedules=frozenset({Schedule.DUALPIPE_V})),
 }
 FRAMEWORK_NAMES = tuple(FRAMEWORKS)
 TARGET_NAMES = FRAMEWORK_NAMES[1:]

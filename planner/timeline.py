@@ -7,6 +7,9 @@ of `planner.cost.time`). After the pipeline flush every rank shows the exposed D
 optimizer step and the fixed overhead of the breakdown, so the last slice ends at the
 estimate's iteration time. Memory per rank is its static bytes plus its peak activations
 scaled by the micro-batches in flight at that moment (peak in flight = the estimate's peak).
+Zero-bubble schedules show each split backward as a B pass and a later W pass (weight gradient),
+activations held until the W; ZB-H2, whose iterations tile, is drawn as one period of the tiled
+steady state, each rank's track starting at its first pass.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 from xml.sax.saxutils import escape
 
 from planner.cost.estimate import Estimate
-from planner.cost.schedule import FORWARD, PassEvent, schedule_of, simulate
+from planner.cost.schedule import BACKWARD, FORWARD, WEIGHT, PassEvent, schedule_of, simulate
 from planner.cost.time import unit_costs
 from planner.errors import PlannerError
 from planner.gpu import GIB
@@ -28,7 +31,8 @@ __all__ = ["CATEGORIES", "IterationTimeline", "MemorySample", "Slice", "chrome_t
            "timeline_svg"]
 
 # slice category → colour (SVG and trace colour names where Chrome has one)
-CATEGORIES = {"forward": "#4e79a7", "backward": "#59a14f", "recompute": "#edc948", "tp_comm": "#b07aa1",
+CATEGORIES = {"forward": "#4e79a7", "backward": "#59a14f", "weight_grad": "#8cd17d", "recompute": "#edc948",
+              "tp_comm": "#b07aa1",
               "pp_comm": "#ff9da7", "dp_comm": "#e15759", "optimizer": "#9c755f", "other": "#bab0ac"}
 _TAIL = (("dp_comm", "DP gradient sync (exposed)"), ("optimizer", "optimizer step"),
          ("other", "fixed per-iteration overhead"))
@@ -95,9 +99,12 @@ def _stage_parts(problem: PlanProblem, result: Estimate) -> list[dict[str, float
 
 def _pieces(event: PassEvent, parts: dict[str, float], forward_s: float, backward_s: float,
             half_p2p_s: float) -> list[Slice]:
-    """A simulated pass cut into its consecutive pieces; zero-length pieces are left out."""
+    """A simulated pass cut into its consecutive pieces; zero-length pieces are left out. A split backward's
+    W pass is its weight-gradient GEMMs alone; its B pass the rest (`backward_s` is then B's share)."""
     mb = event.microbatch
-    if event.kind == FORWARD:
+    if event.kind == WEIGHT:
+        named = [(f"W{mb}", "weight_grad", event.end_s - event.start_s)]
+    elif event.kind == FORWARD:
         named = [(f"F{mb}", "forward", forward_s - parts["tp_forward"]), ("TP", "tp_comm", parts["tp_forward"]),
                  ("p2p", "pp_comm", half_p2p_s)]
     else:
@@ -118,7 +125,10 @@ def _memory(result: Estimate, events: list[PassEvent], pp: int) -> list[MemorySa
     for r in range(pp):
         memory = next(s.memory for s in result.stages if s.pp_rank == r)
         static = memory.total - memory.activations
-        changes = sorted((e.end_s, 1 if e.kind == FORWARD else -1) for e in events if e.pp_rank == r)
+        # activations live from a forward to the pass that frees them: the backward, or a split backward's W
+        frees = WEIGHT if any(e.kind == WEIGHT for e in events) else BACKWARD
+        changes = sorted((e.end_s, 1 if e.kind == FORWARD else -1) for e in events
+                         if e.pp_rank == r and e.kind in (FORWARD, frees))
         live, counts = 0, [(0.0, 0)]
         for time_s, step in changes:
             live += step
@@ -135,13 +145,22 @@ def iteration_timeline(problem: PlanProblem, result: Estimate) -> IterationTimel
     if not schedule_of(config.schedule).runnable(config.pp, m):
         raise PlannerError(f"timeline: the {config.schedule.value} schedule with pp={config.pp} needs micro-batches "
                            f"divisible by pp, got {m}; there is no order to draw")
+    behaviour = schedule_of(config.schedule)
     forward = [s.forward_s + s.p2p_s / 2 for s in result.stages]
     backward = [s.backward_s + s.p2p_s / 2 for s in result.stages]
-    simulated = simulate(forward, backward, [0.0] * len(forward), config.pp, m, config.schedule, record=True)
+    weight = [s.weight_s if behaviour.splits_backward else 0.0 for s in result.stages]
+    simulated = simulate(forward, backward, [0.0] * len(forward), config.pp, m, config.schedule, record=True,
+                         weight_s=weight)
+    events = list(simulated.events)
+    if behaviour.tiles_iterations:  # one period of the tiled steady state: each rank's track from its first pass
+        first = {r: min(e.start_s for e in events if e.pp_rank == r) for r in range(config.pp)}
+        events = [e._replace(start_s=e.start_s - first[e.pp_rank], end_s=e.end_s - first[e.pp_rank])
+                  for e in events]
     parts = _stage_parts(problem, result)
-    slices = [piece for e in simulated.events
+    slices = [piece for e in events
               for piece in _pieces(e, parts[e.stage], result.stages[e.stage].forward_s,
-                                   result.stages[e.stage].backward_s, result.stages[e.stage].p2p_s / 2)]
+                                   result.stages[e.stage].backward_s - weight[e.stage],
+                                   result.stages[e.stage].p2p_s / 2)]
     start = simulated.iteration_s
     for category, name in _TAIL:
         seconds = result.breakdown_s[category]
@@ -150,8 +169,7 @@ def iteration_timeline(problem: PlanProblem, result: Estimate) -> IterationTimel
             start += seconds
     rank_stage = {s.pp_rank: s for s in result.stages}
     return IterationTimeline(
-        tuple(sorted(slices, key=lambda s: (s.pp_rank, s.start_s))), tuple(_memory(result, list(simulated.events),
-                                                                                    config.pp)),
+        tuple(sorted(slices, key=lambda s: (s.pp_rank, s.start_s))), tuple(_memory(result, events, config.pp)),
         start, tuple(rank_stage[r].gpu for r in range(config.pp)),
         tuple(rank_stage[r].memory.capacity for r in range(config.pp)))
 

@@ -10,7 +10,7 @@ from planner.cluster import parse_shorthand
 from planner.config import ParallelConfig, Partition, Recompute, Schedule, Training
 from planner.cost.estimate import BREAKDOWN_KEYS, estimate
 from planner.cost.memory import rank_memory_model
-from planner.cost.schedule import pipeline_time
+from planner.cost.schedule import pipeline_time, schedule_of
 from planner.cost.time import unit_costs
 from planner.errors import PlannerError
 from planner.model import load_model
@@ -30,7 +30,7 @@ def configurations(draw):
     micro_batch = draw(st.sampled_from([1, 2]))
     m = draw(st.sampled_from([1, 2, 4, 8]))
     schedule = draw(st.sampled_from(list(Schedule))) if pp > 1 else Schedule.ONE_F_ONE_B
-    vpp = 2 if schedule is Schedule.INTERLEAVED else 1
+    vpp = schedule_of(schedule).chunk_counts(2)[0]
     config = ParallelConfig(
         dp=dp, tp=tp, pp=pp, vpp=vpp, micro_batch=micro_batch, schedule=schedule,
         sequence_parallel=tp > 1 and draw(st.booleans()), recompute=draw(st.sampled_from(list(Recompute))),
@@ -52,7 +52,8 @@ def test_estimate_invariants(case) -> None:
     covered = [b for stage in result.stages for b in range(*stage.blocks)]
     assert covered == list(range(MODEL.num_layers))
     assert result.stages[0].embedding and result.stages[-1].head
-    assert [s.pp_rank for s in result.stages] == [k % config.pp for k in range(config.pp * config.vpp)]
+    assert [s.pp_rank for s in result.stages] == [schedule_of(config.schedule).stage_rank(k, config.pp)
+                                                  for k in range(config.pp * config.vpp)]
     assert 0 < result.mfu < 1
     assert result.fits == all(s.memory.total <= s.memory.capacity for s in result.stages)
 

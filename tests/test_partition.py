@@ -21,7 +21,8 @@ def problems(draw, interleaved: bool = False) -> PartitionProblem:
     unit_memory = tuple(tuple(draw(st.floats(1e9, 5e9)) for _ in range(n)) for _ in range(pp))
     budgets = tuple(draw(st.floats(2e9, 5e9 * n / pp)) for _ in range(pp))
     boundary = tuple(draw(st.floats(0.0, 0.5)) for _ in range(pp))
-    schedule = Schedule.INTERLEAVED if interleaved else draw(st.sampled_from([Schedule.ONE_F_ONE_B, Schedule.GPIPE]))
+    schedule = draw(st.sampled_from([Schedule.INTERLEAVED, Schedule.INTERLEAVED_ZB, Schedule.ZB_V] if interleaved
+                                    else [Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.ZB_H1, Schedule.ZB_H2]))
     return PartitionProblem(unit_time, boundary, unit_memory, budgets, vpp, draw(st.integers(1, 16)), schedule)
 
 

@@ -7,7 +7,7 @@ import itertools
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from planner.cluster import Link, cluster_from_dict, parse_shorthand, uniform_cluster
@@ -122,8 +122,13 @@ def test_infeasible_names_the_tightest_stage_and_the_shortfall() -> None:
         search(load_model("llama3-70b"), parse_shorthand("1x8xA100-80GB"), Training(global_batch=8, seq_len=2048))
 
 
-@pytest.mark.parametrize("slowdown", [None, "node1=2"])
-def test_search_bounds_never_exceed_the_estimate_of_a_split(slowdown) -> None:
+@pytest.mark.parametrize(("slowdown", "fixed"), [
+    (None, FixedOptions()), ("node1=2", FixedOptions()),
+    # zero bubble: torchtitan's interleaved-zb and zb-v (V layout), and the zb-h1/zb-h2 orders when named
+    ("node1=2", FixedOptions(framework="torchtitan")), (None, FixedOptions(schedule=Schedule.ZB_H1)),
+    ("node1=2", FixedOptions(schedule=Schedule.ZB_H2))], ids=["any", "any-slow", "torchtitan-slow", "zb-h1",
+                                                             "zb-h2-slow"])
+def test_search_bounds_never_exceed_the_estimate_of_a_split(slowdown, fixed) -> None:
     """The cheap and the refined time bounds are lower bounds for the estimate (event simulator) of
     the uniform split and of the searched split of every configuration that fit — else the best-first scan
     could stop before a better plan. Uneven splits on slowed ranks are where closed forms overshoot."""
@@ -134,7 +139,10 @@ def test_search_bounds_never_exceed_the_estimate_of_a_split(slowdown) -> None:
     calibration = default_calibration()
     ctx = _Context(model, cluster, training, default_placement, AnalyticProfile(model, calibration), calibration)
     checked = 0
-    for order, config in enumerate(enumerate_configs(model, cluster, training)):
+    configs = list(enumerate_configs(model, cluster, training, fixed))
+    if fixed.framework:
+        assert {Schedule.INTERLEAVED_ZB, Schedule.ZB_V} <= {config.schedule for config in configs}
+    for order, config in enumerate(configs):
         cheap = _with_memory(ctx, _bound(ctx, order, config))
         if not cheap.fits_bound:
             assert not estimate(model, cluster, training, config).fits
@@ -206,7 +214,8 @@ def _problems(draw, alike: bool) -> PartitionProblem:
     unit_memory = tuple(row(st.floats(1e9, 5e9)) for _ in range(pp))
     budgets = tuple(draw(st.floats(2e9, 5e9 * n / pp)) for _ in range(pp))
     boundary = tuple(draw(st.floats(0.0, 0.5)) for _ in range(pp))
-    schedule = Schedule.INTERLEAVED if vpp > 1 else draw(st.sampled_from([Schedule.ONE_F_ONE_B, Schedule.GPIPE]))
+    schedule = draw(st.sampled_from([Schedule.INTERLEAVED, Schedule.INTERLEAVED_ZB, Schedule.ZB_V] if vpp > 1
+                                    else [Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.ZB_H1, Schedule.ZB_H2]))
     return PartitionProblem(unit_time, boundary, unit_memory, budgets, vpp, draw(st.integers(1, 16)), schedule)
 
 
@@ -323,11 +332,15 @@ def _all_splits(layers: int, stages: int):
 @settings(max_examples=12, deadline=None)
 @given(
     pp=st.sampled_from([2, 3, 4]),
-    schedule=st.sampled_from([Schedule.ONE_F_ONE_B, Schedule.GPIPE]),
+    schedule=st.sampled_from([Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.ZB_H1, Schedule.ZB_H2,
+                              Schedule.ZB_V, Schedule.DUALPIPE_V]),
     microbatches=st.sampled_from([1, 3, 8]),
     pair_gbps=st.lists(st.floats(0.5, 50.0), min_size=6, max_size=6),
     slow=st.sampled_from([None, "node1=2", "node2:0=3"]),
 )
+@example(pp=2, schedule=Schedule.ZB_V, microbatches=8, pair_gbps=[1.0, 20.0, 5.0, 50.0, 0.5, 8.0], slow="node1=2")
+@example(pp=2, schedule=Schedule.DUALPIPE_V, microbatches=8, pair_gbps=[2.0, 20.0, 5.0, 50.0, 0.5, 8.0], slow=None)
+@example(pp=4, schedule=Schedule.ZB_H1, microbatches=3, pair_gbps=[1.0, 20.0, 5.0, 50.0, 0.5, 8.0], slow=None)
 def test_the_split_called_optimal_is_the_best_split_by_brute_force_over_estimate(
         pp, schedule, microbatches, pair_gbps, slow) -> None:
     """One cost accounting: on uneven links and slow devices, a split the search calls optimal is
@@ -341,13 +354,17 @@ def test_the_split_called_optimal_is_the_best_split_by_brute_force_over_estimate
     training = Training(global_batch=2 * microbatches, seq_len=1024)
     fixed = FixedOptions(tp=2, pp=pp, dp=4 // pp if 4 % pp == 0 else None, micro_batch=1, schedule=schedule,
                          recompute=Recompute.NONE, zero_stage=0, distributed_optimizer=False)
-    if fixed.dp is None:
+    v_shaped = schedule in (Schedule.ZB_V, Schedule.DUALPIPE_V)
+    if fixed.dp is None or (v_shaped and pp > 2):  # a V of 2pp stages: brute force at pp = 2
         return
-    found = search(SMALL, cluster, training, fixed, top_k=1).plans[0]
+    if not schedule_of(schedule).runnable(pp, microbatches):  # DualPipeV: at least 2pp micro-batches
+        return
+    vpp = schedule_of(schedule).chunk_counts(2)[0]  # zb-v: two chunks per rank
+    found = search(SMALL, cluster, training, replace(fixed, vpp=vpp), top_k=1).plans[0]
     placement = found.placement
     best = min(result.iteration_time_s for result in (
         estimate(SMALL, cluster, training, found.config, split, placement) for split in
-        _all_splits(SMALL.num_layers, pp)) if result.fits)
+        _all_splits(SMALL.num_layers, pp * vpp)) if result.fits)
     assert found.estimate.iteration_time_s >= best * (1 - 1e-9)
     assert found.lower_bound_s <= best * (1 + 1e-9)
     if found.optimal:

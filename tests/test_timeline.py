@@ -28,6 +28,15 @@ CASES = {
     # sliding and global attention blocks: each unit's pieces come from its own block type
     "mixed-blocks": ["--model", "gemma3-27b", "--cluster", "1x8xH100-80GB", "--global-batch", "8", "--seq-len",
                      "4096", "--pp", "2", "--tp", "4", "--recompute", "full"],
+    "zb-h1": ["--model", "gpt3-1.3b", "--cluster", "1x8xA100-80GB", "--global-batch", "32", "--seq-len", "2048",
+              "--tp", "2", "--pp", "4", "--schedule", "zb-h1"],
+    "zb-h2": ["--model", "gpt3-1.3b", "--cluster", "1x8xA100-80GB", "--global-batch", "32", "--seq-len", "2048",
+              "--tp", "2", "--pp", "4", "--schedule", "zb-h2"],
+    # V layout: rank r draws stages r and 2pp − 1 − r
+    "zb-v": ["--model", "gpt3-1.3b", "--cluster", "1x8xA100-80GB", "--global-batch", "16", "--seq-len", "2048",
+             "--tp", "2", "--pp", "4", "--schedule", "zb-v"],
+    "dualpipe-v": ["--model", "gpt3-1.3b", "--cluster", "1x8xA100-80GB", "--global-batch", "16", "--seq-len", "2048",
+                   "--tp", "2", "--pp", "4", "--schedule", "dualpipe-v"],
     "no-pipeline": ["--model", "tiny-llama", "--cluster", "1x8xH100-80GB", "--global-batch", "16", "--seq-len",
                     "1024", "--distributed-optimizer"],
 }
@@ -88,10 +97,11 @@ def test_durations_add_up_to_the_estimate(traced: tuple[dict, dict, Path]) -> No
     busy = defaultdict(lambda: defaultdict(float))
     for e in slices:
         busy[e["tid"]][e["cat"]] += e["dur"] / 1e6
-    work = ("forward", "backward", "recompute", "tp_comm", "pp_comm")
+    work = ("forward", "backward", "weight_grad", "recompute", "tp_comm", "pp_comm")
     rank = max(busy, key=lambda tid: (sum(busy[tid][c] for c in work), -tid))
     terms = estimate["breakdown_s"]
-    assert busy[rank]["forward"] + busy[rank]["backward"] == pytest.approx(terms["compute"], rel=1e-9)
+    computed = busy[rank]["forward"] + busy[rank]["backward"] + busy[rank]["weight_grad"]
+    assert computed == pytest.approx(terms["compute"], rel=1e-9)
     for term in ("recompute", "tp_comm", "pp_comm", "dp_comm", "optimizer", "other"):
         assert busy[rank][term] == pytest.approx(terms[term], rel=1e-9, abs=1e-12)
     idle = end_s - sum(busy[rank].values())
@@ -130,3 +140,15 @@ def test_a_missing_plan_or_a_directory_out_is_one_line_exit_2(tmp_path: Path) ->
     assert missing.exit_code == 2 and missing.output.count("\n") == 1
     directory = CliRunner().invoke(main, ["timeline", str(plan_file(tmp_path, "gpipe")), "--out", str(tmp_path)])
     assert directory.exit_code == 2 and directory.output.startswith("error:")
+
+
+@pytest.mark.parametrize("name", ["zb-h1", "zb-h2", "zb-v", "dualpipe-v"])
+def test_zero_bubble_draws_one_w_pass_per_microbatch_and_stage(tmp_path: Path, name: str) -> None:
+    problem = problem_of(load_plan(plan_file(tmp_path, name)))
+    result = problem.estimate()
+    timeline = iteration_timeline(problem, result)
+    weights = [s for s in timeline.slices if s.category == "weight_grad"]
+    passes = len(result.stages) * result.num_microbatches
+    assert len({(s.stage, s.microbatch) for s in weights}) == len(weights) == passes
+    assert all(s.duration_s == pytest.approx(result.stages[s.stage].weight_s) for s in weights)
+    assert all(s.pp_rank == result.stages[s.stage].pp_rank for s in timeline.slices if s.stage >= 0)

@@ -54,6 +54,7 @@ class StageEstimate:
     backward_s: float  # includes recompute and TP communication of the backward pass
     p2p_s: float
     memory: MemoryBreakdown
+    weight_s: float = 0.0  # the weight-gradient part of backward_s (a zero-bubble schedule's W pass)
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def model_flops_per_iteration(model: ModelSpec, training: Training) -> float:
 def _sum_costs(keys: Sequence[CostKey], costs: dict[CostKey, UnitCost], start: int, end: int) -> dict[str, float]:
     """Each cost term summed over units start..end − 1, each unit at its own type's cost."""
     totals = dict.fromkeys(("forward", "backward", "recompute", "tp_forward", "tp_backward", "cp_forward",
-                            "cp_backward", "activations", "params", "ep"), 0.0)
+                            "cp_backward", "activations", "params", "ep", "weight"), 0.0)
     for key in keys[start:end]:
         cost = costs[key]
         totals["forward"] += cost.forward_s
@@ -109,6 +110,7 @@ def _sum_costs(keys: Sequence[CostKey], costs: dict[CostKey, UnitCost], start: i
         totals["activations"] += cost.activation_bytes
         totals["params"] += cost.params
         totals["ep"] += cost.ep_s
+        totals["weight"] += cost.weight_grad_s
     return totals
 
 
@@ -137,7 +139,7 @@ def _pipeline(sums: list[dict[str, float]], p2p: list[float], stage_times: list[
     forward = [s["forward"] + s["tp_forward"] + s["cp_forward"] + p / 2 for s, p in zip(sums, p2p, strict=True)]
     backward = [s["backward"] + s["recompute"] + s["tp_backward"] + s["cp_backward"] + p / 2
                 for s, p in zip(sums, p2p, strict=True)]
-    return simulated_pipeline_time(forward, backward, config.pp, m, config.schedule)
+    return simulated_pipeline_time(forward, backward, config.pp, m, config.schedule, [s["weight"] for s in sums])
 
 
 def estimate(
@@ -172,11 +174,12 @@ def estimate(
                                            links.cp[r], links.ep[r]) for r in range(config.pp)]
     bounds = partition.bounds()
     boundary = [p2p_boundary_time(model, training, config, link, calibration) for link in links.pp]
-    p2p = stage_boundary_s(boundary, len(bounds))
+    p2p = stage_boundary_s(boundary, len(bounds), config.schedule)
+    ranks = config.stage_ranks
     keys = model.unit_cost_keys
     sums, stage_times = [], []
     for k, (start, end) in enumerate(bounds):
-        totals = _sum_costs(keys, rank_costs[k % config.pp], start, end)
+        totals = _sum_costs(keys, rank_costs[ranks[k]], start, end)
         sums.append(totals)
         stage_times.append(totals["forward"] + totals["backward"] + totals["recompute"] + totals["tp_forward"]
                            + totals["tp_backward"] + totals["cp_forward"] + totals["cp_backward"] + p2p[k])
@@ -184,7 +187,7 @@ def estimate(
     pipeline = _pipeline(sums, p2p, stage_times, config, m)
     memories, dp_exposed, optimizer = [], [], []
     for r in range(config.pp):
-        mine = [k for k in range(len(bounds)) if k % config.pp == r]
+        mine = [k for k in range(len(bounds)) if ranks[k] == r]
         params = sum(sums[k]["params"] for k in mine)
         rank_memory = rank_memory_model(model, training, config, r, m, links.gpu[r], calibration)
         memories.append(rank_memory.breakdown(params, sum(sums[k]["activations"] for k in mine),
@@ -195,7 +198,7 @@ def estimate(
         optimizer.append(optimizer_step_time(params, config, links.gpu[r], calibration))
 
     embedding_sync = embedding_sync_time(model, training, config, links.pp[-1], calibration)
-    bottleneck = [k for k in range(len(bounds)) if k % config.pp == pipeline.bottleneck_rank]
+    bottleneck = [k for k in range(len(bounds)) if ranks[k] == pipeline.bottleneck_rank]
     steady = {name: m * sum(sums[k][name] for k in bottleneck) for name in sums[0]}
     breakdown = {
         "compute": steady["forward"] + steady["backward"],
@@ -224,13 +227,13 @@ def estimate(
     peak = sum(links.gpu[r].peak_flops(training.dtype) for r in range(config.pp)) / config.pp
     stages = []
     for k, ((start, end), blocks) in enumerate(zip(bounds, partition.block_ranges(), strict=True)):
-        r = k % config.pp
+        r = ranks[k]
         stages.append(StageEstimate(
             index=k, pp_rank=r, virtual_index=k // config.pp, units=(start, end), blocks=blocks,
             embedding=start == 0, head=end == model.num_layers + 2, gpu=links.gpu[r].name,
             forward_s=sums[k]["forward"] + sums[k]["tp_forward"] + sums[k]["cp_forward"],
             backward_s=sums[k]["backward"] + sums[k]["recompute"] + sums[k]["tp_backward"] + sums[k]["cp_backward"],
-            p2p_s=p2p[k], memory=memories[r],
+            p2p_s=p2p[k], memory=memories[r], weight_s=sums[k]["weight"],
         ))
     return Estimate(
         iteration_time_s=iteration,

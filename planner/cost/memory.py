@@ -279,8 +279,11 @@ def nccl_communicators(model: ModelSpec, config: ParallelConfig, pp_rank: int) -
     """NCCL communicators that move data on a rank, each with its own buffers (NCCL allocates them per
     communicator, NVIDIA/nccl#864 and #986): TP, the pipeline's send/recv, DP (gradients, and ZeRO-3's
     gathers; HSDP's replicas another), context parallelism's KV exchange, and the tied-embedding group
-    joining the first and last pipeline ranks."""
-    tied_end = model.tie_embeddings and config.pp > 1 and pp_rank in (0, config.pp - 1)
+    joining the ranks of the first and the last stage (none where one rank holds both)."""
+    tied_end = False
+    if model.tie_embeddings and config.pp > 1:
+        first, last = config.stage_ranks[0], config.stage_ranks[-1]
+        tied_end = first != last and pp_rank in (first, last)
     return sum((config.tp > 1, config.pp > 1, config.replicas > 1, config.hsdp_replicas > 1, config.cp > 1, tied_end))
 
 
@@ -294,7 +297,7 @@ def largest_transient_bytes(model: ModelSpec, training: Training, config: Parall
     heads = max(model.num_attention_heads / t, 1.0)
     per_token = 2 * heads * training.seq_len if training.attention == "unfused" else 4 * heads * model.head_dim
     attention = per_token * s * b
-    loss = 2 * s * b * model.vocab_size / t if pp_rank == config.pp - 1 else 0.0
+    loss = 2 * s * b * model.vocab_size / t if pp_rank == config.stage_ranks[-1] else 0.0
     return max(loss, attention)
 
 

@@ -10,10 +10,14 @@ m·max_r R_r + (Σ_r R_r − max_r R_r)/v, which is (m + (p − 1)/v)·R for uni
 Both are linear in the stage times (the ILP partitioner's objective). `estimate` replays the
 framework's own order with the event simulator, whose cost does not grow with m: past a short
 prefix the schedule is periodic, so the rest is extrapolated (and checked) in whole periods.
+Zero-bubble schedules (Qi et al., ICLR 2024: ZB-H1, ZB-H2, PyTorch's interleaved zero bubble) split
+each backward into B (input gradient) and W (weight gradient) passes; the simulator runs W as a pass
+of its own kind, and their closed forms keep the share of 1F1B's fill they leave at F = B = W.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -41,6 +45,7 @@ __all__ = [
     "schedule_of",
     "simulate",
     "simulated_pipeline_time",
+    "stage_ranks",
 ]
 
 
@@ -50,6 +55,11 @@ class Schedule(str, Enum):
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"
+    ZB_H1 = "zb-h1"
+    ZB_H2 = "zb-h2"
+    INTERLEAVED_ZB = "interleaved-zb"
+    ZB_V = "zb-v"
+    DUALPIPE_V = "dualpipe-v"
 
 
 @dataclass(frozen=True)
@@ -87,7 +97,7 @@ class RankTerms:
         return (math.inf,) * self.pp if self.upper is None else self.upper
 
 
-FORWARD, BACKWARD = "F", "B"
+FORWARD, BACKWARD, WEIGHT = "F", "B", "W"  # W: the weight-gradient half of a split backward
 
 
 class PipelineSchedule:
@@ -96,6 +106,17 @@ class PipelineSchedule:
 
     kind: Schedule
     chunked = False  # more than one model chunk per rank (vpp > 1)
+    splits_backward = False  # backward run as B (input gradient) and a later W (weight gradient) pass
+    tiles_iterations = False  # no synchronisation before the optimizer step: iterations overlap rank by rank
+    extrapolated = True  # the simulator may extrapolate long runs from short prefixes (`_periodic_iteration_s`)
+
+    def stage_rank(self, stage: int, pp: int) -> int:
+        """The pipeline rank that runs virtual stage `stage`: k mod pp (the "loop" layout)."""
+        return stage % pp
+
+    def rank_stage(self, pp_rank: int, chunk: int, pp: int) -> int:
+        """The virtual stage of a rank's `chunk`-th model chunk (inverse of `stage_rank`)."""
+        return chunk * pp + pp_rank
 
     def check(self, pp: int, vpp: int) -> None:
         """Raise when (pp, vpp) is not allowed for this schedule."""
@@ -105,6 +126,10 @@ class PipelineSchedule:
     def runnable(self, pp: int, num_microbatches: int) -> bool:
         """Whether the framework's order exists for this pipeline depth and micro-batch count."""
         return True
+
+    def chunk_counts(self, most: int) -> range:
+        """The model chunks per rank (vpp) it runs, up to `most` where it runs any number."""
+        return range(2, most + 1) if self.chunked else range(1, 2)
 
     def forward_table(self, pp: int, vpp: int, num_microbatches: int) -> list[tuple[int, int]]:
         """(micro-batch, chunk) of each forward pass of a rank, in order."""
@@ -196,6 +221,23 @@ class OneFOneB(PipelineSchedule):
         return math.inf if relaxed is None else (m - 1) * relaxed[0] + least_sum
 
 
+def _check_chunked(kind: Schedule, pp: int, vpp: int) -> None:
+    """A schedule over model chunks needs at least two ranks and two chunks per rank."""
+    if pp < 2 or vpp < 2:
+        raise PlannerError(
+            f"parallel config: the {kind.value} schedule needs pp >= 2 and vpp >= 2, got pp={pp} vpp={vpp}")
+
+
+def _grouped_forward_table(pp: int, vpp: int, num_microbatches: int) -> list[tuple[int, int]]:
+    """Groups of pp micro-batches run through chunk 0, then chunk 1, … before the next group; the last
+    group takes whatever micro-batches remain (Megatron-LM; PyTorch's rounds when pp divides m)."""
+    table = []
+    for first in range(0, num_microbatches, pp):
+        members = range(first, min(first + pp, num_microbatches))
+        table += [(mb, chunk) for chunk in range(vpp) for mb in members]
+    return table
+
+
 class Interleaved(PipelineSchedule):
     """Interleaved 1F1B (Narayanan et al. 2021): v model chunks per rank, bubble v-fold smaller."""
 
@@ -203,21 +245,13 @@ class Interleaved(PipelineSchedule):
     chunked = True
 
     def check(self, pp: int, vpp: int) -> None:
-        if pp < 2 or vpp < 2:
-            raise PlannerError(
-                f"parallel config: the interleaved schedule needs pp >= 2 and vpp >= 2, got pp={pp} vpp={vpp}")
+        _check_chunked(self.kind, pp, vpp)
 
     def runnable(self, pp: int, num_microbatches: int) -> bool:
         return num_microbatches % pp == 0  # Megatron-LM's order deadlocks otherwise
 
     def forward_table(self, pp: int, vpp: int, num_microbatches: int) -> list[tuple[int, int]]:
-        """Megatron-LM runs groups of pp micro-batches through chunk 0, then chunk 1, … before the
-        next group; the last group takes whatever micro-batches remain."""
-        table = []
-        for first in range(0, num_microbatches, pp):
-            members = range(first, min(first + pp, num_microbatches))
-            table += [(mb, chunk) for chunk in range(vpp) for mb in members]
-        return table
+        return _grouped_forward_table(pp, vpp, num_microbatches)
 
     def warmup(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> int:
         """(p − r − 1)·2 + (v − 1)·p, or every forward when m = p (Megatron-LM)."""
@@ -237,6 +271,287 @@ class Interleaved(PipelineSchedule):
         return _least_linear(fixed, terms, blocks, m, 0.0)
 
 
+class ZeroBubble(PipelineSchedule):
+    """Zero-bubble pipelines (Qi et al., ICLR 2024): a backward is split into B, the input gradient the
+    previous stage waits for, and W, the weight gradient nothing waits for, so W passes held back fill
+    the bubbles. The order is torch.distributed.pipelining's (`_get_1f1b_rank_ops` with zero bubble):
+    warm-up forwards, then F and B alternately, each B followed by the oldest W once the rank holds
+    `deferred` of them back, then the remaining B (same rule), then the W still held. A micro-batch's
+    activations stay until its W (the weight gradient needs each layer's input), so the memory is the
+    order's own peak. Closed form: 1F1B's with its fill scaled by `fill`, the share of 1F1B's bubble
+    (p − 1)(F + B + W) the schedule leaves at F = B = W (the paper's Table 1)."""
+
+    splits_backward = True
+    fill: float
+
+    def check(self, pp: int, vpp: int) -> None:
+        if pp < 2:
+            raise PlannerError(f"parallel config: the {self.kind.value} schedule splits the backward between "
+                               f"pipeline stages and needs pp >= 2, got pp={pp}")
+        super().check(pp, vpp)
+
+    def deferred(self, pp_rank: int, pp: int) -> int:
+        """W passes a rank holds back before it runs its oldest one."""
+        return pp_rank  # the later a rank, the longer it would idle at the end waiting for gradients
+
+    def order(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> list[tuple[str, int, int]]:
+        table = self.forward_table(pp, vpp, num_microbatches)
+        warmup = self.warmup(pp_rank, pp, vpp, num_microbatches)
+        held = self.deferred(pp_rank, pp)
+        forwards = [(FORWARD, chunk, mb) for mb, chunk in table]
+        backwards = [(vpp - 1 - chunk, mb) for mb, chunk in table]
+        order = forwards[:warmup]
+        for i, (chunk, mb) in enumerate(backwards):
+            if warmup + i < len(forwards):
+                order.append(forwards[warmup + i])
+            order.append((BACKWARD, chunk, mb))
+            if i >= held:
+                order.append((WEIGHT, *backwards[i - held]))
+        return order + [(WEIGHT, *pass_) for pass_ in backwards[max(len(backwards) - held, 0):]]
+
+    def in_flight(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> float:
+        """The most micro-batches between their forward and their W at any point of the rank's order. The
+        peak comes within the first (v + 1)·p + 1 passes (warm-up, then at most p held-back W), and an
+        order's start does not depend on m beyond that, so 3p micro-batches show it at any m."""
+        live = peak = 0
+        for kind, _, _ in self.order(pp_rank, pp, vpp, min(num_microbatches, 3 * pp)):
+            live += {FORWARD: 1, WEIGHT: -1}.get(kind, 0)
+            peak = max(peak, live)
+        return peak / vpp
+
+    def linear_form(self, num_microbatches: int, vpp: int) -> tuple[float, float]:
+        return num_microbatches - self.fill / vpp, self.fill / vpp
+
+    def lower_bound(self, terms: RankTerms, num_microbatches: int, blocks: int) -> float:
+        """Rank r runs m·R_r of work, and (one chunk per rank) starts only after micro-batch 0's forward
+        crossed ranks 0..r−1, each at least its fixed forward plus its fewest blocks' forward: the
+        busiest rank's work plus the smallest fill, folded into each rank's fixed load as /m."""
+        m, fixed = num_microbatches, terms.fixed_s
+        if not self.chunked and not self.tiles_iterations:  # a tiled iteration starts at each rank's first pass
+            least_forward = [f + n * b for f, n, b in zip(terms.forward_fixed_s, terms.lower, terms.forward_block_s,
+                                                          strict=True)]
+            prefix = np.concatenate(([0.0], np.cumsum(least_forward)[:-1]))
+            fixed = tuple(f + p / m for f, p in zip(fixed, prefix, strict=True))
+        return _least_linear(fixed, terms, blocks, m, 0.0)
+
+
+class ZeroBubbleH1(ZeroBubble):
+    """ZB-H1: 1F1B's warm-up, each rank r holding r W passes back to fill its end; at most p micro-batches
+    in flight on any rank, 1F1B's peak (on rank 0); bubble (p − 1)(F + B − W), a third of 1F1B's."""
+
+    kind = Schedule.ZB_H1
+    fill = 1 / 3
+
+    def warmup(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> int:
+        return min(pp - pp_rank - 1, num_microbatches)
+
+
+class ZeroBubbleH2(ZeroBubble):
+    """ZB-H2: up to 2p − 1 micro-batches in flight on every rank (rank 0's 2p − 1 warm-up forwards fill the
+    start bubble; held-back W passes fill the end), bubble (p − 1)(F + B − 2W), none at F = B = W, for
+    about twice 1F1B's peak activations. The order is the paper's greedy rule at F = B = W (`_greedy_order`).
+    Its zero bubble needs the paper's optimizer post-validation (no all-reduce of the gradient norm
+    before the step), so iterations tile as a parallelogram: each rank's span from its first pass to its
+    last is the iteration (`tiles_iterations`)."""
+
+    kind = Schedule.ZB_H2
+    fill = 0.0
+    tiles_iterations = True
+
+    def order(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> list[tuple[str, int, int]]:
+        return list(_greedy_order(pp, num_microbatches, 2 * pp - 1)[pp_rank])
+
+
+@functools.lru_cache(maxsize=64)
+def _greedy_order(pp: int, num_microbatches: int, limit: int) -> tuple[tuple[tuple[str, int, int], ...], ...]:
+    """Each rank's passes under Qi et al.'s greedy rule with unit pass times: whenever a rank is free it
+    runs its next B if its gradient has arrived, else its next F if that has arrived and fewer than
+    `limit` micro-batches are in flight (forward done, W not), else its oldest pending W."""
+    m = num_microbatches
+    forward_end = [[math.inf] * m for _ in range(pp)]
+    backward_end = [[math.inf] * m for _ in range(pp)]
+    done = {kind: [0] * pp for kind in (FORWARD, BACKWARD, WEIGHT)}
+    orders: list[list[tuple[str, int, int]]] = [[] for _ in range(pp)]
+    t = 0
+    while any(w < m for w in done[WEIGHT]):
+        for r in range(pp):
+            f, b, w = done[FORWARD][r], done[BACKWARD][r], done[WEIGHT][r]
+            if b < m and forward_end[r][b] <= t and (r == pp - 1 or backward_end[r + 1][b] <= t):
+                kind, mb = BACKWARD, b
+                backward_end[r][b] = t + 1
+            elif f < m and f - w < limit and (r == 0 or forward_end[r - 1][f] <= t):
+                kind, mb = FORWARD, f
+                forward_end[r][f] = t + 1
+            elif w < b:
+                kind, mb = WEIGHT, w
+            else:
+                continue
+            done[kind][r] += 1
+            orders[r].append((kind, 0, mb))
+        t += 1
+    return tuple(map(tuple, orders))
+
+
+class InterleavedZeroBubble(ZeroBubble):
+    """Interleaved zero bubble (torch.distributed.pipelining's ScheduleInterleavedZeroBubble, "ZB1P" over v
+    chunks per rank): the interleaved order with warm-up (v − 1)·p + p − r − 1 and ZB-H1's held-back W."""
+
+    kind = Schedule.INTERLEAVED_ZB
+    chunked = True
+    fill = 1 / 3
+
+    def check(self, pp: int, vpp: int) -> None:
+        _check_chunked(self.kind, pp, vpp)
+
+    def runnable(self, pp: int, num_microbatches: int) -> bool:
+        """Micro-batches a multiple of pp, where PyTorch's rounds hold p micro-batches each (it also runs
+        m % ⌊m / p⌋ = 0, rounds of more than p, which the planner does not model)."""
+        return num_microbatches % pp == 0
+
+    def forward_table(self, pp: int, vpp: int, num_microbatches: int) -> list[tuple[int, int]]:
+        return _grouped_forward_table(pp, vpp, num_microbatches)
+
+    def warmup(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> int:
+        return min((vpp - 1) * pp + pp - pp_rank - 1, num_microbatches * vpp)
+
+
+class ZeroBubbleV(ZeroBubble):
+    """ZB-V (Qi et al. 2024 §6; torch.distributed.pipelining's ScheduleZBVZeroBubble, torchtitan's ZBVZeroBubble):
+    two model chunks per rank in a V — rank r holds stages r and 2p − 1 − r, so the first and the last stage
+    share rank 0 and the turn at stage p − 1 → p stays on rank p − 1. The order is PyTorch's
+    (`_calculate_single_rank_operations`): 2(p − r) − 1 chunk-0 forwards, r pairs of chunk-1 and chunk-0
+    forwards, p − r chunk-1 F/B/W triples, then F, B, W of chunk 0 and of chunk 1 alternately, then the
+    remaining B with W held back. At most 2p chunk passes in flight on rank 0, p micro-batches of the
+    rank's layers: 1F1B's peak, as the paper states for ZB-V."""
+
+    kind = Schedule.ZB_V
+    chunked = True
+    fill = 1 / 3  # at F = B = W its bubble is one chunk forward per rank, (p − 1)·R/6: 1/(3v) of 1F1B's, v = 2
+
+    def check(self, pp: int, vpp: int) -> None:
+        if pp < 2 or vpp != 2:
+            raise PlannerError(f"parallel config: the {self.kind.value} schedule holds exactly two model chunks per "
+                               f"rank in a V and needs pp >= 2 and vpp = 2, got pp={pp} vpp={vpp}")
+
+    def chunk_counts(self, most: int) -> range:
+        return range(2, 3)
+
+    def stage_rank(self, stage: int, pp: int) -> int:
+        return stage if stage < pp else 2 * pp - 1 - stage
+
+    def rank_stage(self, pp_rank: int, chunk: int, pp: int) -> int:
+        return pp_rank if chunk == 0 else 2 * pp - 1 - pp_rank
+
+    def order(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> list[tuple[str, int, int]]:
+        return list(_zbv_order(pp_rank, pp, num_microbatches))
+
+
+@functools.lru_cache(maxsize=256)
+def _zbv_order(r: int, pp: int, num_microbatches: int) -> tuple[tuple[str, int, int], ...]:
+    """PyTorch's ZB-V order for rank r, built for max(2p − 1, m) micro-batches and cut to the m that exist."""
+    n = max(2 * pp - 1, num_microbatches)
+    order: list[tuple[str, int, int]] = []
+    count = {(kind, chunk): 0 for kind in (FORWARD, BACKWARD, WEIGHT) for chunk in (0, 1)}
+
+    def phase(times: int, *passes: tuple[str, int]) -> None:
+        """`times` rounds of `passes`, each the (kind, chunk) of the next micro-batch of that kind and chunk."""
+        for _ in range(times):
+            for kind, chunk in passes:
+                order.append((kind, chunk, count[kind, chunk]))
+                count[kind, chunk] += 1
+
+    phase(2 * (pp - r) - 1, (FORWARD, 0))  # warm-up
+    phase(r, (FORWARD, 1), (FORWARD, 0))
+    phase(pp - r, (FORWARD, 1), (BACKWARD, 1), (WEIGHT, 1))
+    while count[FORWARD, 1] < count[FORWARD, 0] or count[FORWARD, 0] < n:  # steady state
+        phase(int(count[FORWARD, 0] < n), (FORWARD, 0))
+        phase(1, (BACKWARD, 0), (WEIGHT, 0), (FORWARD, 1), (BACKWARD, 1), (WEIGHT, 1))
+    phase(r, (BACKWARD, 0), (BACKWARD, 1))  # cool-down: W held back, then run oldest first
+    phase(pp - r, (BACKWARD, 0), (WEIGHT, 0))
+    phase(count[BACKWARD, 1] - count[WEIGHT, 1], (WEIGHT, 1))
+    phase(count[BACKWARD, 0] - count[WEIGHT, 0], (WEIGHT, 0))
+    return tuple(p for p in order if p[2] < num_microbatches)
+
+
+class DualPipeV(ZeroBubbleV):
+    """DualPipeV (DeepSeek-V3's DualPipe folded into a V; torch.distributed.pipelining's ScheduleDualPipeV,
+    torchtitan's DualPipeV): ZB-V's layout, PyTorch's order (`_dualpipev_order`) — forwards of both chunks
+    first, then pairs of one chunk's forward with the other chunk's whole backward (B and W back to back),
+    splitting the backward only near the end. The pairs are what lets torchtitan overlap one micro-batch's EP
+    all-to-alls with the other's compute (`pipeline_parallel_expert_parallel_overlap`); the passes of a pair
+    run one after the other here, the overlap is in each block's exposed all-to-all time (cost/time.py). It needs
+    at least as many micro-batches as stages (2p). Peak in flight: 2p + 1 chunk passes, p + 1/2 micro-batches
+    of the rank's layers (DeepSeek-V3 report: PP + 1 activations)."""
+
+    kind = Schedule.DUALPIPE_V  # ZB-V's closed form too: at F = B = W the same (p − 1)·F bubble (tests)
+    # with unlike stages its critical path can change after the simulator's prefixes (pp 4: at m = 56), so
+    # every micro-batch is simulated: cost linear in m, for a schedule searched only for torchtitan or by name
+    extrapolated = False
+
+    def runnable(self, pp: int, num_microbatches: int) -> bool:
+        return num_microbatches >= 2 * pp
+
+    def order(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> list[tuple[str, int, int]]:
+        return list(_dualpipev_order(pp_rank, pp, num_microbatches))
+
+
+@functools.lru_cache(maxsize=256)
+def _dualpipev_order(r: int, pp: int, num_microbatches: int) -> tuple[tuple[str, int, int], ...]:
+    """PyTorch's DualPipeV order for rank r (`ScheduleDualPipeV._calculate_single_rank_operations`, steps 1-8):
+    a whole backward is B then its W; a split one holds its W back until a later step runs the oldest."""
+    order: list[tuple[str, int, int]] = []
+    count = {(kind, chunk): 0 for kind in (FORWARD, BACKWARD) for chunk in (0, 1)}
+    held: list[tuple[int, int]] = []
+
+    def forward(chunk: int) -> None:
+        order.append((FORWARD, chunk, count[FORWARD, chunk]))
+        count[FORWARD, chunk] += 1
+
+    def backward(chunk: int, split: bool) -> None:
+        mb = count[BACKWARD, chunk]
+        count[BACKWARD, chunk] += 1
+        order.append((BACKWARD, chunk, mb))
+        if split:
+            held.append((chunk, mb))
+        else:
+            order.append((WEIGHT, chunk, mb))
+
+    def weight() -> None:
+        if held:
+            order.append((WEIGHT, *held.pop(0)))
+
+    for _ in range(2 * (pp - r - 1)):  # 1: F0
+        forward(0)
+    for _ in range(r + 1):  # 2: F0 F1
+        forward(0)
+        forward(1)
+    for _ in range(pp - r - 1):  # 3: B1 (split) W F1
+        backward(1, True)
+        weight()
+        forward(1)
+    for _ in range(num_microbatches - 2 * pp + r + 1):  # 4: (F0 with B1) (F1 with B0)
+        forward(0)
+        backward(1, False)
+        forward(1)
+        backward(0, False)
+    for _ in range(pp - r - 1):  # 5: B1, (F1 with B0)
+        backward(1, False)
+        forward(1)
+        backward(0, False)
+    split = False
+    for i in range(r + 1):  # 6: B1 B0, split from the middle on
+        split = split or (i == (r + 1) // 2 and r % 2 == 1)
+        backward(1, split)
+        split = split or (i == (r + 1) // 2 and r % 2 == 0)
+        backward(0, split)
+    for _ in range(pp - r - 1):  # 7: W B0
+        weight()
+        backward(0, split)
+    for _ in range(r + 1):  # 8: W
+        weight()
+    return tuple(order)
+
+
 def _least_linear(fixed_s: Sequence[float], terms: RankTerms, blocks: int, a: float, b: float) -> float:
     """Least a·max R + b·Σ R over block counts per rank (math.inf when no count vector exists)."""
     relaxed = relaxed_rank_counts(fixed_s, terms.block_s, terms.lower, terms.most_blocks(), blocks, a, b)
@@ -246,7 +561,9 @@ def _least_linear(fixed_s: Sequence[float], terms: RankTerms, blocks: int, a: fl
     return a * max(loads) + b * sum(loads)
 
 
-SCHEDULES: dict[Schedule, PipelineSchedule] = {s.kind: s for s in (OneFOneB(), GPipe(), Interleaved())}
+SCHEDULES: dict[Schedule, PipelineSchedule] = {s.kind: s for s in (
+    OneFOneB(), GPipe(), Interleaved(), ZeroBubbleH1(), ZeroBubbleH2(), InterleavedZeroBubble(), ZeroBubbleV(),
+    DualPipeV())}
 
 
 def schedule_of(kind: Schedule | str) -> PipelineSchedule:
@@ -254,17 +571,26 @@ def schedule_of(kind: Schedule | str) -> PipelineSchedule:
     return SCHEDULES[kind if isinstance(kind, Schedule) else Schedule(kind)]
 
 
-def rank_times(stage_times: Sequence[float], pp: int) -> list[float]:
-    """Per-micro-batch work of each pipeline rank: virtual stage k runs on rank k mod pp."""
+@functools.cache
+def stage_ranks(schedule: Schedule, pp: int, num_stages: int) -> tuple[int, ...]:
+    """The pipeline rank of each virtual stage under `schedule` (`PipelineSchedule.stage_rank`): the one rule
+    the estimate, the partitioner, the search bounds, the simulator and the exports use."""
+    behaviour = schedule_of(schedule)
+    return tuple(behaviour.stage_rank(k, pp) for k in range(num_stages))
+
+
+def rank_times(stage_times: Sequence[float], pp: int, schedule: Schedule = Schedule.ONE_F_ONE_B) -> list[float]:
+    """Per-micro-batch work of each pipeline rank: the sum of its virtual stages' (`stage_ranks`)."""
     ranks = [0.0] * pp
-    for index, value in enumerate(stage_times):
-        ranks[index % pp] += value
+    for value, rank in zip(stage_times, stage_ranks(schedule, pp, len(stage_times)), strict=True):
+        ranks[rank] += value
     return ranks
 
 
 def pipeline_time(stage_times: Sequence[float], pp: int, num_microbatches: int, schedule: Schedule) -> PipelineTime:
     """Closed-form iteration time of the pipeline part (no DP/optimizer) for non-uniform stages."""
-    return schedule_of(schedule).closed_form(rank_times(stage_times, pp), num_microbatches, len(stage_times) // pp)
+    return schedule_of(schedule).closed_form(rank_times(stage_times, pp, schedule), num_microbatches,
+                                             len(stage_times) // pp)
 
 
 def rank_order(pp_rank: int, pp: int, vpp: int, num_microbatches: int,
@@ -348,8 +674,8 @@ class PassEvent(NamedTuple):
     """One forward or backward pass of one micro-batch on one virtual stage (a NamedTuple: the
     simulator creates tens of thousands per call)."""
 
-    kind: str  # FORWARD or BACKWARD
-    stage: int  # virtual stage k (chunk · pp + rank)
+    kind: str  # FORWARD, BACKWARD or WEIGHT
+    stage: int  # virtual stage k (the schedule's `rank_stage` of rank and chunk)
     pp_rank: int
     chunk: int
     microbatch: int
@@ -371,15 +697,17 @@ class Timeline:
 
 def simulate(
     forward_s: Sequence[float], backward_s: Sequence[float], p2p_s: Sequence[float], pp: int,
-    num_microbatches: int, schedule: Schedule, record: bool = True,
+    num_microbatches: int, schedule: Schedule, record: bool = True, weight_s: Sequence[float] | None = None,
 ) -> Timeline:
     """Event simulation of one iteration's pipeline part, every pass of every micro-batch.
 
-    `forward_s[k]` / `backward_s[k]`: time of one micro-batch's pass on virtual stage k (rank
-    k mod pp, chunk k div pp); `p2p_s[k]`: one-way transfer time across the boundary k → k+1
+    `forward_s[k]` / `backward_s[k]`: time of one micro-batch's pass on virtual stage k (on the
+    rank `stage_ranks` gives, chunk k div pp); `p2p_s[k]`: one-way transfer time across the boundary k → k+1
     (the backward gradient takes the same time the other way). A pass starts when its rank is
     free and its input has arrived; ranks follow the schedule's order strictly (no reordering), and
     transfers overlap compute (asynchronous send/recv). `record=False` skips the per-pass events.
+    `weight_s[k]`: the weight-gradient part of `backward_s[k]`, run as its own W pass by schedules that
+    split the backward (none: nothing to split, W passes take no time).
     """
     stages = len(forward_s)
     if len(backward_s) != stages or len(p2p_s) < stages - 1 or stages % pp:
@@ -395,9 +723,14 @@ def simulate(
             f"({pp}); Megatron-LM's order deadlocks otherwise"
         )
     orders = [behaviour.order(r, pp, vpp, num_microbatches) for r in range(pp)]
-    # end time of each pass, -1 until it has run: ends[FORWARD][k][mb], ends[BACKWARD][k][mb]
-    ends = {kind: [[-1.0] * num_microbatches for _ in range(stages)] for kind in (FORWARD, BACKWARD)}
+    stage_of = [[behaviour.rank_stage(r, chunk, pp) for chunk in range(vpp)] for r in range(pp)]
+    weight = [0.0] * stages if weight_s is None or not behaviour.splits_backward else weight_s
+    durations = {FORWARD: forward_s, BACKWARD: [b - w for b, w in zip(backward_s, weight, strict=True)],
+                 WEIGHT: weight}
+    # end time of each pass, -1 until it has run: ends[kind][k][mb]
+    ends = {kind: [[-1.0] * num_microbatches for _ in range(stages)] for kind in durations}
     rank_free = [0.0] * pp
+    rank_start = [math.inf] * pp
     cursor = [0] * pp
     events: list[PassEvent] = []
     waiting: dict[tuple[str, int, int], int] = {}  # a pass not run yet → the rank blocked on it
@@ -407,13 +740,15 @@ def simulate(
         order = orders[r]
         while cursor[r] < len(order):
             kind, chunk, mb = order[cursor[r]]
-            k = chunk * pp + r
+            k = stage_of[r][chunk]
             ready, missing = _input_ready(ends, kind, k, mb, stages, p2p_s)
             if missing is not None:
                 waiting[missing] = r
                 break
             start = max(rank_free[r], ready)
-            end = start + (forward_s[k] if kind == FORWARD else backward_s[k])
+            if not cursor[r]:  # a rank's passes run in order: its first starts first
+                rank_start[r] = start
+            end = start + durations[kind][k]
             ends[kind][k][mb] = end
             rank_free[r] = end
             if record:
@@ -425,12 +760,17 @@ def simulate(
                     runnable.append(woken)
     if any(cursor[r] < len(orders[r]) for r in range(pp)):  # cannot happen for the schedules' orders
         raise PlannerError(f"simulate: {schedule.value} order deadlocked with pp={pp}, m={num_microbatches}")
+    if behaviour.tiles_iterations:
+        return Timeline(max(end - start for start, end in zip(rank_start, rank_free, strict=True)), tuple(events))
     return Timeline(max(rank_free), tuple(events))
 
 
 def _input_ready(ends: dict[str, list[list[float]]], kind: str, k: int, mb: int, stages: int,
                  p2p_s: Sequence[float]) -> tuple[float, tuple[str, int, int] | None]:
-    """When the input of a pass is available, or the pass it still waits for."""
+    """When the input of a pass is available, or the pass it still waits for (a W: its own B)."""
+    if kind == WEIGHT:
+        own_backward = ends[BACKWARD][k][mb]
+        return (0.0, (BACKWARD, k, mb)) if own_backward < 0 else (own_backward, None)
     if kind == FORWARD:
         if k == 0:
             return 0.0, None
@@ -449,9 +789,11 @@ def _input_ready(ends: dict[str, list[list[float]]], kind: str, k: int, mb: int,
 
 @lru_cache(maxsize=4096)
 def _periodic_iteration_s(forward_s: tuple[float, ...], backward_s: tuple[float, ...], pp: int,
-                          num_microbatches: int, schedule: Schedule) -> float:
+                          num_microbatches: int, schedule: Schedule,
+                          weight_s: tuple[float, ...] | None = None) -> float:
     """The simulated iteration time at a cost that does not grow with m. Cached: configurations that
     differ only in what the pipeline does not see (ZeRO stage, optimizer sharding) share one simulation.
+    `weight_s`: the weight-gradient part of each backward (`simulate`).
 
     The order is fixed, so the simulation is a longest path in a max-plus system: past a transient
     every further group of pp micro-batches adds the same time (its critical cycle, which for interleaved
@@ -465,10 +807,12 @@ def _periodic_iteration_s(forward_s: tuple[float, ...], backward_s: tuple[float,
     base = pp * vpp
 
     def simulated(m: int) -> float:
-        return simulate(forward_s, backward_s, zeros, pp, m, schedule, record=False).iteration_s
+        return simulate(forward_s, backward_s, zeros, pp, m, schedule, record=False,
+                        weight_s=weight_s).iteration_s
 
     # the prefix simulations cost about 5·m₀ + 14pp micro-batches: worth it only when m is larger
-    while 5 * (start := base + num_microbatches % pp) + 14 * pp < num_microbatches:
+    extrapolated = schedule_of(schedule).extrapolated
+    while extrapolated and 5 * (start := base + num_microbatches % pp) + 14 * pp < num_microbatches:
         times = [simulated(start + i * pp) for i in range(4)]
         steps = [b - a for a, b in itertools.pairwise(times)]
         if (all(abs(step - steps[0]) <= 1e-9 * times[-1] for step in steps)
@@ -479,10 +823,14 @@ def _periodic_iteration_s(forward_s: tuple[float, ...], backward_s: tuple[float,
 
 
 def simulated_pipeline_time(forward_s: Sequence[float], backward_s: Sequence[float], pp: int,
-                            num_microbatches: int, schedule: Schedule) -> PipelineTime:
+                            num_microbatches: int, schedule: Schedule,
+                            weight_s: Sequence[float] | None = None) -> PipelineTime:
     """`pipeline_time` from the event simulator: pass times include the stage's blocking p2p sends,
-    so no separate transfer delay is added; the bottleneck is the busiest rank."""
-    total = _periodic_iteration_s(tuple(forward_s), tuple(backward_s), pp, num_microbatches, schedule)
-    busy = [num_microbatches * t for t in rank_times([f + b for f, b in zip(forward_s, backward_s, strict=True)], pp)]
+    so no separate transfer delay is added; the bottleneck is the busiest rank. `weight_s`: the
+    weight-gradient part of each backward (`simulate`)."""
+    total = _periodic_iteration_s(tuple(forward_s), tuple(backward_s), pp, num_microbatches, schedule,
+                                  None if weight_s is None else tuple(weight_s))
+    busy = [num_microbatches * t
+            for t in rank_times([f + b for f, b in zip(forward_s, backward_s, strict=True)], pp, schedule)]
     slowest = max(range(pp), key=lambda r: (busy[r], -r))
     return PipelineTime(total, slowest, busy[slowest])

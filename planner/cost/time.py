@@ -20,10 +20,11 @@ from planner.cluster import Link
 from planner.config import ParallelConfig, Recompute, Training
 from planner.cost.comm import all_gather_time, all_reduce_time, all_to_all_time, p2p_time, reduce_scatter_time
 from planner.cost.memory import activation_bytes, block_type_activation_bytes, model_state_bytes, sharded_state_bytes
+from planner.cost.schedule import Schedule, stage_ranks
 from planner.gpu import GPUSpec
 from planner.model import AttentionSpec, BlockSpec, MlpSpec, ModelSpec, UnitKind
 from planner.placement import ExpertLink
-from planner.profile.analytic import UnitSetting, UnitTimes, unit_setting
+from planner.profile.analytic import UnitSetting, UnitTimes, unit_setting, weight_gradient_s
 from planner.profile.calibration import Calibration
 
 __all__ = [
@@ -117,6 +118,7 @@ class UnitCost:
     cp_forward_s: float = 0.0  # exposed context-parallel KV / head exchange (`context_parallel_s`)
     cp_backward_s: float = 0.0  # its backward, plus the recomputed forward's
     ep_s: float = 0.0  # expert dispatch/combine all-to-all, part of tp_forward_s + tp_backward_s
+    weight_grad_s: float = 0.0  # the weight-gradient GEMMs inside backward_s (a zero-bubble W pass)
 
     @property
     def compute_s(self) -> float:
@@ -161,7 +163,7 @@ def unit_costs(
             forward_s=times.forward_s, backward_s=times.backward_s, recompute_s=0.0,
             tp_forward_s=forward_ars * all_reduce, tp_backward_s=backward_ars * all_reduce,
             activation_bytes=_activation_bytes(model, kind, None, training, config, setting, timer),
-            params=parameters / config.tp)
+            params=parameters / config.tp, weight_grad_s=weight_gradient_s(kind, times))
     typed = _has_method(type(timer), "block_times")  # a BlockTypeTimer
     for block in model.block_types():
         times = timer.block_times(block, setting, gpu) if typed else timer.times(UnitKind.BLOCK, setting, gpu)
@@ -214,6 +216,7 @@ def _block_cost(model: ModelSpec, block: BlockSpec, times: UnitTimes, training: 
         cp_forward_s=cp_forward,
         cp_backward_s=cp_backward,
         ep_s=ep_forward + ep_backward,
+        weight_grad_s=weight_gradient_s(UnitKind.BLOCK, times),
     )
 
 
@@ -482,21 +485,40 @@ def p2p_boundary_time(model: ModelSpec, training: Training, config: ParallelConf
     return 2 * p2p_time(size, link, calibration)
 
 
-def stage_boundary_s(boundary_by_rank: Sequence[float], num_stages: int) -> list[float]:
+def stage_boundary_s(boundary_by_rank: Sequence[float], num_stages: int,
+                     schedule: Schedule = Schedule.ONE_F_ONE_B) -> list[float]:
     """p2p time each virtual stage pays per micro-batch. Blocking send/recv occupies both ends of a
     boundary, so a stage pays its incoming and its outgoing one; `boundary_by_rank[r]` is the
-    boundary after a stage on rank r (stage k runs on rank k mod pp). The one rule the estimate,
-    the partitioner and the search bounds all use."""
-    pp = len(boundary_by_rank)
-    return [(boundary_by_rank[k % pp] if k < num_stages - 1 else 0.0)
-            + (boundary_by_rank[(k - 1) % pp] if k else 0.0) for k in range(num_stages)]
+    boundary between rank r and rank r + 1 (mod pp), crossed by a stage on rank r sending forward
+    (loop layout: stage k on rank k mod pp) or by a stage on rank r + 1 sending back (the second leg of
+    a V); a boundary between two stages on one rank (the V's turn) costs nothing (`stage_ranks`). The one
+    rule the estimate, the partitioner and the search bounds all use."""
+    outgoing = [0.0 if link is None else boundary_by_rank[link]
+                for link in _boundary_links(schedule, len(boundary_by_rank), num_stages)]
+    return [outgoing[k] + (outgoing[k - 1] if k else 0.0) for k in range(num_stages)]
+
+
+@cache
+def _boundary_links(schedule: Schedule, pp: int, num_stages: int) -> tuple[int | None, ...]:
+    """Per stage, the rank boundary its outgoing send crosses (`stage_boundary_s`); None for none (the last
+    stage, the V's turn)."""
+    ranks = stage_ranks(schedule, pp, num_stages)
+
+    def link(k: int) -> int | None:
+        here, there = ranks[k], ranks[k + 1]
+        if here == there:
+            return None
+        return here if there == (here + 1) % pp else there
+
+    return (*(link(k) for k in range(num_stages - 1)), None)
 
 
 def embedding_sync_time(model: ModelSpec, training: Training, config: ParallelConfig, link: Link,
                         calibration: Calibration) -> float:
     """All-reduce of the tied word-embedding gradient between the first and the last pipeline stage,
-    once per iteration after the pipeline flush (Megatron-LM and DeepSpeed alike; not overlapped)."""
-    if not model.tie_embeddings or config.pp == 1:
+    once per iteration after the pipeline flush (Megatron-LM and DeepSpeed alike; not overlapped); none
+    where one rank holds both (a V layout)."""
+    if not model.tie_embeddings or config.pp == 1 or config.stage_ranks[0] == config.stage_ranks[-1]:
         return 0.0
     size = model.vocab_size * model.hidden_size / config.tp * training.grad_bytes
     return all_reduce_time(size, 2, link, calibration)

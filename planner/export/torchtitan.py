@@ -2,8 +2,9 @@
 
 Keys and rules from ../shared/REFERENCE.md §3: world = dp_replicate · dp_shard · cp · tp · pp;
 `module_fqns_per_model_part` lists each stage's modules (tok_embeddings, layers.N, norm, output) in
-stage order, stage s on pipeline rank s mod pp (loop style); n_microbatches = local_batch_size /
-pipeline_parallel_microbatch_size.
+stage order, stage s on pipeline rank s mod pp (loop style), or under ZBVZeroBubble/DualPipeV on rank s for
+s < pp and 2pp − 1 − s after (torchtitan's "v" style, picked by the schedule class), the plan's `stage_ranks`;
+n_microbatches = local_batch_size / pipeline_parallel_microbatch_size.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 from dataclasses import dataclass
 
 from planner.config import Recompute, Schedule
+from planner.cost.schedule import schedule_of
 from planner.errors import PlannerError
 from planner.export.common import ExportResult, export_header, host_files, host_order, placement_notes, stage_units
 from planner.export.launch import SLURM, TORCHRUN, Placeholder, Program, slurm_script, torchrun_script
@@ -21,7 +23,9 @@ from planner.plan import Plan
 __all__ = ["FLAVORS", "SCHEDULE_NAMES", "Flavor", "export_torchtitan", "flavor_notes", "model_flavor", "module_fqns",
            "torchtitan_program", "torchtitan_toml"]
 
-SCHEDULE_NAMES = {Schedule.ONE_F_ONE_B: "1F1B", Schedule.GPIPE: "GPipe", Schedule.INTERLEAVED: "Interleaved1F1B"}
+SCHEDULE_NAMES = {Schedule.ONE_F_ONE_B: "1F1B", Schedule.GPIPE: "GPipe", Schedule.INTERLEAVED: "Interleaved1F1B",
+                  Schedule.INTERLEAVED_ZB: "InterleavedZeroBubble", Schedule.ZB_V: "ZBVZeroBubble",
+                  Schedule.DUALPIPE_V: "DualPipeV"}
 TOML = "torchtitan.toml"
 _PLACEHOLDER = "PLACEHOLDER: set {} (torchrun.sh passes it)"
 
@@ -105,6 +109,9 @@ def torchtitan_toml(plan: Plan, notes: tuple[str, ...] = ()) -> str:
     """The [job]/[model]/[training]/[parallelism]/[activation_checkpoint] TOML for the plan, notes in its header."""
     config, training = plan.parallel, plan.training
     m = config.num_microbatches(training.global_batch)
+    if config.schedule is Schedule.DUALPIPE_V and not schedule_of(config.schedule).runnable(config.pp, m):
+        raise PlannerError(f"torchtitan's DualPipeV needs at least 2·pp = {2 * config.pp} micro-batches, the plan "
+                           f"has {m}; use a larger global batch or a smaller micro-batch")
     sharded = config.optimizer_sharding >= 1
     flavor = model_flavor(plan.model)
     lines = [*(f"# {line}" for line in export_header("torchtitan (v0.2.2 TOML)", plan, notes)),
@@ -153,7 +160,11 @@ def torchtitan_toml(plan: Plan, notes: tuple[str, ...] = ()) -> str:
     if config.pp > 1:
         lines += [f"pipeline_parallel_schedule = {_value(SCHEDULE_NAMES[config.schedule])}",
                   f"pipeline_parallel_microbatch_size = {config.micro_batch}  # n_microbatches = {m}",
-                  "# one list per stage; stage s runs on pipeline rank s mod pp",
+                  *([f"pipeline_parallel_expert_parallel_overlap = {_value(config.moe_ep_overlap)}"]
+                    if config.schedule is Schedule.DUALPIPE_V else []),
+                  "# one list per stage; stage s runs on pipeline rank " + ("s for s < pp, else 2·pp − 1 − s (v style)"
+                                                                              if config.stage_ranks[-1] == 0
+                                                                              else "s mod pp"),
                   "module_fqns_per_model_part = ["]
         lines += [f"  {_value(part)}," for part in module_fqns(plan)]
         lines.append("]")

@@ -32,6 +32,7 @@ __all__ = [
     "block_type_forward_flops",
     "head_forward_flops",
     "unit_setting",
+    "weight_gradient_s",
 ]
 
 _ATTENTION_BACKWARD_RATIO = 2.5  # FlashAttention-2 backward: 5 matmuls vs 2 forward (Dao 2023)
@@ -95,6 +96,20 @@ class UnitTimes:
     # (FC1), MLP down (FC2); its dgrad and wgrad GEMMs take as long. The compute TP collectives can hide behind.
     linear_forward_s: tuple[float, ...] = ()
     attention_core_backward_s: float = 0.0  # what context parallelism's ring steps hide behind in the backward
+    # the weight-gradient GEMMs inside backward_s (a zero-bubble schedule's W pass); None: not profiled
+    weight_grad_s: float | None = None
+
+
+def weight_gradient_s(kind: UnitKind, times: UnitTimes) -> float:
+    """The weight-gradient part of a unit's backward, what a zero-bubble W pass runs: the profile's own
+    figure; for a measured profile without one, the embedding's whole backward (it has no input gradient)
+    or the forward's part outside the attention core (its linear layers, whose weight-gradient GEMMs take
+    as long as their forward GEMMs), at most the backward."""
+    if times.weight_grad_s is not None:
+        return times.weight_grad_s
+    if kind is UnitKind.EMBEDDING:
+        return times.backward_s
+    return min(max(times.forward_s - times.attention_core_forward_s, 0.0), times.backward_s)
 
 
 def _local_heads(heads: int, tp: int) -> float:
@@ -216,9 +231,9 @@ class AnalyticProfile:
         def mean(values: list[float]) -> float:
             return sum(n * v for n, v in zip(counts.values(), values, strict=True)) / self.model.num_layers
         fields = [[t.forward_s, t.backward_s, t.attention_core_forward_s, t.attention_core_backward_s,
-                   *t.linear_forward_s] for t in times.values()]
+                   weight_gradient_s(UnitKind.BLOCK, t), *t.linear_forward_s] for t in times.values()]
         mixed = [mean(list(column)) for column in zip(*fields, strict=True)]
-        return UnitTimes(mixed[0], mixed[1], mixed[2], tuple(mixed[4:]), mixed[3])
+        return UnitTimes(mixed[0], mixed[1], mixed[2], tuple(mixed[5:]), mixed[3], mixed[4])
 
     def block_times(self, block: BlockSpec, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
         """Compute time of one block of type `block` per micro-batch on one TP rank. A block of attention (any
@@ -238,13 +253,14 @@ class AnalyticProfile:
                                                                setting)
                 times = UnitTimes(times.forward_s - full_forward + forward,
                                   times.backward_s - full_backward + backward, forward, times.linear_forward_s,
-                                  backward)
+                                  backward, times.weight_grad_s)
         elif block.attention is not None or block.mamba is not None or block.mlp is not None:
             times = self._composed_block(block, setting, gpu)
         else:
-            times = UnitTimes(0.0, 0.0, 0.0, (0.0, 0.0, 0.0, 0.0))
+            times = UnitTimes(0.0, 0.0, 0.0, (0.0, 0.0, 0.0, 0.0), 0.0, 0.0)
         extra_forward = sum(self.gemm_time(gpu, setting.dtype, setting.tokens, n, k) for k, n, _ in block.linears)
         extra_backward = 2 * extra_forward
+        extra_weight = extra_forward  # the extra linears' weight-gradient GEMMs (the W pass)
         if block.post_norms:  # a second norm per sub-layer: read + write 2-byte activations
             width = block.hidden_size / setting.tp if setting.sequence_parallel else block.hidden_size
             norms = self.memory_time(gpu, setting.tokens * block.sublayers * 4 * width)
@@ -252,7 +268,9 @@ class AnalyticProfile:
         if block.output_head:
             head = self._head(setting, gpu)
             extra_forward, extra_backward = extra_forward + head.forward_s, extra_backward + head.backward_s
-        return replace(times, forward_s=times.forward_s + extra_forward, backward_s=times.backward_s + extra_backward)
+            extra_weight += weight_gradient_s(UnitKind.HEAD, head)
+        return replace(times, forward_s=times.forward_s + extra_forward, backward_s=times.backward_s + extra_backward,
+                       weight_grad_s=weight_gradient_s(UnitKind.BLOCK, times) + extra_weight)
 
     def _typed_attention_core(self, attention: AttentionSpec, full: tuple[float, float],
                               setting: UnitSetting) -> tuple[float, float]:
@@ -304,7 +322,7 @@ class AnalyticProfile:
         elementwise = self.memory_time(gpu, setting.tokens * per_token) + kernels * self.calibration.kernel_launch_s
         return UnitTimes(gemms + core_forward + scan_forward + elementwise,
                          2 * gemms + core_backward + scan_backward + 2 * elementwise,
-                         core_forward, tuple(linears), core_backward)
+                         core_forward, tuple(linears), core_backward, gemms)
 
     def _mamba(self, block: BlockSpec, setting: UnitSetting, gpu: GPUSpec) -> tuple[float, float, float, float]:
         """(in_proj, out_proj, scan forward, scan backward) of a Mamba-2 mixer on one TP rank. As Megatron-Core's
@@ -409,10 +427,10 @@ class AnalyticProfile:
         dense, w = self._block_of(setting, gpu, moe=False), dense_layers / m.num_layers
         mix = [(1 - w) * a + w * b for a, b in zip(
             (moe.forward_s, moe.backward_s, moe.attention_core_forward_s, moe.attention_core_backward_s,
-             *moe.linear_forward_s),
+             weight_gradient_s(UnitKind.BLOCK, moe), *moe.linear_forward_s),
             (dense.forward_s, dense.backward_s, dense.attention_core_forward_s, dense.attention_core_backward_s,
-             *dense.linear_forward_s), strict=True)]
-        return UnitTimes(mix[0], mix[1], mix[2], tuple(mix[4:]), mix[3])
+             weight_gradient_s(UnitKind.BLOCK, dense), *dense.linear_forward_s), strict=True)]
+        return UnitTimes(mix[0], mix[1], mix[2], tuple(mix[5:]), mix[3], mix[4])
 
     def _attention_linears(self, setting: UnitSetting, gpu: GPUSpec) -> tuple[float, float, float]:
         """(QKV-side GEMMs, output projection, QKV output width per rank). MLA's down projections run whole
@@ -475,7 +493,9 @@ class AnalyticProfile:
         forward = self._host_bound(gemms + core_forward + elementwise + cast_forward, kernels)
         backward = self._host_bound(2 * gemms + core_backward + 2 * elementwise + cast_backward,
                                     _BACKWARD_KERNELS_PER_FORWARD * kernels)
-        return UnitTimes(forward, backward, core_forward, tuple(linears), core_backward)
+        # W: each linear layer's and the router's weight-gradient GEMM (as long as its forward GEMM); the
+        # input-gradient GEMMs, the attention core's backward and the element-wise work are B's
+        return UnitTimes(forward, backward, core_forward, tuple(linears), core_backward, gemms)
 
     def _embedding(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
         m = self.model
@@ -487,8 +507,10 @@ class AnalyticProfile:
         # lookup, position add, dropout; the vocab-parallel lookup's all-reduce under TP
         kernels = (1 + (m.position_embedding == "learned") + m.dropout + (setting.tp > 1))
         launch = kernels * self.calibration.kernel_launch_s
-        return UnitTimes(self._host_bound(self.memory_time(gpu, forward_bytes) + launch, kernels),
-                         self._host_bound(self.memory_time(gpu, backward_bytes) + launch, kernels))
+        backward = self._host_bound(self.memory_time(gpu, backward_bytes) + launch, kernels)
+        # all weight gradient: the tokens need no gradient
+        return UnitTimes(self._host_bound(self.memory_time(gpu, forward_bytes) + launch, kernels), backward,
+                         weight_grad_s=backward)
 
     def _head(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
         m, t = self.model, setting.tp
@@ -504,7 +526,8 @@ class AnalyticProfile:
         kernels = 2 + _CROSS_ENTROPY_KERNELS + (2 if t > 1 else 0)  # the norm and the logits GEMM besides
         backward_kernels = _BACKWARD_KERNELS_PER_FORWARD * kernels
         return UnitTimes(self._host_bound(logits + norm + cross_entropy, kernels),
-                         self._host_bound(2 * logits + 2 * norm + cross_entropy, backward_kernels))
+                         self._host_bound(2 * logits + 2 * norm + cross_entropy, backward_kernels),
+                         weight_grad_s=logits)
 
 
 @cache

@@ -24,7 +24,7 @@ import numpy as np
 import pulp
 
 from planner.config import Partition, Schedule
-from planner.cost.schedule import pipeline_time, relaxed_rank_counts, schedule_of
+from planner.cost.schedule import pipeline_time, relaxed_rank_counts, schedule_of, stage_ranks
 from planner.cost.time import stage_boundary_s
 
 __all__ = [
@@ -51,7 +51,7 @@ class PartitionProblem:
     `unit_time_s[r][u]`: time of unit u per micro-batch on pipeline rank r (compute, recompute, TP);
     `boundary_s[r]`: p2p time after a stage on rank r (none after the last stage);
     `unit_memory_bytes[r][u]`: bytes unit u adds to rank r; `memory_budget_bytes[r]`: what rank r
-    may hold; stages are virtual: stage k runs on rank k mod pp.
+    may hold; stages are virtual: stage k runs on rank `stage_ranks[k]` (the schedule's layout).
     """
 
     unit_time_s: tuple[tuple[float, ...], ...]
@@ -74,6 +74,15 @@ class PartitionProblem:
     def num_stages(self) -> int:
         return self.pp * self.vpp
 
+    @property
+    def stage_ranks(self) -> tuple[int, ...]:
+        """The pipeline rank of each virtual stage (cost/schedule.py `stage_ranks`)."""
+        return stage_ranks(self.schedule, self.pp, self.num_stages)
+
+    def boundaries(self) -> list[float]:
+        """The p2p time each stage pays per micro-batch (cost/time.py `stage_boundary_s`)."""
+        return stage_boundary_s(self.boundary_s, self.num_stages, self.schedule)
+
 
 @dataclass(frozen=True)
 class PartitionResult:
@@ -93,9 +102,8 @@ def linear_form(problem: PartitionProblem) -> tuple[float, float]:
 def stage_times(problem: PartitionProblem, counts: Sequence[int]) -> list[float]:
     """Per-micro-batch time of each stage: its units on its rank plus its boundaries (both ends)."""
     times, start = [], 0
-    for k, (count, boundary) in enumerate(zip(counts, stage_boundary_s(problem.boundary_s, len(counts)),
-                                              strict=True)):
-        times.append(sum(problem.unit_time_s[k % problem.pp][start:start + count]) + boundary)
+    for count, boundary, rank in zip(counts, problem.boundaries(), problem.stage_ranks, strict=True):
+        times.append(sum(problem.unit_time_s[rank][start:start + count]) + boundary)
         start += count
     return times
 
@@ -108,8 +116,8 @@ def objective_s(problem: PartitionProblem, counts: Sequence[int]) -> float:
 
 def fits(problem: PartitionProblem, counts: Sequence[int]) -> bool:
     used, start = [0.0] * problem.pp, 0
-    for k, count in enumerate(counts):
-        used[k % problem.pp] += sum(problem.unit_memory_bytes[k % problem.pp][start:start + count])
+    for count, rank in zip(counts, problem.stage_ranks, strict=True):
+        used[rank] += sum(problem.unit_memory_bytes[rank][start:start + count])
         start += count
     return all(within_budget(u, b) for u, b in zip(used, problem.memory_budget_bytes, strict=True))
 
@@ -130,11 +138,12 @@ def _rank_terms(problem: PartitionProblem) -> tuple[list[float], list[float], li
     """Per rank: fixed time (first/last unit, boundaries), cheapest block time, least and most blocks."""
     n, pp, v = problem.num_units, problem.pp, problem.vpp
     fixed, block, lower, upper = [], [], [], []
+    ranks, boundaries = problem.stage_ranks, problem.boundaries()
     for r in range(pp):
-        first, last = r == 0, r == pp - 1
+        first, last = ranks[0] == r, ranks[-1] == r
         times, memory = problem.unit_time_s[r], problem.unit_memory_bytes[r]
-        fixed.append(times[0] * first + times[n - 1] * last + (v - last) * problem.boundary_s[r]
-                     + (v - first) * problem.boundary_s[r - 1])
+        fixed.append(times[0] * first + times[n - 1] * last
+                     + sum(b for b, rank in zip(boundaries, ranks, strict=True) if rank == r))
         block.append(min(times[1:n - 1], default=0.0))
         lower.append(max(v - first - last, 0))
         room = problem.memory_budget_bytes[r] - memory[0] * first - memory[n - 1] * last
@@ -146,10 +155,11 @@ def _rank_terms(problem: PartitionProblem) -> tuple[list[float], list[float], li
 def _stage_counts(problem: PartitionProblem, rank_blocks: Sequence[int]) -> list[int]:
     """A contiguous partition with the given blocks per rank, spread evenly over each rank's stages
     (the first and last unit count as one unit of their stage)."""
-    pp, v, stages = problem.pp, problem.vpp, problem.num_stages
+    pp, stages = problem.pp, problem.num_stages
     counts = [int(k == 0) + int(k == stages - 1) for k in range(stages)]
+    ranks = problem.stage_ranks
     for r in range(pp):
-        own = [j * pp + r for j in range(v)]
+        own = [k for k in range(stages) if ranks[k] == r]
         left = rank_blocks[r]
         for k in own:  # every stage needs a unit
             if counts[k] == 0:
@@ -196,8 +206,8 @@ def bound_partition(problem: PartitionProblem) -> tuple[float, PartitionResult |
 def rank_loads(problem: PartitionProblem, counts: Sequence[int]) -> list[float]:
     """Per-rank work per micro-batch of a partition: the sum of its stages' times."""
     loads = [0.0] * problem.pp
-    for k, time_s in enumerate(stage_times(problem, counts)):
-        loads[k % problem.pp] += time_s
+    for time_s, rank in zip(stage_times(problem, counts), problem.stage_ranks, strict=True):
+        loads[rank] += time_s
     return loads
 
 
@@ -210,7 +220,7 @@ def _min_sum(problem: PartitionProblem, cap_s: float) -> tuple[float, list[int]]
     best[0] = 0.0
     choices = []
     upper = np.triu(np.ones((n + 1, n + 1), dtype=bool), 1)  # segment [i, j) with i < j
-    boundaries = stage_boundary_s(problem.boundary_s, stages)
+    boundaries = problem.boundaries()
     for k in range(stages):
         prefix_t = np.concatenate(([0.0], np.cumsum(problem.unit_time_s[k])))
         prefix_m = np.concatenate(([0.0], np.cumsum(problem.unit_memory_bytes[k])))
@@ -267,9 +277,9 @@ def dp_partition(problem: PartitionProblem) -> PartitionResult | None:
 def _segment_times(problem: PartitionProblem) -> np.ndarray:
     """Sorted distinct stage times any segment on any stage can have."""
     values = []
-    n, stages = problem.num_units, problem.num_stages
+    n = problem.num_units
     rows, cols = np.triu_indices(n + 1, 1)
-    for k, boundary in enumerate(stage_boundary_s(problem.boundary_s, stages)):
+    for k, boundary in enumerate(problem.boundaries()):
         prefix = np.concatenate(([0.0], np.cumsum(problem.unit_time_s[k])))
         values.append(prefix[cols] - prefix[rows] + boundary)
     return np.unique(np.concatenate(values))
@@ -355,7 +365,7 @@ def ilp_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
         return None
     a, b = linear_form(problem)
     least_sum = sum(min(problem.unit_time_s[r][u] for r in range(pp)) for u in range(n))
-    least_sum += sum(stage_boundary_s(problem.boundary_s, stages))
+    least_sum += sum(problem.boundaries())
     cap = math.inf
     if upper_bound is not None:
         cap = (upper_bound.objective_s - b * least_sum) / a * (1 + 1e-9) if a > 0 else math.inf
@@ -393,13 +403,13 @@ def ilp_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
     bottleneck = model.add_variable("T", lowBound=max(least_sum / pp, largest) / unit,
                                     upBound=None if math.isinf(cap) else cap / unit)
     budgets = [budget if budget > 0 else 1.0 for budget in problem.memory_budget_bytes]
-    boundaries = stage_boundary_s(problem.boundary_s, stages)
+    boundaries = problem.boundaries()
     rank_time: list[tuple[dict, list[float]]] = [({}, [0.0]) for _ in range(pp)]
     rank_memory: list[tuple[dict, list[float]]] = [({}, [0.0]) for _ in range(pp)]
     total: tuple[dict, list[float]] = ({}, [0.0])
     rank_units: list[tuple[dict, list[float]]] = [({}, [0.0]) for _ in range(pp)]
     for s in range(stages):
-        r = s % pp
+        r = problem.stage_ranks[s]
         count: tuple[dict, list[float]] = ({}, [0.0])
         for u in range(n):
             # z[u,s] = y[u,s] − y[u,s−1]: unit u sits exactly in stage s

@@ -36,6 +36,7 @@ from planner.cost.time import (
     embedding_sync_time,
     optimizer_step_time,
     p2p_boundary_time,
+    stage_boundary_s,
     unit_costs,
 )
 from planner.errors import InfeasibleError, PlannerError
@@ -212,21 +213,25 @@ class _Context:
         configurations that differ only in what does not touch memory (the CP exchange variant, TP overlap)."""
         key = (id(links), m, _memory_key(config))
         if key not in self.memories:
-            representatives, kind_of = self.memory_kinds(links)  # the last rank is the last kind's representative
-            models = (*(rank_memory_model(self.model, self.training, config, r, m, links.gpu[r], self.calibration)
-                        for r in representatives[:-1]), self.last_rank_memory(config, links, m))
+            representatives, kind_of = self.memory_kinds(links)
+            models = tuple(self.rank_memory(config, links, m, r) for r in representatives)
             ranks = Counter(kind_of)
             self.memories[key] = (models, sum(model.fixed_bytes * ranks[kind] for kind, model in enumerate(models)))
         return self.memories[key]
 
-    def last_rank_memory(self, config: ParallelConfig, links: GroupLinks, m: int) -> RankMemoryModel:
-        """The last pipeline rank's memory model alone (it holds the fewest in-flight micro-batches): enough to
-        reject most configurations that cannot fit before the other ranks' models are built."""
-        key = (id(links), m, _memory_key(config), "last rank")
+    def rank_memory(self, config: ParallelConfig, links: GroupLinks, m: int, rank: int) -> RankMemoryModel:
+        """One pipeline rank's memory model, shared like `memory_models`'."""
+        key = (id(links), m, _memory_key(config), rank)
         if key not in self.per_config:
-            self.per_config[key] = rank_memory_model(self.model, self.training, config, config.pp - 1, m,
-                                                     links.gpu[-1], self.calibration)
+            self.per_config[key] = rank_memory_model(self.model, self.training, config, rank, m, links.gpu[rank],
+                                                     self.calibration)
         return self.per_config[key]
+
+    def fewest_in_flight_memory(self, config: ParallelConfig, links: GroupLinks, m: int) -> RankMemoryModel:
+        """The memory model of the pipeline rank with the fewest in-flight micro-batches alone: enough to
+        reject most configurations that cannot fit before the other ranks' models are built."""
+        in_flight = self.in_flight(config, m)
+        return self.rank_memory(config, links, m, in_flight.index(min(in_flight)))
 
     def in_flight(self, config: ParallelConfig, m: int) -> tuple[float, ...]:
         """Each pipeline rank's in-flight micro-batches."""
@@ -258,22 +263,24 @@ class _Context:
     def rank_terms(self, config: ParallelConfig, costs: tuple[dict[CostKey, UnitCost], ...],
                    boundary_s: tuple[float, ...]) -> RankTerms:
         """Per rank: what a split cannot change (its end units, its stages' boundaries at both ends —
-        `stage_boundary_s`'s rule: v − last outgoing and v − first incoming), the cheapest block type's time and
+        `stage_boundary_s`'s rule over the rank's stages in the schedule's layout), the cheapest block type's time and
         the largest block forward time (with mixed block types every bound term stays a lower bound: a rank's
         load grows by at least the cheapest block, and 1F1B's bound subtracts forward work), the fewest blocks
         (every stage needs a unit) and its least stage; one array computation over the ranks."""
-        key = (config.pp, config.vpp, id(costs), id(boundary_s))  # both are this context's cached tuples
+        ranks = config.stage_ranks
+        key = (ranks, id(costs), id(boundary_s))  # both are this context's cached tuples
         if key not in self.terms:
             pp, v = config.pp, config.vpp
             embedding, head, embedding_forward, head_forward, block, forward_block = np.array(
                 [self.unit_terms(cost) for cost in costs]).T
-            first, last = np.arange(pp) == 0, np.arange(pp) == pp - 1
-            outgoing = np.asarray(boundary_s, dtype=float)
-            incoming = np.asarray(boundary_s[-1:] + boundary_s[:-1], dtype=float)  # rank 0 hears from the last
-            fixed = embedding * first + head * last + (v - last) * outgoing + (v - first) * incoming
-            # a pass carries half of each boundary it touches
-            forward_fixed = embedding_forward * first + head_forward * last + (~last * outgoing + ~first * incoming) / 2
-            least_stage = np.where(first, embedding, block) + outgoing
+            rank = np.arange(pp)
+            first, last = rank == ranks[0], rank == ranks[-1]
+            stage_p2p = np.asarray(stage_boundary_s(boundary_s, len(ranks), config.schedule), dtype=float)
+            first_stage = np.unique(ranks, return_index=True)[1]  # each rank's chunk 0
+            fixed = embedding * first + head * last + np.bincount(ranks, weights=stage_p2p, minlength=pp)
+            # a pass carries half of each boundary its first chunk's stage touches
+            forward_fixed = embedding_forward * first + head_forward * last + stage_p2p[first_stage] / 2
+            least_stage = np.where(first, embedding, block) + np.asarray(boundary_s, dtype=float)
             self.terms[key] = RankTerms(tuple(fixed.tolist()), tuple(block.tolist()),
                                         tuple(np.maximum(v - first - last, 0).tolist()), tuple(forward_fixed.tolist()),
                                         tuple(forward_block.tolist()), tuple(least_stage.tolist()))
@@ -323,23 +330,23 @@ def _model_total(ctx: _Context, costs: dict[CostKey, UnitCost], name: str) -> fl
 def _with_memory(ctx: _Context, candidate: _Candidate) -> _Candidate:
     """The candidate with its memory bounds, valid for every stage split. First the whole pipeline: model
     states plus the fewest in-flight activations, spread perfectly over all ranks (every rank shares the
-    per-parameter cost; in-flight micro-batches never grow with the rank, so the last rank holds the
-    fewest; each rank's fixed bytes are its own). Then, when that holds, each rank's own: the most blocks
-    its memory holds (`_most_blocks`) must reach its fewest, and all ranks together every block — 1F1B's
-    first rank keeps pp micro-batches in flight, so the total alone misses most layouts that cannot fit."""
+    per-parameter cost; every rank holds at least the fewest in-flight micro-batches of any rank; each rank's
+    fixed bytes are its own). Then, when that holds, each rank's own: the most blocks its memory holds
+    (`_most_blocks`) must reach its fewest, and all ranks together every block — 1F1B's first rank keeps pp
+    micro-batches in flight, so the total alone misses most layouts that cannot fit."""
     config, costs = candidate.config, candidate.rank_costs
     _, links = ctx.placed(config)
     activations = _model_total(ctx, costs[0], "activation_bytes")
-    last_rank = ctx.last_rank_memory(config, links, candidate.num_microbatches)
-    need = last_rank.param_bytes * _model_total(ctx, costs[0], "params") + last_rank.activation_factor * activations
+    fewest = ctx.fewest_in_flight_memory(config, links, candidate.num_microbatches)
+    need = fewest.param_bytes * _model_total(ctx, costs[0], "params") + fewest.activation_factor * activations
     available = float(sum(links.capacity_bytes))
     if need > available:  # short even before any rank's fixed bytes: no other rank's model is needed
         return replace(candidate, memory_need_bytes=need, memory_available_bytes=available)
     available -= ctx.memory_models(config, links, candidate.num_microbatches)[1]
     most = _most_blocks(ctx, candidate) if need <= available else None
     if most is not None:
-        fewest, blocks = ctx.rank_terms(config, costs, candidate.boundary_s).lower, ctx.model.num_layers
-        if (any(cap < low for cap, low in zip(most, fewest, strict=True))
+        fewest_blocks, blocks = ctx.rank_terms(config, costs, candidate.boundary_s).lower, ctx.model.num_layers
+        if (any(cap < low for cap, low in zip(most, fewest_blocks, strict=True))
                 or sum(min(cap, blocks) for cap in most) < blocks):
             most = None
     return replace(candidate, memory_need_bytes=need, memory_available_bytes=available, most_blocks=most)
@@ -406,7 +413,7 @@ def _most_blocks(ctx: _Context, candidate: _Candidate) -> tuple[float, ...]:
     models, _ = ctx.memory_models(config, links, m)
     in_flight = ctx.in_flight(config, m)
     most = [0.0] * config.pp
-    for kind, first, last, ranks in _memory_groups(ctx, links, costs):
+    for kind, first, last, ranks in _memory_groups(ctx, config, links, costs):
         memory, cost = models[kind], costs[ranks[0]]
         ends = [cost[unit] for unit, held in ((UnitKind.EMBEDDING, first), (UnitKind.HEAD, last)) if held]
         end_params, end_activations = sum(unit.params for unit in ends), sum(unit.activation_bytes for unit in ends)
@@ -420,16 +427,17 @@ def _most_blocks(ctx: _Context, candidate: _Candidate) -> tuple[float, ...]:
     return tuple(most)
 
 
-def _memory_groups(ctx: _Context, links: GroupLinks, costs: tuple[dict[CostKey, UnitCost], ...]
-                   ) -> tuple[tuple[int, bool, bool, list[int]], ...]:
-    """The pipeline ranks grouped by memory kind, cost table and being first or last, as (kind, first, last,
-    ranks)."""
-    key = (id(links), id(costs), "memory groups")
+def _memory_groups(ctx: _Context, config: ParallelConfig, links: GroupLinks,
+                   costs: tuple[dict[CostKey, UnitCost], ...]) -> tuple[tuple[int, bool, bool, list[int]], ...]:
+    """The pipeline ranks grouped by memory kind, cost table and holding the first or last stage (the
+    schedule's layout), as (kind, first, last, ranks)."""
+    first, last = config.stage_ranks[0], config.stage_ranks[-1]
+    key = (id(links), id(costs), first, last, "memory groups")
     if key not in ctx.per_config:
-        kind_of, pp = ctx.memory_kinds(links)[1], len(costs)
+        kind_of = ctx.memory_kinds(links)[1]
         groups: dict[tuple, list[int]] = {}
-        for r in range(pp):
-            groups.setdefault((kind_of[r], id(costs[r]), r == 0, r == pp - 1), []).append(r)
+        for r in range(len(costs)):
+            groups.setdefault((kind_of[r], id(costs[r]), r == first, r == last), []).append(r)
         ctx.per_config[key] = tuple((kind, first, last, ranks) for (kind, _, first, last), ranks in groups.items())
     return ctx.per_config[key]
 
@@ -461,7 +469,8 @@ def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tup
                                   links.replicate[0]).exposed_s
     groups: dict[tuple, list[int]] = {}
     for r in range(pp):
-        groups.setdefault((id(costs[r]), links.dp[r], links.replicate[r], r == 0, r == pp - 1), []).append(r)
+        groups.setdefault((id(costs[r]), links.dp[r], links.replicate[r], r == config.stage_ranks[0],
+                           r == config.stage_ranks[-1]), []).append(r)
     tables, weights = [], []
     for (_, dp_link, replicate_link, first, last), ranks in groups.items():
         key = (id(costs[ranks[0]]), dp_link, replicate_link, first, last, v, config.pp > 1, config.replicas,

@@ -25,6 +25,7 @@ from typing import Any
 
 from planner.cluster import Cluster
 from planner.config import CP_COMMS, MOE_DISPATCHERS, ParallelConfig, Recompute, Schedule, Training
+from planner.cost.schedule import schedule_of
 from planner.errors import PlannerError
 from planner.frameworks import framework_named
 from planner.model import ModelSpec
@@ -142,8 +143,19 @@ def _check_fixed(model: ModelSpec, cluster: Cluster, training: Training, fixed: 
     if fixed.micro_batch is not None and training.global_batch % fixed.micro_batch:
         raise PlannerError(
             f"--micro-batch {fixed.micro_batch} does not divide the global batch {training.global_batch}")
-    if fixed.vpp is not None and fixed.vpp > 1 and fixed.schedule not in (None, Schedule.INTERLEAVED):
-        raise PlannerError(f"--vpp {fixed.vpp} needs --schedule interleaved, got {fixed.schedule.value}")
+    if fixed.schedule is not None:
+        framework_named(fixed.framework or "any").check_schedule(fixed.schedule)
+        if schedule_of(fixed.schedule).splits_backward and fixed.pp == 1:
+            raise PlannerError(f"--schedule {fixed.schedule.value} splits the backward between pipeline stages and "
+                               f"needs pp >= 2, got --pp 1")
+    if fixed.vpp is not None and fixed.schedule is not None:
+        behaviour = schedule_of(fixed.schedule)
+        if fixed.vpp not in behaviour.chunk_counts(max(fixed.vpp, 2)):
+            some = behaviour.chunk_counts(3)
+            allowed = f"{some[0]} or more" if len(some) > 1 else str(some[0])
+            chunked = ", ".join(s.value for s in Schedule if schedule_of(s).chunked)
+            raise PlannerError(f"--vpp {fixed.vpp} is not allowed with --schedule {fixed.schedule.value} (allowed: "
+                               f"{allowed}; chunks per rank need one of {chunked})")
     if fixed.sequence_parallel and fixed.tp == 1:
         raise PlannerError("--sequence-parallel needs tp > 1, got --tp 1")
     if fixed.tp_comm_overlap and (fixed.tp == 1 or fixed.sequence_parallel is False):
@@ -191,19 +203,20 @@ def _cp_comms(cp: int, tp: int, model: ModelSpec, training: Training, fixed: Fix
 
 
 def _schedules(pp: int, m: int, num_layers: int, fixed: FixedOptions) -> list[tuple[Schedule, int]]:
-    """(schedule, vpp) pairs allowed for this pipeline depth and micro-batch count."""
+    """(schedule, vpp) pairs allowed for this pipeline depth and micro-batch count: the fixed schedule, or
+    those the framework's search tries (`Framework.searches`)."""
     out: list[tuple[Schedule, int]] = []
-    for schedule in (Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.INTERLEAVED):
-        if fixed.schedule not in (None, schedule):
+    framework = framework_named(fixed.framework or "any")
+    for schedule in Schedule:
+        if fixed.schedule not in (None, schedule) or (fixed.schedule is None and not framework.searches(schedule)):
             continue
-        if schedule is not Schedule.INTERLEAVED:
-            if fixed.vpp in (None, 1):
-                out.append((schedule, 1))
-            continue
-        if pp < 2 or m % pp:
+        behaviour = schedule_of(schedule)
+        if (behaviour.splits_backward or behaviour.chunked) and pp < 2:
+            continue  # without a pipeline a split backward or chunks change nothing
+        if not behaviour.runnable(pp, m):
             continue
         top = min(num_layers // pp, MAX_SEARCHED_VPP if fixed.vpp is None else fixed.vpp)
-        out.extend((schedule, v) for v in range(2, top + 1) if fixed.vpp in (None, v))
+        out.extend((schedule, v) for v in behaviour.chunk_counts(top) if fixed.vpp in (None, v))
     return out
 
 
@@ -300,7 +313,7 @@ def _expert_options(model: ModelSpec, tp: int, ranks: int, fixed: FixedOptions) 
 
 def complete_config(fixed: FixedOptions, model: ModelSpec, cluster: Cluster, training: Training) -> ParallelConfig:
     """The one configuration `estimate` evaluates from what the user fixed, checked like the search's:
-    unspecified degrees default to 1 with dp taking the remaining GPUs, the defaults of the search
+    unspecified degrees default to 1 (vpp 2 for zb-v) with dp taking the remaining GPUs, the defaults of the search
     (1F1B, or interleaved when vpp > 1; sequence parallelism with tp > 1; no recompute, sharding, TP or EP
     communication overlap, Megatron-LM's defaults; the alltoall dispatcher), as `fixed.framework` runs it
     (PlannerError if it cannot)."""
@@ -312,7 +325,8 @@ def complete_config(fixed: FixedOptions, model: ModelSpec, cluster: Cluster, tra
             raise PlannerError(f"tp × pp × cp = {tp * pp * cp} does not divide the cluster's {cluster.num_gpus} GPUs; "
                                f"give --dp explicitly")
         dp = cluster.num_gpus // (tp * pp * cp)
-    vpp = fixed.vpp or 1
+    chunks = schedule_of(fixed.schedule).chunk_counts(3) if fixed.schedule else range(1, 2)
+    vpp = fixed.vpp or (chunks[0] if len(chunks) == 1 else 1)  # zb-v runs two chunks, no more, no fewer
     hsdp = fixed.hsdp_replicas or 1
     _check_fixed_experts(model, cluster, fixed)
     etp = fixed.etp or (tp if model.is_moe else 1)  # Megatron-LM: --expert-tensor-parallel-size defaults to tp
@@ -339,23 +353,24 @@ def runnable_by_framework(configs: Iterable[ParallelConfig], fixed: FixedOptions
     """The configurations the framework runs, with its execution semantics. Where the user left them open,
     the framework's own way of sharding only optimizer states stands for the distributed optimizer
     (DeepSpeed: ZeRO-1; torchtitan has none), and TP communication overlap, EP communication overlap and the
-    flex dispatcher are off where it has none."""
+    flex dispatcher are off where it has none (TP overlap also where its schedule rules it out: torchtitan's
+    async TP needs torch.compile, which its zero-bubble schedules do not run under)."""
     framework = framework_named(fixed.framework or "any")
     sharding_open = fixed.zero_stage is None and fixed.distributed_optimizer is None
-    overlap_off = fixed.tp_comm_overlap is None and not framework.tp_comm_overlap
-    ep_overlap_off = fixed.moe_ep_overlap is None and not framework.moe_ep_overlap
+    overlap_open = fixed.tp_comm_overlap is None
+    ep_overlap_open = fixed.moe_ep_overlap is None
     dispatcher_open = fixed.moe_dispatcher is None
     for config in configs:
         if dispatcher_open and config.moe_dispatcher not in framework.moe_dispatchers:
             config = replace(config, moe_dispatcher="alltoall")
-        if ep_overlap_off and config.moe_ep_overlap:
+        if ep_overlap_open and config.moe_ep_overlap and not framework.overlaps_ep(config):
             config = replace(config, moe_ep_overlap=False)
         if sharding_open and (config.zero_stage, config.distributed_optimizer) == (0, True):
             if framework.optimizer_sharding_only is None:
                 continue
             zero_stage, distributed_optimizer = framework.optimizer_sharding_only
             config = replace(config, zero_stage=zero_stage, distributed_optimizer=distributed_optimizer)
-        if overlap_off and config.tp_comm_overlap:
+        if overlap_open and config.tp_comm_overlap and not framework.overlaps_tp(config):
             config = replace(config, tp_comm_overlap=False)
         if framework.why_not(config) is None:
             yield framework.runs(config)
