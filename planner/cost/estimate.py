@@ -26,6 +26,7 @@ from planner.cost.time import (
     unit_costs,
 )
 from planner.errors import PlannerError
+from planner.finetune import parameter_states
 from planner.gpu import GIB
 from planner.model import ModelSpec
 from planner.placement import GroupLinks, Placement, default_placement
@@ -85,12 +86,13 @@ class Estimate:
 def model_flops_per_iteration(model: ModelSpec, training: Training) -> float:
     """Model FLOPs (forward + backward, no recompute, attention not halved for causality) —
     Korthikanti et al. eq. 7 for GPT, generalised to GQA/SwiGLU/MoE — summed block type by block type (each at
-    its own width, token count and attention span); the MFU convention."""
+    its own width, token count and attention span); the MFU convention. With frozen base weights (LoRA, QLoRA) the
+    backward computes input gradients only, as many FLOPs as the forward (the adapters' are < 1 %): 2 × forward."""
     tokens = training.global_batch * training.seq_len
     forward = sum(count * block_type_forward_flops(model, block, tokens, training.seq_len)
                   for block, count in model.block_types().items())
     forward += head_forward_flops(model, tokens)
-    return 3 * forward
+    return (3 if training.finetune == "full" else 2) * forward
 
 
 def _sum_costs(keys: Sequence[CostKey], costs: dict[CostKey, UnitCost], start: int, end: int) -> dict[str, float]:
@@ -182,6 +184,7 @@ def estimate(
                            + totals["tp_backward"] + totals["cp_forward"] + totals["cp_backward"] + p2p[k])
 
     pipeline = _pipeline(sums, p2p, stage_times, config, m)
+    states = parameter_states(model, training)
     memories, dp_exposed, optimizer = [], [], []
     for r in range(config.pp):
         mine = [k for k in range(len(bounds)) if k % config.pp == r]
@@ -190,9 +193,10 @@ def estimate(
         memories.append(rank_memory.breakdown(params, sum(sums[k]["activations"] for k in mine),
                                               float(links.capacity_bytes[r])))
         units = [rank_costs[r][key] for k in mine for key in keys[bounds[k][0]:bounds[k][1]]]
-        dp_time = data_parallel_time(units, training, config, links.dp[r], calibration, m, links.replicate[r])
+        dp_time = data_parallel_time(units, training, config, links.dp[r], calibration, m, links.replicate[r],
+                                     states)
         dp_exposed.append(dp_time.exposed_s)
-        optimizer.append(optimizer_step_time(params, config, links.gpu[r], calibration))
+        optimizer.append(optimizer_step_time(params, config, links.gpu[r], calibration, states, training.grad_bytes))
 
     embedding_sync = embedding_sync_time(model, training, config, links.pp[-1], calibration)
     bottleneck = [k for k in range(len(bounds)) if k % config.pp == pipeline.bottleneck_rank]

@@ -38,6 +38,7 @@ from planner.cost.time import (
     unit_costs,
 )
 from planner.errors import InfeasibleError, PlannerError
+from planner.finetune import parameter_states
 from planner.gpu import GIB, GPUSpec
 from planner.model import BlockSpec, ModelSpec, UnitKind
 from planner.placement import GroupLinks, Placement, default_placement
@@ -268,7 +269,9 @@ def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
                                          for block, count in ctx.block_types)
     pipeline = a * least_sum / config.pp + b * least_sum
     params = _model_total(ctx, costs[0], "params")
-    optimizer = min(optimizer_step_time(params / config.pp, config, gpu, cal) for gpu in set(links.gpu))
+    states = parameter_states(model, training)
+    optimizer = min(optimizer_step_time(params / config.pp, config, gpu, cal, states, training.grad_bytes)
+                    for gpu in set(links.gpu))
     embedding_sync = embedding_sync_time(model, training, config, links.pp[-1], cal)
     dp_exposed = _least_dp_exposure(ctx, config, m, costs, links) if config.pp == 1 else 0.0
     split_free_s = optimizer + embedding_sync + cal.iteration_overhead_s
@@ -392,7 +395,7 @@ def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tup
             return 0.0
         units = [costs[0][key] for key in ctx.model.unit_cost_keys]
         return data_parallel_time(units, ctx.training, config, links.dp[0], ctx.calibration, m,
-                                  links.replicate[0]).exposed_s
+                                  links.replicate[0], parameter_states(ctx.model, ctx.training)).exposed_s
     groups: dict[tuple, list[int]] = {}
     for r in range(pp):
         groups.setdefault((id(costs[r]), links.dp[r], links.replicate[r], r == 0, r == pp - 1), []).append(r)
@@ -439,7 +442,7 @@ def _dp_exposure_table(ctx: _Context, config: ParallelConfig, m: int, cost: dict
 
     def exposed(*middle: tuple[UnitCost, Any]) -> float | np.ndarray:
         return data_parallel_time_of_runs((*head, *middle, *tail), ctx.training, config, dp_link, ctx.calibration,
-                                          m, replicate_link).exposed_s
+                                          m, replicate_link, parameter_states(ctx.model, ctx.training)).exposed_s
 
     table = np.full(layers + 1, np.inf)
     least = layers if config.pp == 1 else max(config.vpp - first - last, 0)
