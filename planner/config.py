@@ -119,8 +119,9 @@ class Training:
         if self.finetune == "full":
             given = [name for name in ("lora_rank", "lora_targets") if getattr(self, name) is not None]
             if given:
-                raise PlannerError(f"training: {' and '.join(given).replace('_', '-')} shape LoRA adapters and need "
-                                   f"finetune lora or qlora, got finetune 'full'")
+                names = " and ".join(name.replace("_", "-") for name in given)
+                raise PlannerError(f"training: {names} only shape LoRA adapters: use finetune lora or qlora, "
+                                   f"got finetune 'full'")
             return
         if self.lora_rank is None:
             object.__setattr__(self, "lora_rank", DEFAULT_LORA_RANK)
