@@ -113,15 +113,20 @@ def test_infeasible_names_the_tightest_stage_and_the_shortfall() -> None:
         search(load_model("llama3-70b"), parse_shorthand("1x8xA100-80GB"), Training(global_batch=8, seq_len=2048))
 
 
-@pytest.mark.parametrize("slowdown", [None, "node1=2"])
-def test_search_bounds_never_exceed_the_estimate_of_a_split(slowdown) -> None:
+@pytest.mark.parametrize("slowdown, tuning", [
+    (None, {}), ("node1=2", {}),
+    # fine-tuning: frozen backward, adapter states, DP over trainable parameters, offloaded optimizer step
+    (None, {"finetune": "lora"}), ("node1=2", {"finetune": "qlora", "optimizer_states": "cpu"}),
+    (None, {"optimizer_states": "8bit"}),
+])
+def test_search_bounds_never_exceed_the_estimate_of_a_split(slowdown, tuning) -> None:
     """The cheap and the refined time bounds are lower bounds for the estimate (event simulator) of
     the uniform split and of the searched split of every configuration that fit — else the best-first scan
     could stop before a better plan. Uneven splits on slowed ranks are where closed forms overshoot."""
     model, cluster = load_model("gpt3-350m"), parse_shorthand("4x2xA100-80GB")
     if slowdown:
         cluster = apply_slowdowns(cluster, [parse_slowdown(slowdown)])
-    training = Training(global_batch=32, seq_len=1024)
+    training = Training(global_batch=32, seq_len=1024, **tuning)
     calibration = default_calibration()
     ctx = _Context(model, cluster, training, default_placement, AnalyticProfile(model, calibration), calibration)
     checked = 0
