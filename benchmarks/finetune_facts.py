@@ -23,10 +23,9 @@ from planner.config import ParallelConfig, Recompute, Training
 from planner.cost.estimate import estimate
 from planner.cost.memory import parameter_model_states
 from planner.finetune import NF4_BITS_PER_PARAM, adapter_parameters, parameter_states
-
 from planner.model import ModelSpec, load_model
 
-__all__ = ["Fact", "LLAMA_65B", "facts", "qlora_65b_on_48gb"]
+__all__ = ["LLAMA_65B", "Fact", "facts", "qlora_65b_on_48gb"]
 
 GB = 1e9  # the papers quote decimal gigabytes
 
