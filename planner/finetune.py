@@ -87,15 +87,15 @@ def full_parameter_states(training: Training) -> ParameterStates:
 
 def _attention_targets(block: BlockSpec, targets: str) -> tuple[tuple[int, int, int], ...]:
     """(d_in, d_out, copies) of the mixer's adapted linears: q, k, v and o separately (PEFT adapts HF's separate
-    projections), MLA's and Mamba's projections as they are; "qv" only the query and value projections."""
+    projections), MLA's and Mamba's projections as they are; "qv" only the query and value projections, which
+    MLA and Mamba mixers do not have (PEFT skips modules its target names do not match)."""
     h = block.hidden_size
     if block.attention is not None and not block.attention.is_mla:
         a = block.attention
         q, k, v, o = (h, a.query_width, 1), (h, a.kv_width, 1), (h, a.kv_width, 1), (a.value_width, h, 1)
         return (q, v) if targets == "qv" else (q, k, v, o)
     if targets == "qv":
-        raise PlannerError(f"lora targets qv need separate query and value projections; a {block.describe()} block "
-                           f"has none: use attention or all-linear")
+        return ()
     return tuple((d_in, d_out, 1) for d_in, d_out in block.mixer_linears)
 
 
@@ -145,7 +145,8 @@ def adapter_parameters(model: ModelSpec, training: Training) -> int:
         linears = adapter_linears(block, training.lora_targets or "")
         total += count * sum(copies * training.lora_rank * (d_in + d_out) for d_in, d_out, copies in linears)
     if total == 0:
-        raise PlannerError(f"lora targets {training.lora_targets} adapt no linear of {model.name}")
+        raise PlannerError(f"lora targets {training.lora_targets} adapt no linear of {model.name} (qv needs separate "
+                           f"query and value projections): use attention or all-linear")
     return total
 
 

@@ -68,8 +68,19 @@ def test_every_routed_expert_gets_adapters_when_the_mlp_is_targeted() -> None:
     assert adapter_parameters(mixtral, lora()) == attention + mlp
 
 
+def test_qv_adapts_the_attention_blocks_of_a_hybrid_and_refuses_a_model_without_q_and_v() -> None:
+    """PEFT skips modules its target names do not match: Mamba mixers have no q_proj / v_proj; MLA has no v_proj."""
+    hybrid = load_model("nemotron-h-8b")
+    attention_blocks = sum(count for block, count in hybrid.block_types().items() if block.attention is not None)
+    width = hybrid.hidden_size
+    kv = next(block.attention.kv_width for block in hybrid.block_types() if block.attention is not None)
+    assert adapter_parameters(hybrid, lora(lora_targets="qv")) == attention_blocks * 16 * (2 * width + width + kv)
+    with pytest.raises(PlannerError, match="qv adapt no linear of deepseek-v3"):
+        adapter_parameters(load_model("deepseek-v3"), lora(lora_targets="qv"))
+
+
 @settings(max_examples=25, deadline=None)
-@given(rank=st.integers(1, 512), targets=st.sampled_from(LORA_TARGETS),
+@given(rank=st.integers(1, 256), targets=st.sampled_from(LORA_TARGETS),
        name=st.sampled_from(["llama3-8b", "qwen3-30b-a3b", "gpt3-1.3b", "gemma3-27b"]))
 def test_trainable_parameters_are_r_times_the_adapted_widths(rank, targets, name) -> None:
     """Property: the count is exactly r·(d_in + d_out) over every adapted linear of every block."""
@@ -142,12 +153,13 @@ CLUSTER = parse_shorthand("1x8xA100-80GB")
 def test_frozen_base_needs_less_memory_and_time_than_full_training(finetune, rank, targets, tp, zero,
                                                                    recompute) -> None:
     """Property: with the same layout, LoRA / QLoRA never need more memory per GPU than full fine-tuning, and
-    their backward is shorter (no weight gradients: what the adapters add is far less)."""
+    their compute is shorter (no weight gradients: the adapters and de-quantisation add far less). Their backward
+    as a whole need not be: at tp = 8 the TP collectives the weight gradients hid are exposed."""
     config = ParallelConfig(dp=8 // tp, tp=tp, pp=1, zero_stage=zero, recompute=recompute)
     full = estimate(LLAMA3_8B, CLUSTER, Training(global_batch=8, seq_len=2048), config)
     tuned = estimate(LLAMA3_8B, CLUSTER, lora(finetune=finetune, lora_rank=rank, lora_targets=targets), config)
     assert tuned.peak_memory_bytes < full.peak_memory_bytes
-    assert tuned.stages[0].backward_s < full.stages[0].backward_s
+    assert tuned.breakdown_s["compute"] < full.breakdown_s["compute"]
     assert tuned.breakdown_s["dp_comm"] <= full.breakdown_s["dp_comm"]
     assert tuned.breakdown_s["optimizer"] < full.breakdown_s["optimizer"]
 

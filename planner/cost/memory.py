@@ -177,9 +177,9 @@ def block_type_activation_bytes(model: ModelSpec, block: BlockSpec, training: Tr
     if block.mamba is not None:
         mamba = block.mamba
         sharded += s * b * (2 * 2 * mamba.conv_channels + 3 * 2 * mamba.inner_size + 8 * mamba.num_heads) / t
-    if training.finetune != "full":  # each adapter keeps x·A (r wide, 16-bit) for B's weight gradient
-        sharded += 2 * s * b * training.lora_rank * sum(copies for _, _, copies in
-                                                        adapter_linears(block, training.lora_targets)) / t
+    if training.finetune != "full":  # each adapter a token runs through keeps x·A (r wide, 16-bit) for B's wgrad
+        sharded += 2 * s * b * training.lora_rank * sum(
+            copies for _, _, copies in adapter_linears(block, training.lora_targets, active=True)) / t
     return replicated / divisor + sharded + head
 
 
