@@ -339,13 +339,13 @@ def describe_tuning(model: ModelSpec, training: Training) -> str:
     return text
 
 
-def shortfall_message(config: ParallelConfig, result: Estimate) -> str:
+def shortfall_message(config: ParallelConfig, result: Estimate, training: Training | None = None) -> str:
     stage = result.tightest_stage()
     short = stage.memory.total - stage.memory.capacity
     return (
         f"stage {stage.index} (pipeline rank {stage.pp_rank}) needs {stage.memory.total / GIB:.1f} GiB, "
         f"{stage.gpu} has {stage.memory.capacity / GIB:.1f} GiB (short by {short / GIB:.1f} GiB); "
-        f"{fit_advice(config, result)}"
+        f"{fit_advice(config, result, training)}"
     )
 
 
@@ -511,7 +511,7 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
         if "replan" in extra:
             echo_replan(extra["replan"])
     if not result.fits:
-        click.echo(f"does not fit: {shortfall_message(config, result)}", err=True)
+        click.echo(f"does not fit: {shortfall_message(config, result, training)}", err=True)
         sys.exit(1)
 
 

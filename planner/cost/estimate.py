@@ -248,10 +248,11 @@ def estimate(
     )
 
 
-def fit_advice(config: ParallelConfig, result: Estimate) -> str:
+def fit_advice(config: ParallelConfig, result: Estimate, training: Training | None = None) -> str:
     """What would make a configuration that does not fit fit, naming only options that help: when the
-    model states alone exceed the GPU, more sharding or more GPUs (a smaller batch or more recompute
-    frees nothing there); otherwise what shrinks activations, never an option already in use."""
+    model states alone exceed the GPU, more sharding, smaller or offloaded optimizer states (with `training`:
+    when they are fp32 Adam on the GPU), adapters instead of full fine-tuning, or more GPUs (a smaller batch or
+    more recompute frees nothing there); otherwise what shrinks activations, never an option already in use."""
     stage = result.tightest_stage()
     memory = stage.memory
     states = memory.weights + memory.gradients + memory.optimizer
@@ -259,6 +260,10 @@ def fit_advice(config: ParallelConfig, result: Estimate) -> str:
     if states + memory.other > memory.capacity:
         if config.optimizer_sharding < 3:
             options.append("--distributed-optimizer or --zero 3" if config.optimizer_sharding == 0 else "--zero 3")
+        if training is not None and training.optimizer_states == "fp32" and memory.optimizer > 0:
+            options.append("--optimizer-states 8bit or cpu")
+        if training is not None and training.finetune == "full":
+            options.append("--finetune lora or qlora (when fine-tuning)")
         options.append("a larger --tp/--pp")
         return (f"the model states alone need {states / GIB:.1f} GiB on this GPU: try "
                 + ", ".join(options) + " or more GPUs")

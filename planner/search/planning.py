@@ -89,10 +89,12 @@ def _with_memory_saving_states(model: ModelSpec, cluster: Cluster, training: Tra
     `infeasible` (what the caller's states lack) when none fits."""
     framework = framework_named(fixed.framework if fixed and fixed.framework else "any")
     best: tuple[SearchResult, Training] | None = None
+    tried = []
     for states in MEMORY_SAVING_OPTIMIZER_STATES:
         candidate = replace(training, optimizer_states=states)
         if framework.training_why_not(candidate):
             continue
+        tried.append(states)
         try:
             found = search(model, cluster, candidate, fixed, top_k, time_limit_s, timer=timer,
                            calibration=calibration)
@@ -101,5 +103,7 @@ def _with_memory_saving_states(model: ModelSpec, cluster: Cluster, training: Tra
         if best is None or found.plans[0].estimate.iteration_time_s < best[0].plans[0].estimate.iteration_time_s:
             best = (found, candidate)
     if best is None:
-        raise infeasible
+        if not tried:
+            raise infeasible
+        raise InfeasibleError(f"{infeasible}; with --optimizer-states {' or '.join(tried)} nothing fits either") from None
     return best

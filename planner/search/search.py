@@ -656,7 +656,8 @@ def _infeasible_message(ctx: _Context, rejected: list[_Candidate]) -> str:
     needed = _gpus_for_states(ctx, closest.config, ctx.placed(closest.config)[1].gpu[stage.pp_rank],
                               stage.memory.capacity)
     advice = (f"the model states alone need at least {needed:,.0f} {stage.gpu} GPUs, the cluster has "
-              f"{ctx.cluster.num_gpus:,}" if needed > ctx.cluster.num_gpus else fit_advice(closest.config, result))
+              f"{ctx.cluster.num_gpus:,}" if needed > ctx.cluster.num_gpus else fit_advice(closest.config, result,
+                                                                                             ctx.training))
     return (
         f"no configuration fits in memory; the closest ({closest.config.describe()}) has stage {stage.index} "
         f"needing {stage.memory.total / GIB:.1f} GiB, {stage.gpu} has {stage.memory.capacity / GIB:.1f} GiB "
