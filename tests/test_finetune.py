@@ -276,3 +276,14 @@ def test_full_fine_tuning_memory_in_gib_matches_the_states_rule() -> None:
     memory = result.stages[0].memory
     assert memory.frozen_weights == 0 and "frozen_weights" not in memory.as_dict()
     assert memory.weights == pytest.approx(2 * LLAMA3_8B.num_parameters) and memory.total < 80 * GIB * 2
+
+
+def test_compare_shows_the_fine_tuning_mode_and_optimizer_states(tmp_path) -> None:
+    paths = [tmp_path / "lora.json", tmp_path / "full.json"]
+    common = ("estimate", "--model", "llama3-8b", "--cluster", "1x8xA100-80GB", "--global-batch", "8", "--tp", "1",
+              "--seq-len", "2048", "--recompute", "full")
+    assert run(*common, "--finetune", "lora", "--out", str(paths[0])).exit_code == 0
+    assert run(*common, "--optimizer-states", "8bit", "--zero", "3", "--out", str(paths[1])).exit_code == 0
+    result = run("compare", *map(str, paths))
+    assert result.exit_code == 0, result.output
+    assert "lora r=16 all-linear" in result.output and "8bit" in result.output

@@ -105,5 +105,6 @@ def _with_memory_saving_states(model: ModelSpec, cluster: Cluster, training: Tra
     if best is None:
         if not tried:
             raise infeasible
-        raise InfeasibleError(f"{infeasible}; with --optimizer-states {' or '.join(tried)} nothing fits either") from None
+        states = " or ".join(tried)
+        raise InfeasibleError(f"{infeasible}; with --optimizer-states {states} nothing fits either") from None
     return best
