@@ -25,7 +25,7 @@ from planner.cost.memory import (
     parameter_model_states,
     sharded_state_bytes,
 )
-from planner.finetune import ParameterStates, parameter_states
+from planner.finetune import ParameterStates, full_parameter_states, parameter_states
 from planner.gpu import GPUSpec
 from planner.model import AttentionSpec, BlockSpec, MlpSpec, ModelSpec, UnitKind
 from planner.placement import ExpertLink
@@ -553,15 +553,6 @@ def data_parallel_time(
                                       replicate_link, states)
 
 
-def _dp_states(training: Training, states: ParameterStates | None) -> ParameterStates:
-    """The fine-tuning accounting the DP traffic moves: given, or full training's (which needs no model)."""
-    if states is not None:
-        return states
-    if training.finetune != "full":
-        raise ValueError(f"data-parallel time of a {training.finetune} fine-tune needs its ParameterStates")
-    return ParameterStates(1.0, 0.0, 0.0)
-
-
 def data_parallel_time_of_runs(
     runs: Sequence[UnitRun], training: Training, config: ParallelConfig, link: Link, calibration: Calibration,
     num_microbatches: int, replicate_link: Link | None = None, states: ParameterStates | None = None,
@@ -582,7 +573,7 @@ def data_parallel_time_of_runs(
     """
     if config.replicas == 1:
         return DataParallelTime(0.0, 0.0)
-    states = _dp_states(training, states)
+    states = states or full_parameter_states(training)  # a fine-tune without its states is a bug: ValueError
     group = config.shard_group
     params = sum(unit.params * count for unit, count in runs)
     trainable = params * states.trainable
