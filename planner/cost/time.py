@@ -513,8 +513,9 @@ def stage_boundary_s(boundary_by_rank: Sequence[float], num_stages: int) -> list
 def embedding_sync_time(model: ModelSpec, training: Training, config: ParallelConfig, link: Link,
                         calibration: Calibration) -> float:
     """All-reduce of the tied word-embedding gradient between the first and the last pipeline stage,
-    once per iteration after the pipeline flush (Megatron-LM and DeepSpeed alike; not overlapped)."""
-    if not model.tie_embeddings or config.pp == 1:
+    once per iteration after the pipeline flush (Megatron-LM and DeepSpeed alike; not overlapped). A frozen
+    embedding (LoRA, QLoRA) has no gradient to reduce."""
+    if not model.tie_embeddings or config.pp == 1 or training.finetune != "full":
         return 0.0
     size = model.vocab_size * model.hidden_size / config.tp * training.grad_bytes
     return all_reduce_time(size, 2, link, calibration)
