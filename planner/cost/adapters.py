@@ -14,10 +14,10 @@ from planner.config import Training
 from planner.errors import PlannerError
 from planner.finetune import NF4_BITS_PER_PARAM, PARAM_BYTES, adapter_linears, block_linear_weights
 from planner.gpu import GPUSpec
-from planner.model import BlockSpec
+from planner.model import BlockSpec, UnitKind
 from planner.profile.analytic import AnalyticProfile, UnitSetting, UnitTimes
 
-__all__ = ["DEQUANT_BYTES_PER_PARAM", "adapter_block_times", "dequant_s"]
+__all__ = ["DEQUANT_BYTES_PER_PARAM", "adapter_block_times", "dequant_s", "frozen_end_times"]
 
 DEQUANT_BYTES_PER_PARAM = NF4_BITS_PER_PARAM / 8 + PARAM_BYTES
 """HBM bytes per weight of one de-quantisation: read the NF4 code and its share of the constants, write the 16-bit
@@ -59,3 +59,14 @@ def adapter_block_times(block: BlockSpec, times: UnitTimes, training: Training, 
     weight_gradients = sum(times.linear_forward_s)
     return replace(times, forward_s=times.forward_s + adapters + dequant,
                    backward_s=times.backward_s - weight_gradients + 2 * adapters + dequant)
+
+
+def frozen_end_times(kind: UnitKind, times: UnitTimes, training: Training) -> UnitTimes:
+    """The embedding or output head with frozen weights: the embedding runs no backward (nothing before it needs a
+    gradient and its table gets none); the head computes its logits GEMM's input gradient but not its weight
+    gradient (`linear_forward_s`, empty for a measured profile). Full training: `times`."""
+    if training.finetune == "full":
+        return times
+    if kind is UnitKind.EMBEDDING:
+        return replace(times, backward_s=0.0)
+    return replace(times, backward_s=times.backward_s - sum(times.linear_forward_s))

@@ -17,7 +17,7 @@ import numpy as np
 
 from planner.cluster import Link
 from planner.config import ParallelConfig, Recompute, Training
-from planner.cost.adapters import adapter_block_times
+from planner.cost.adapters import adapter_block_times, frozen_end_times
 from planner.cost.comm import all_gather_time, all_reduce_time, all_to_all_time, p2p_time, reduce_scatter_time
 from planner.cost.memory import (
     activation_bytes,
@@ -171,7 +171,7 @@ def unit_costs(
     for kind, parameters in ((UnitKind.EMBEDDING, model.embedding_parameters()),
                              (UnitKind.HEAD, model.head_parameters())):
         forward_ars, backward_ars = _TP_ALL_REDUCES[kind]
-        times = timer.times(kind, setting, gpu)
+        times = frozen_end_times(kind, timer.times(kind, setting, gpu), training)
         costs[kind] = UnitCost(
             forward_s=times.forward_s, backward_s=times.backward_s, recompute_s=0.0,
             tp_forward_s=forward_ars * all_reduce, tp_backward_s=backward_ars * all_reduce,

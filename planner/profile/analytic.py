@@ -504,7 +504,8 @@ class AnalyticProfile:
         kernels = 2 + _CROSS_ENTROPY_KERNELS + (2 if t > 1 else 0)  # the norm and the logits GEMM besides
         backward_kernels = _BACKWARD_KERNELS_PER_FORWARD * kernels
         return UnitTimes(self._host_bound(logits + norm + cross_entropy, kernels),
-                         self._host_bound(2 * logits + 2 * norm + cross_entropy, backward_kernels))
+                         self._host_bound(2 * logits + 2 * norm + cross_entropy, backward_kernels),
+                         linear_forward_s=(logits,))
 
 
 @cache
