@@ -22,10 +22,23 @@ import yaml
 from planner import InfeasibleError, PlannerError, __version__
 from planner.cluster import Cluster, catalog_cluster_names, load_cluster
 from planner.compare import compare_plans
-from planner.config import DTYPES, MOE_DISPATCHERS, ParallelConfig, Partition, Schedule, Training
+from planner.config import (
+    DEFAULT_LORA_RANK,
+    DEFAULT_LORA_TARGETS,
+    DTYPES,
+    FINETUNE_MODES,
+    LORA_TARGETS,
+    MOE_DISPATCHERS,
+    OPTIMIZER_STATES,
+    ParallelConfig,
+    Partition,
+    Schedule,
+    Training,
+)
 from planner.cost.estimate import Estimate, estimate, fit_advice
 from planner.explain import explain
 from planner.export import TARGETS, exporter, render_stdout, write_export
+from planner.finetune import adapter_parameters
 from planner.frameworks import FRAMEWORK_NAMES, framework_named
 from planner.gpu import GIB, catalog_gpu_names, lookup_gpu
 from planner.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN
@@ -50,6 +63,7 @@ from planner.render import (
     format_breakdown,
     format_comparison,
     format_explanation,
+    format_memory,
     format_ranked,
     format_stages,
     format_sweep,
@@ -100,6 +114,17 @@ def problem_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--dtype", type=click.Choice(DTYPES), default="bf16", show_default=True),
         click.option("--attention", type=click.Choice(["flash", "unfused"]), default="flash", show_default=True,
                      help="Attention kernel: FlashAttention, or unfused softmax (pre-2022 Megatron runs)."),
+        click.option("--finetune", type=click.Choice(FINETUNE_MODES), default="full", show_default=True,
+                     help="What trains: every parameter (full), or LoRA adapters on frozen 16-bit (lora) or 4-bit "
+                          "NF4 (qlora) base weights."),
+        click.option("--lora-rank", type=int, metavar="R",
+                     help=f"LoRA rank (with --finetune lora|qlora)  [default: {DEFAULT_LORA_RANK}]"),
+        click.option("--lora-targets", type=click.Choice(LORA_TARGETS),
+                     help=f"Linears that get adapters (with --finetune lora|qlora)  [default: {DEFAULT_LORA_TARGETS}]"),
+        click.option("--optimizer-states", type=click.Choice(("auto", *OPTIMIZER_STATES)), default="auto",
+                     show_default=True,
+                     help="Adam states: fp32 on the GPU, 8bit (bitsandbytes) or cpu (ZeRO-Offload); auto: fp32, and "
+                          "on plan the faster of 8bit and cpu when nothing fits with fp32."),
     ]
     for option in reversed(options):
         command = option(command)
@@ -260,9 +285,29 @@ class Problem:
     profile_path: Path | None = None  # the timer's file when it came from a plan file (`estimate --plan`)
 
 
+@dataclass(frozen=True)
+class TuningOptions:
+    """The fine-tuning options of `plan` and `estimate` as given (`problem_options`)."""
+
+    finetune: str = "full"
+    lora_rank: int | None = None
+    lora_targets: str | None = None
+    optimizer_states: str = "auto"
+
+    @classmethod
+    def pop_from(cls, options: dict[str, Any]) -> TuningOptions:
+        """Take the fine-tuning options out of a command's keyword options."""
+        return cls(*(options.pop(name) for name in ("finetune", "lora_rank", "lora_targets", "optimizer_states")))
+
+    def training_fields(self) -> dict[str, Any]:
+        """Training's fields; "auto" optimizer states start as fp32 (plan may choose others)."""
+        return {"finetune": self.finetune, "lora_rank": self.lora_rank, "lora_targets": self.lora_targets,
+                "optimizer_states": "fp32" if self.optimizer_states == "auto" else self.optimizer_states}
+
+
 def load_problem(model_spec: str, cluster_spec: str, global_batch: int, seq_len: int, dtype: str, attention: str,
                  profile_path: Path | None, calibration_path: Path | None, links_path: Path | None,
-                 slowdowns: tuple[str, ...]) -> Problem:
+                 slowdowns: tuple[str, ...], tuning: TuningOptions | None = None) -> Problem:
     """Model, cluster (with measured links and slowdowns), training, calibration and measured profile;
     warnings about implausibly slow measured links go to stderr and into the Problem."""
     model, nominal = load_model(model_spec), load_cluster(cluster_spec)
@@ -270,21 +315,43 @@ def load_problem(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     for warning in warnings:
         click.echo(f"warning: {warning}", err=True)
     cluster = condition_cluster(nominal, links_path, slowdowns)
-    training = Training(global_batch=global_batch, seq_len=seq_len, dtype=dtype, attention=attention)
+    training = Training(global_batch=global_batch, seq_len=seq_len, dtype=dtype, attention=attention,
+                        **(tuning or TuningOptions()).training_fields())
     calibration = load_calibration(calibration_path) if calibration_path else default_calibration()
     timer = None
     if profile_path:
         model, training, timer = load_profile_and_model(profile_path, model_spec, training, calibration)
+    adapter_parameters(model, training)  # a rank or target the model cannot take fails here, before any search
     return Problem(model, cluster, training, calibration, timer, warnings)
 
 
-def shortfall_message(config: ParallelConfig, result: Estimate) -> str:
+def echo_memory(training: Training, result: Estimate) -> None:
+    """The frozen / trainable memory breakdown, for fine-tuning and non-default optimizer states."""
+    if training.finetune != "full" or training.optimizer_states != "fp32":
+        click.echo("\nmemory per GPU (frozen base weights apart from the trainable states)")
+        click.echo(format_memory(result))
+
+
+def describe_tuning(model: ModelSpec, training: Training) -> str:
+    """', LoRA r=16 all-linear (207.1 M trainable, 0.29 %)' and the optimizer states when not fp32; '' otherwise."""
+    text = ""
+    if training.finetune != "full":
+        trainable = adapter_parameters(model, training)
+        text += (f", {training.finetune.replace('q', 'Q', 1).replace('lora', 'LoRA')} r={training.lora_rank} "
+                 f"{training.lora_targets} ({trainable / 1e6:,.1f} M trainable, "
+                 f"{100 * trainable / model.num_parameters:.2f} %)")
+    if training.optimizer_states != "fp32":
+        text += f", optimizer states {training.optimizer_states}"
+    return text
+
+
+def shortfall_message(config: ParallelConfig, result: Estimate, training: Training | None = None) -> str:
     stage = result.tightest_stage()
     short = stage.memory.total - stage.memory.capacity
     return (
         f"stage {stage.index} (pipeline rank {stage.pp_rank}) needs {stage.memory.total / GIB:.1f} GiB, "
         f"{stage.gpu} has {stage.memory.capacity / GIB:.1f} GiB (short by {short / GIB:.1f} GiB); "
-        f"{fit_advice(config, result)}"
+        f"{fit_advice(config, result, training)}"
     )
 
 
@@ -399,13 +466,16 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
     re-estimates a plan file and says whether it reproduces the file's estimate.
     """
     check_cost_options(tokens, gpu_hour_price)
+    tuning = TuningOptions.pop_from(parallel)
     fixed = FixedOptions.from_options(parallel)
     if plan_path:
         problem, config, split, placement, framework = plan_file_problem(plan_path, fixed.framework)
     else:
         problem = load_problem(model_spec, cluster_spec, global_batch, seq_len, dtype, attention, profile_path,
-                               calibration_path, links_path, slowdowns)
+                               calibration_path, links_path, slowdowns, tuning)
         config = complete_config(fixed, problem.model, problem.cluster, problem.training)
+        if fixed.framework:
+            framework_named(fixed.framework).require_training(problem.training, config)
         split = parse_partition(partition, problem.model) if partition else None
         placement, framework = default_placement(problem.cluster, config), fixed.framework or "any"
     model, cluster, training, calibration, timer = (problem.model, problem.cluster, problem.training,
@@ -433,7 +503,7 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
         click.echo(text)
     else:
         click.echo(f"{model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {global_batch}, "
-                   f"sequence {training.seq_len}, {training.dtype}")
+                   f"sequence {training.seq_len}, {training.dtype}{describe_tuning(model, training)}")
         click.echo(describe_estimate(config, result, config.num_gpus))
         if cost:
             click.echo(f"time to train   {cost.describe()}")
@@ -443,10 +513,11 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
         click.echo(format_breakdown(result))
         click.echo("\nstages (times per micro-batch; memory per GPU of that pipeline rank)")
         click.echo(format_stages(result))
+        echo_memory(training, result)
         if "replan" in extra:
             echo_replan(extra["replan"])
     if not result.fits:
-        click.echo(f"does not fit: {shortfall_message(config, result)}", err=True)
+        click.echo(f"does not fit: {shortfall_message(config, result, training)}", err=True)
         sys.exit(1)
 
 
@@ -556,14 +627,16 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
                  tokens: int | None, gpu_hour_price: float | None, **parallel: Any) -> None:
     """Search the best parallel layouts (fixed options constrain the search) and rank them."""
     check_cost_options(tokens, gpu_hour_price)
+    tuning = TuningOptions.pop_from(parallel)
     problem = load_problem(model_spec, cluster_spec, global_batch, seq_len, dtype, attention, profile_path,
-                           calibration_path, links_path, slowdowns)
+                           calibration_path, links_path, slowdowns, tuning)
     model, cluster, training, calibration, timer = (problem.model, problem.cluster, problem.training,
                                                     problem.calibration, problem.timer)
     unslowed = condition_cluster(load_cluster(cluster_spec), links_path, ()) if slowdowns else None
     fixed = FixedOptions.from_options({**parallel, "framework": parallel["framework"] or export_target})
     found = plan(model, cluster, training, fixed, top_k, time_limit_s, unslowed=unslowed, timer=timer,
-                 calibration=calibration)
+                 calibration=calibration, choose_optimizer_states=tuning.optimizer_states == "auto")
+    training = found.training or training
     echo_profile_notes(timer)
     heterogeneity = found.heterogeneity
     documents = [build_plan_document(model, cluster, training, p.config, p.placement, p.estimate,
@@ -596,7 +669,7 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
         click.echo(text)
         return
     click.echo(f"{model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {global_batch}, "
-               f"sequence {training.seq_len}, {training.dtype}")
+               f"sequence {training.seq_len}, {training.dtype}{describe_tuning(model, training)}")
     click.echo(format_ranked(frame))
     stats = found.stats
     click.echo(f"\nsearched {stats.configurations} configurations in {stats.wall_s:.2f} s: "
@@ -619,6 +692,7 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     click.echo(format_breakdown(best.estimate))
     click.echo("\nstages (times per micro-batch; memory per GPU of that pipeline rank)")
     click.echo(format_stages(best.estimate))
+    echo_memory(training, best.estimate)
     if heterogeneity:
         echo_heterogeneity(heterogeneity)
 

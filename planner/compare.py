@@ -66,6 +66,11 @@ def _fields(document: dict[str, Any], label: str) -> list[tuple[str, str]]:
     rows = [("model", str(model.get("name"))), ("cluster", f"{cluster.get('name')} ({cluster.get('num_gpus')} GPUs)"),
             ("global batch × sequence", f"{training.get('global_batch')} × {training.get('seq_len')}"),
             ("dtype", str(training.get("dtype")))]
+    if training.get("finetune", "full") != "full" or training.get("optimizer_states", "fp32") != "fp32":
+        adapters = (f" r={training.get('lora_rank')} {training.get('lora_targets')}"
+                    if training.get("finetune", "full") != "full" else "")
+        rows += [("finetune", f"{training.get('finetune', 'full')}{adapters}"),
+                 ("optimizer states", str(training.get("optimizer_states", "fp32")))]
     rows += [(key, str(par[key])) for key in _PARALLELISM if key in par]
     rows.append(("blocks per stage", ",".join(str(s["blocks"][1] - s["blocks"][0]) for s in document["stages"])))
     rows += [("iteration time", f"{estimate['iteration_time_s']:.4f} s"),

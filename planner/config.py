@@ -15,7 +15,8 @@ from enum import Enum
 from planner.cost.schedule import Schedule, schedule_of, stage_ranks
 from planner.errors import PlannerError
 
-__all__ = ["CP_COMMS", "DTYPES", "MOE_DISPATCHERS", "ParallelConfig", "Partition", "Recompute", "Schedule", "Training"]
+__all__ = ["CP_COMMS", "DEFAULT_LORA_RANK", "DEFAULT_LORA_TARGETS", "DTYPES", "FINETUNE_MODES", "LORA_TARGETS",
+           "MOE_DISPATCHERS", "OPTIMIZER_STATES", "ParallelConfig", "Partition", "Recompute", "Schedule", "Training"]
 
 DTYPES = ("bf16", "fp16", "fp8")
 # How a context-parallel group exchanges keys and values (Megatron-LM's --cp-comm-type): "p2p" rotates KV
@@ -27,6 +28,23 @@ CP_COMMS = ("p2p", "all-gather", "a2a")
 # per destination node over the network and fans it out to that node's expert ranks over NVLink.
 MOE_DISPATCHERS = ("alltoall", "flex")
 ATTENTION_KERNELS = ("flash", "unfused")
+# What trains: every parameter ("full", pre-training's accounting), or low-rank adapters on frozen 16-bit ("lora",
+# Hu et al. 2021) or 4-bit NF4 ("qlora", Dettmers et al. 2023) base weights (planner/finetune.py owns the rules).
+FINETUNE_MODES = ("full", "lora", "qlora")
+# Which linears get adapters: "qv" the query and value projections (Hu et al. 2021 §4.2 on GPT-3; Hugging Face
+# PEFT's default target_modules for Llama), "attention" every attention (or Mamba mixer) projection, "mlp" the MLP
+# (every expert's too), "all-linear" both and the block's further linears (PEFT's target_modules="all-linear",
+# QLoRA's setting: the output head stays frozen).
+LORA_TARGETS = ("qv", "attention", "mlp", "all-linear")
+DEFAULT_LORA_TARGETS = "all-linear"
+# r = 16: the rank of PEFT's and Megatron-Bridge's LoRA examples and of most published Llama recipes; QLoRA used 64
+# and found the rank mattered little once every linear is adapted (Dettmers et al. 2023 §4, Figure 4), LoRA used 4-8
+# on q, v. The adapters are < 1 % of a 7B+ model at r = 16, so the choice barely moves memory.
+DEFAULT_LORA_RANK = 16
+# Where the optimizer states live: fp32 Adam on the GPU (m, v and the fp32 master weights), "8bit" bitsandbytes'
+# block-wise 8-bit Adam (m and v in 1 byte each, Dettmers et al. 2022), "cpu" ZeRO-Offload / FSDP CPU offload
+# (states and the update on the host, Ren et al. 2021).
+OPTIMIZER_STATES = ("fp32", "8bit", "cpu")
 
 
 class Recompute(str, Enum):
@@ -51,6 +69,9 @@ class Training:
     `grad_bytes` is the per-parameter gradient size: 4 when gradients accumulate in fp32
     (Megatron-LM's default for bf16 and fp8), 2 when they stay 16-bit (its fp16 optimizer);
     None takes that dtype's default.
+    `finetune` (one of FINETUNE_MODES) says what trains; `lora_rank` and `lora_targets` (LORA_TARGETS) shape the
+    adapters of "lora" / "qlora" and must stay None for "full" (None takes DEFAULT_LORA_RANK / DEFAULT_LORA_TARGETS).
+    `optimizer_states` (OPTIMIZER_STATES) is where and how wide the Adam states are.
     `moe_load_imbalance` is the busiest expert-parallel rank's routed tokens over the mean (1.0: a
     force-balanced router, as Megatron-Bridge's MoE benchmarks run); `moe_capacity_factor` caps each
     expert at that multiple of its mean tokens and drops the rest (None: dropless).
@@ -63,10 +84,15 @@ class Training:
     grad_bytes: int | None = None
     moe_load_imbalance: float = 1.0
     moe_capacity_factor: float | None = None
+    finetune: str = "full"
+    lora_rank: int | None = None
+    lora_targets: str | None = None
+    optimizer_states: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.grad_bytes is None:
             object.__setattr__(self, "grad_bytes", 2 if self.dtype == "fp16" else 4)
+        self._check_finetune()
         _positive("training", "global_batch", self.global_batch)
         _positive("training", "seq_len", self.seq_len)
         if self.dtype not in DTYPES:
@@ -82,6 +108,32 @@ class Training:
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not 1.0 <= value < float("inf")):
                 raise PlannerError(f"training: {name} must be a finite number >= 1, got {value!r}")
+
+    def _check_finetune(self) -> None:
+        """Adapter options only with adapters; their defaults filled in; QLoRA computes in 16 bits."""
+        if self.finetune not in FINETUNE_MODES:
+            raise PlannerError(f"training: finetune must be one of {', '.join(FINETUNE_MODES)}, got {self.finetune!r}")
+        if self.optimizer_states not in OPTIMIZER_STATES:
+            raise PlannerError(f"training: optimizer_states must be one of {', '.join(OPTIMIZER_STATES)}, "
+                               f"got {self.optimizer_states!r}")
+        if self.finetune == "full":
+            given = [name for name in ("lora_rank", "lora_targets") if getattr(self, name) is not None]
+            if given:
+                names = " and ".join(name.replace("_", "-") for name in given)
+                raise PlannerError(f"training: {names} only shape LoRA adapters: use finetune lora or qlora, "
+                                   f"got finetune 'full'")
+            return
+        if self.lora_rank is None:
+            object.__setattr__(self, "lora_rank", DEFAULT_LORA_RANK)
+        if self.lora_targets is None:
+            object.__setattr__(self, "lora_targets", DEFAULT_LORA_TARGETS)
+        _positive("training", "lora_rank", self.lora_rank)
+        if self.lora_targets not in LORA_TARGETS:
+            raise PlannerError(f"training: lora_targets must be one of {', '.join(LORA_TARGETS)}, "
+                               f"got {self.lora_targets!r}")
+        if self.finetune == "qlora" and self.dtype == "fp8":
+            raise PlannerError("training: qlora de-quantises its NF4 weights to 16 bits for every GEMM; "
+                               "use dtype bf16 or fp16, got fp8")
 
     @property
     def moe_expert_load(self) -> float:

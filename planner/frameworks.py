@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from planner.config import CP_COMMS, MOE_DISPATCHERS, ParallelConfig, Recompute, Schedule
+from planner.config import CP_COMMS, MOE_DISPATCHERS, OPTIMIZER_STATES, ParallelConfig, Recompute, Schedule, Training
 from planner.cost.schedule import schedule_of
 from planner.errors import PlannerError
 
@@ -83,6 +83,10 @@ class Framework:
     # EP communication overlap only under these schedules and without activation recompute (None: wherever
     # moe_ep_overlap and ParallelConfig.ep_overlap_why_not allow it)
     ep_overlap_schedules: frozenset[Schedule] | None = None
+    # why its launcher cannot train LoRA / QLoRA adapters (what is missing); None: it can
+    no_adapters: str | None = None
+    # Training.optimizer_states it runs, each with the sharding it needs (None: any), e.g. offload's
+    optimizer_states: tuple[tuple[str, frozenset[tuple[int, bool]] | None], ...] = (("fp32", None),)
 
     def overlaps_ep(self, config: ParallelConfig) -> bool:
         """Whether it can overlap `config`'s EP all-to-alls with compute (before ParallelConfig's own rules)."""
@@ -112,6 +116,26 @@ class Framework:
                     else "; no export target runs it (plan with --framework any)")
             raise PlannerError(f"--schedule {schedule.value}: {self.version} has no such pipeline schedule "
                                f"(it runs {runs}){hint}")
+
+    def training_why_not(self, training: Training, config: ParallelConfig | None = None) -> str | None:
+        """None if this framework trains `training` (fine-tuning mode, optimizer states) as planned, else why not;
+        with `config`, also whether the optimizer states' placement fits its sharding (one line)."""
+        if training.finetune != "full" and self.no_adapters:
+            return f"{self.version} cannot fine-tune with {training.finetune}: {self.no_adapters}"
+        needs = dict(self.optimizer_states)
+        if training.optimizer_states not in needs:
+            return f"{self.version} has no {training.optimizer_states} optimizer states"
+        allowed = needs[training.optimizer_states]
+        if config is not None and allowed and (config.zero_stage, config.distributed_optimizer) not in allowed:
+            names = " or ".join(_sharding_name(sharding) for sharding in sorted(allowed))
+            return f"{self.version} keeps {training.optimizer_states} optimizer states only with {names}"
+        return None
+
+    def require_training(self, training: Training, config: ParallelConfig | None = None) -> None:
+        """PlannerError naming what is missing when this framework cannot train `training` (with `config`)."""
+        why = self.training_why_not(training, config)
+        if why:
+            raise PlannerError(f"{why}; plan with --framework any to see the estimate")
 
     def why_not(self, config: ParallelConfig) -> str | None:
         """None if this framework runs `config` exactly as planned, else why not (one line)."""
@@ -188,19 +212,29 @@ _DISPATCHERS = frozenset(MOE_DISPATCHERS)
 FRAMEWORKS: dict[str, Framework] = {
     "any": Framework(
         "any", "any framework", _ALL_SCHEDULES, _ANY_SHARDING, _ANY_SHARDING, True, True, _CP_COMMS, True, True,
-        _DISPATCHERS, True, True, True, _megatron_semantics, (0, True), searched_schedules=_UNSPLIT_SCHEDULES),
+        _DISPATCHERS, True, True, True, _megatron_semantics, (0, True), searched_schedules=_UNSPLIT_SCHEDULES,
+        optimizer_states=tuple((states, None) for states in OPTIMIZER_STATES)),
     # ZeRO-2/3 through Megatron-FSDP (optim_grads / optim_grads_params), which it does not claim with PP; no
     # zero-bubble schedule (core_v0.16.1's delay_wgrad_compute only overlaps MoE all-to-all in its 1F1B)
     "megatron": Framework(
         "megatron", "Megatron-LM core 0.16", frozenset({Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED}),
         frozenset({(0, False), (0, True), (2, False), (3, False)}), frozenset({(0, False), (0, True)}),
-        True, True, _CP_COMMS, True, True, _DISPATCHERS, True, False, False, _megatron_semantics, (0, True)),
+        True, True, _CP_COMMS, True, True, _DISPATCHERS, True, False, False, _megatron_semantics, (0, True),
+        # pretrain_gpt.py has no adapters (LoRA lives in Megatron-Bridge's PEFT, a different entry point);
+        # --optimizer-cpu-offload runs Adam on the host inside the distributed optimizer (HybridDeviceOptimizer)
+        no_adapters="pretrain_gpt.py has no LoRA/PEFT (Megatron-Bridge's peft.LoRA has; planner does not export it)",
+        optimizer_states=(("fp32", None), ("cpu", frozenset({(0, True)})))),
     # ZeRO-2/3 only without PP (PipelineEngine asserts stage < 2); CP only as Ulysses, which planner's cp is not
     "deepspeed": Framework(
         "deepspeed", "DeepSpeed 0.19 (Megatron-DeepSpeed)", frozenset({Schedule.ONE_F_ONE_B}),
         frozenset({(0, False), (1, False), (2, False), (3, False)}), frozenset({(0, False), (1, False)}),
         True, False, frozenset(), True, False, frozenset({"alltoall"}), False, False, False, _deepspeed_semantics,
-        (1, False)),
+        (1, False),
+        # Megatron-DeepSpeed builds its own GPT model and optimizer: no PEFT adapters, no bitsandbytes optimizer;
+        # ZeRO-Offload (offload_optimizer device cpu) with ZeRO stage 1-3 (REFERENCE.md, offload_config.py)
+        no_adapters="Megatron-DeepSpeed's pretrain_gpt.py has no LoRA/PEFT (Hugging Face PEFT runs under "
+                    "transformers' Trainer, not this launcher)",
+        optimizer_states=(("fp32", None), ("cpu", frozenset({(1, False), (2, False), (3, False)})))),
     # FSDP2 (reshard_after_forward never: ZeRO-2; default: ZeRO-3) or DDP, with PP too; CP rotates KV by
     # all-gather or a ring of exchanges; etp in {1, tp} (ParallelDims v0.2.2)
     # Its zero-bubble schedules are PyTorch's ScheduleInterleavedZeroBubble (at least 2 stages per rank, loop
@@ -215,7 +249,10 @@ FRAMEWORKS: dict[str, Framework] = {
         frozenset({(0, False), (2, False), (3, False)}), frozenset({(0, False), (2, False), (3, False)}),
         False, True, frozenset({"p2p", "all-gather"}), True, False, _DISPATCHERS, True, True, True,
         _torchtitan_semantics, None,
-        tp_overlap_with_split_backward=False, ep_overlap_schedules=frozenset({Schedule.DUALPIPE_V})),
+        tp_overlap_with_split_backward=False, ep_overlap_schedules=frozenset({Schedule.DUALPIPE_V}),
+        # the LoRA converter landed after 0.2.2 (pytorch/torchtitan#2484, 2026-03); training.enable_cpu_offload
+        # offloads parameters too, which planner does not price
+        no_adapters="0.2.2 has no LoRA model converter (pytorch/torchtitan#2484 adds one after the release)"),
 }
 FRAMEWORK_NAMES = tuple(FRAMEWORKS)
 TARGET_NAMES = FRAMEWORK_NAMES[1:]

@@ -18,6 +18,7 @@ __all__ = [
     "format_breakdown",
     "format_comparison",
     "format_explanation",
+    "format_memory",
     "format_ranked",
     "format_stages",
     "format_sweep",
@@ -130,6 +131,22 @@ def format_stages(result: Estimate) -> str:
         ))
     headers = ("stage", "pp", "chunk", "blocks", "ends", "gpu", "fwd ms", "bwd ms", "p2p ms", "states",
                "activations", "total", "capacity", "fits")
+    return format_table(headers, rows)
+
+
+def format_memory(result: Estimate) -> str:
+    """Per pipeline rank, the memory of one GPU term by term, the frozen base weights apart from the trainable
+    states (weights, gradients, optimizer states of what trains: all parameters, or the adapters)."""
+    rows, seen = [], set()
+    for s in result.stages:
+        if s.pp_rank in seen:
+            continue
+        seen.add(s.pp_rank)
+        mem = s.memory
+        rows.append((s.pp_rank, gib(mem.frozen_weights), gib(mem.weights - mem.frozen_weights), gib(mem.gradients),
+                     gib(mem.optimizer), gib(mem.activations), gib(mem.other), gib(mem.total)))
+    headers = ("pp", "frozen weights", "trainable weights", "gradients", "optimizer", "activations", "other",
+               "total")
     return format_table(headers, rows)
 
 

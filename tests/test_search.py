@@ -122,20 +122,24 @@ def test_infeasible_names_the_tightest_stage_and_the_shortfall() -> None:
         search(load_model("llama3-70b"), parse_shorthand("1x8xA100-80GB"), Training(global_batch=8, seq_len=2048))
 
 
-@pytest.mark.parametrize(("slowdown", "fixed"), [
-    (None, FixedOptions()), ("node1=2", FixedOptions()),
+@pytest.mark.parametrize(("slowdown", "fixed", "tuning"), [
+    (None, FixedOptions(), {}), ("node1=2", FixedOptions(), {}),
     # zero bubble: torchtitan's interleaved-zb and zb-v (V layout), and the zb-h1/zb-h2 orders when named
-    ("node1=2", FixedOptions(framework="torchtitan")), (None, FixedOptions(schedule=Schedule.ZB_H1)),
-    ("node1=2", FixedOptions(schedule=Schedule.ZB_H2))], ids=["any", "any-slow", "torchtitan-slow", "zb-h1",
-                                                             "zb-h2-slow"])
-def test_search_bounds_never_exceed_the_estimate_of_a_split(slowdown, fixed) -> None:
+    ("node1=2", FixedOptions(framework="torchtitan"), {}), (None, FixedOptions(schedule=Schedule.ZB_H1), {}),
+    ("node1=2", FixedOptions(schedule=Schedule.ZB_H2), {}),
+    # fine-tuning: frozen backward, adapter states, DP over trainable parameters, offloaded optimizer step
+    (None, FixedOptions(), {"finetune": "lora"}),
+    ("node1=2", FixedOptions(), {"finetune": "qlora", "optimizer_states": "cpu"}),
+    (None, FixedOptions(), {"optimizer_states": "8bit"}),
+], ids=["any", "any-slow", "torchtitan-slow", "zb-h1", "zb-h2-slow", "lora", "qlora-cpu-slow", "8bit"])
+def test_search_bounds_never_exceed_the_estimate_of_a_split(slowdown, fixed, tuning) -> None:
     """The cheap and the refined time bounds are lower bounds for the estimate (event simulator) of
     the uniform split and of the searched split of every configuration that fit — else the best-first scan
     could stop before a better plan. Uneven splits on slowed ranks are where closed forms overshoot."""
     model, cluster = load_model("gpt3-350m"), parse_shorthand("4x2xA100-80GB")
     if slowdown:
         cluster = apply_slowdowns(cluster, [parse_slowdown(slowdown)])
-    training = Training(global_batch=32, seq_len=1024)
+    training = Training(global_batch=32, seq_len=1024, **tuning)
     calibration = default_calibration()
     ctx = _Context(model, cluster, training, default_placement, AnalyticProfile(model, calibration), calibration)
     checked = 0

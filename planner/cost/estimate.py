@@ -26,6 +26,7 @@ from planner.cost.time import (
     unit_costs,
 )
 from planner.errors import PlannerError
+from planner.finetune import parameter_states
 from planner.gpu import GIB
 from planner.model import ModelSpec
 from planner.placement import GroupLinks, Placement, default_placement
@@ -86,12 +87,13 @@ class Estimate:
 def model_flops_per_iteration(model: ModelSpec, training: Training) -> float:
     """Model FLOPs (forward + backward, no recompute, attention not halved for causality) —
     Korthikanti et al. eq. 7 for GPT, generalised to GQA/SwiGLU/MoE — summed block type by block type (each at
-    its own width, token count and attention span); the MFU convention."""
+    its own width, token count and attention span); the MFU convention. With frozen base weights (LoRA, QLoRA) the
+    backward computes input gradients only, as many FLOPs as the forward (the adapters' are < 1 %): 2 × forward."""
     tokens = training.global_batch * training.seq_len
     forward = sum(count * block_type_forward_flops(model, block, tokens, training.seq_len)
                   for block, count in model.block_types().items())
     forward += head_forward_flops(model, tokens)
-    return 3 * forward
+    return (3 if training.finetune == "full" else 2) * forward
 
 
 def _sum_costs(keys: Sequence[CostKey], costs: dict[CostKey, UnitCost], start: int, end: int) -> dict[str, float]:
@@ -185,6 +187,7 @@ def estimate(
                            + totals["tp_backward"] + totals["cp_forward"] + totals["cp_backward"] + p2p[k])
 
     pipeline = _pipeline(sums, p2p, stage_times, config, m)
+    states = parameter_states(model, training)
     memories, dp_exposed, optimizer = [], [], []
     for r in range(config.pp):
         mine = [k for k in range(len(bounds)) if ranks[k] == r]
@@ -193,9 +196,10 @@ def estimate(
         memories.append(rank_memory.breakdown(params, sum(sums[k]["activations"] for k in mine),
                                               float(links.capacity_bytes[r])))
         units = [rank_costs[r][key] for k in mine for key in keys[bounds[k][0]:bounds[k][1]]]
-        dp_time = data_parallel_time(units, training, config, links.dp[r], calibration, m, links.replicate[r])
+        dp_time = data_parallel_time(units, training, config, links.dp[r], calibration, m, links.replicate[r],
+                                     states)
         dp_exposed.append(dp_time.exposed_s)
-        optimizer.append(optimizer_step_time(params, config, links.gpu[r], calibration))
+        optimizer.append(optimizer_step_time(params, config, links.gpu[r], calibration, states, training.grad_bytes))
 
     embedding_sync = embedding_sync_time(model, training, config, links.pp[-1], calibration)
     bottleneck = [k for k in range(len(bounds)) if ranks[k] == pipeline.bottleneck_rank]
@@ -247,10 +251,11 @@ def estimate(
     )
 
 
-def fit_advice(config: ParallelConfig, result: Estimate) -> str:
+def fit_advice(config: ParallelConfig, result: Estimate, training: Training | None = None) -> str:
     """What would make a configuration that does not fit fit, naming only options that help: when the
-    model states alone exceed the GPU, more sharding or more GPUs (a smaller batch or more recompute
-    frees nothing there); otherwise what shrinks activations, never an option already in use."""
+    model states alone exceed the GPU, more sharding, smaller or offloaded optimizer states (with `training`:
+    when they are fp32 Adam on the GPU), adapters instead of full fine-tuning, or more GPUs (a smaller batch or
+    more recompute frees nothing there); otherwise what shrinks activations, never an option already in use."""
     stage = result.tightest_stage()
     memory = stage.memory
     states = memory.weights + memory.gradients + memory.optimizer
@@ -258,6 +263,10 @@ def fit_advice(config: ParallelConfig, result: Estimate) -> str:
     if states + memory.other > memory.capacity:
         if config.optimizer_sharding < 3:
             options.append("--distributed-optimizer or --zero 3" if config.optimizer_sharding == 0 else "--zero 3")
+        if training is not None and training.optimizer_states == "fp32" and memory.optimizer > 0:
+            options.append("--optimizer-states 8bit or cpu")
+        if training is not None and training.finetune == "full":
+            options.append("--finetune lora or qlora (when fine-tuning)")
         options.append("a larger --tp/--pp")
         return (f"the model states alone need {states / GIB:.1f} GiB on this GPU: try "
                 + ", ".join(options) + " or more GPUs")

@@ -14,6 +14,7 @@ from functools import cache, cached_property
 
 from planner.config import ParallelConfig, Recompute, Training
 from planner.cost.schedule import schedule_of
+from planner.finetune import ADAM_STATE_BYTES, PARAM_BYTES, ParameterStates, adapter_linears, parameter_states
 from planner.gpu import GPUSpec
 from planner.model import BlockSpec, ModelSpec, UnitKind
 from planner.profile.calibration import Calibration
@@ -30,22 +31,22 @@ __all__ = [
     "largest_transient_bytes",
     "model_state_bytes",
     "nccl_communicators",
+    "parameter_model_states",
     "rank_memory_model",
     "recompute_working_bytes",
     "sharded_state_bytes",
 ]
 
-PARAM_BYTES = 2  # 16-bit weights (fp8 training keeps bf16 weights; FP8 copies are transient)
-ADAM_STATE_BYTES = 12  # fp32 master weights + momentum + variance (ZeRO's K = 12)
-
 
 @dataclass(frozen=True)
 class ModelStateBytes:
-    """Bytes of model state held by one GPU."""
+    """Bytes of model state held by one GPU; `frozen_weights` is the part of `weights` that is frozen base weights
+    (fine-tuning), the rest are trainable weights."""
 
     weights: float
     gradients: float
     optimizer: float
+    frozen_weights: float = 0.0
 
     @property
     def total(self) -> float:
@@ -53,35 +54,51 @@ class ModelStateBytes:
 
 
 def model_state_bytes(
-    num_params: float, dp: int, sharding: int, grad_bytes: int = 4, optimizer_bytes: int = ADAM_STATE_BYTES,
-    param_bytes: int = PARAM_BYTES,
+    num_params: float, dp: int, sharding: int, grad_bytes: int = 4, optimizer_bytes: float = ADAM_STATE_BYTES,
+    param_bytes: int = PARAM_BYTES, trainable: float = 1.0, frozen_bytes: float = 0.0,
 ) -> ModelStateBytes:
     """Model states for `num_params` parameters replicated over `dp` ranks.
 
     `sharding` is the ZeRO stage (the distributed optimizer counts as 1): 1 shards optimizer
     states, 2 also gradients, 3 also weights (Rajbhandari et al. 2020, §5). With fp16 weights,
     fp16 gradients and K = 12 this is ZeRO's Table 1; with fp32 gradients it is Megatron-LM's
-    18 bytes/param (6 + 12/d with the distributed optimizer).
+    18 bytes/param (6 + 12/d with the distributed optimizer). Fine-tuning (planner.finetune): only a
+    `trainable` fraction of the parameters has a 16-bit weight, a gradient and optimizer states; the frozen base
+    adds `frozen_bytes` per parameter of weights (sharded with the weights under ZeRO-3).
     """
     return ModelStateBytes(
-        weights=num_params * param_bytes / (dp if sharding >= 3 else 1),
-        gradients=num_params * grad_bytes / (dp if sharding >= 2 else 1),
-        optimizer=num_params * optimizer_bytes / (dp if sharding >= 1 else 1),
+        weights=num_params * (frozen_bytes + trainable * param_bytes) / (dp if sharding >= 3 else 1),
+        gradients=num_params * trainable * grad_bytes / (dp if sharding >= 2 else 1),
+        optimizer=num_params * trainable * optimizer_bytes / (dp if sharding >= 1 else 1),
+        frozen_weights=num_params * frozen_bytes / (dp if sharding >= 3 else 1),
     )
 
 
-def sharded_state_bytes(config: ParallelConfig, grad_bytes: int) -> ModelStateBytes:
+_FULL_ADAM = ParameterStates(1.0, 0.0, ADAM_STATE_BYTES)  # full training, Adam on the GPU: the default accounting
+
+
+def parameter_model_states(num_params: float, dp: int, sharding: int, grad_bytes: int,
+                           states: ParameterStates | None = None) -> ModelStateBytes:
+    """`model_state_bytes` of `num_params` parameters under a fine-tuning accounting (None: full training)."""
+    s = states or _FULL_ADAM
+    return model_state_bytes(num_params, dp, sharding, grad_bytes, s.optimizer_bytes, trainable=s.trainable,
+                             frozen_bytes=s.frozen_bytes)
+
+
+def sharded_state_bytes(config: ParallelConfig, grad_bytes: int,
+                        states: ParameterStates | None = None) -> ModelStateBytes:
     """Model states per parameter under the configuration's sharding over its shard group. Under a pipeline
     schedule PyTorch's pipeline stages turn FSDP's gradient sync and resharding after backward off until the
     last micro-batch's backward: gradients stay unsharded, and every unit's 16-bit weights stay gathered from
     its first backward on (a forward's reshard is undone by the next backward). Without pipelining and without
     `reshard_after_forward` the gathered weights stay from forward to backward (no gather buffer extra)."""
-    states = model_state_bytes(1.0, config.shard_group, config.optimizer_sharding, grad_bytes)
+    whole = parameter_model_states(1.0, 1, 0, grad_bytes, states)
+    sharded = parameter_model_states(1.0, config.shard_group, config.optimizer_sharding, grad_bytes, states)
     if config.pp > 1 and config.optimizer_sharding >= 2:
-        return ModelStateBytes(PARAM_BYTES, float(grad_bytes), states.optimizer)
+        return ModelStateBytes(whole.weights, whole.gradients, sharded.optimizer, whole.frozen_weights)
     if config.optimizer_sharding == 3 and not config.reshard_after_forward:
-        return ModelStateBytes(PARAM_BYTES, states.gradients, states.optimizer)
-    return states
+        return ModelStateBytes(whole.weights, sharded.gradients, sharded.optimizer, whole.frozen_weights)
+    return sharded
 
 
 def block_activation_bytes(
@@ -160,6 +177,9 @@ def block_type_activation_bytes(model: ModelSpec, block: BlockSpec, training: Tr
     if block.mamba is not None:
         mamba = block.mamba
         sharded += s * b * (2 * 2 * mamba.conv_channels + 3 * 2 * mamba.inner_size + 8 * mamba.num_heads) / t
+    if training.finetune != "full":  # each adapter a token runs through keeps x·A (r wide, 16-bit) for B's wgrad
+        sharded += 2 * s * b * training.lora_rank * sum(
+            copies for _, _, copies in adapter_linears(block, training.lora_targets, active=True)) / t
     return replicated / divisor + sharded + head
 
 
@@ -211,6 +231,7 @@ class MemoryBreakdown:
     other: float
     capacity: float
     other_detail: dict[str, float] = field(default_factory=dict)
+    frozen_weights: float = 0.0  # the frozen base weights inside `weights` (fine-tuning); the rest train
 
     @property
     def total(self) -> float:
@@ -221,8 +242,9 @@ class MemoryBreakdown:
         return self.total <= self.capacity
 
     def as_dict(self) -> dict[str, float]:
+        frozen = {"frozen_weights": self.frozen_weights} if self.frozen_weights else {}
         return {
-            "weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
+            "weights": self.weights, **frozen, "gradients": self.gradients, "optimizer": self.optimizer,
             "activations": self.activations, "other": self.other, "total": self.total,
             "capacity": self.capacity,
         }
@@ -272,7 +294,8 @@ class RankMemoryModel:
         detail = dict(self.runtime) | dict(self.buffers)
         detail["allocator_fragmentation"] = self.fragmentation * (held + sum(value for _, value in self.buffers))
         return MemoryBreakdown(self.states.weights * params, self.states.gradients * params,
-                               self.states.optimizer * params, held, sum(detail.values()), capacity, detail)
+                               self.states.optimizer * params, held, sum(detail.values()), capacity, detail,
+                               self.states.frozen_weights * params)
 
 
 def nccl_communicators(model: ModelSpec, config: ParallelConfig, pp_rank: int) -> int:
@@ -310,13 +333,16 @@ def _parameter_counts(model: ModelSpec) -> tuple[int, int]:
 def framework_buffer_bytes(model: ModelSpec, training: Training,
                            config: ParallelConfig) -> tuple[tuple[str, float], ...]:
     """Buffers the data-parallel engine allocates besides the model states: ZeRO-3 / FSDP's gathered
-    units (`ZERO3_GATHERED_UNITS` of the largest unit's 16-bit weights plus its unsharded gradient
-    before the reduce-scatter), DeepSpeed ZeRO-1/2's gradient bucket (at most the rank's gradients)."""
+    units (`ZERO3_GATHERED_UNITS` of the largest unit's weights plus its unsharded gradient
+    before the reduce-scatter), DeepSpeed ZeRO-1/2's gradient bucket (at most the rank's gradients);
+    when fine-tuning, of the weights as stored and the trainable parameters' gradients."""
+    states = parameter_states(model, training)
     if config.optimizer_sharding == 3 and config.reshard_after_forward and config.pp == 1:
         unit = _parameter_counts(model)[1] / config.tp
-        return (("gathered_units", unit * (ZERO3_GATHERED_UNITS * PARAM_BYTES + training.grad_bytes)),)
+        per_param = ZERO3_GATHERED_UNITS * states.weight_bytes + states.trainable * training.grad_bytes
+        return (("gathered_units", unit * per_param),)
     if config.zero_stage in (1, 2) and not config.distributed_optimizer and config.replicas > 1:
-        elements = min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, _parameter_counts(model)[0] / config.tp)
+        elements = min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, _parameter_counts(model)[0] * states.trainable / config.tp)
         return (("gradient_bucket", elements * training.grad_bytes),)
     return ()
 
@@ -331,7 +357,7 @@ def rank_memory_model(model: ModelSpec, training: Training, config: ParallelConf
     buffers = (*framework_buffer_bytes(model, training, config),
                ("largest_transient", largest_transient_bytes(model, training, config, pp_rank)))
     return RankMemoryModel(
-        states=sharded_state_bytes(config, training.grad_bytes),
+        states=sharded_state_bytes(config, training.grad_bytes, parameter_states(model, training)),
         in_flight=in_flight_microbatches(config, pp_rank, num_microbatches),
         working_bytes=recompute_working_bytes(model, training, config),
         buffers=buffers, runtime=runtime, fragmentation=calibration.allocator_fragmentation,

@@ -18,9 +18,16 @@ import numpy as np
 
 from planner.cluster import Link
 from planner.config import ParallelConfig, Recompute, Training
+from planner.cost.adapters import adapter_block_times, frozen_end_times
 from planner.cost.comm import all_gather_time, all_reduce_time, all_to_all_time, p2p_time, reduce_scatter_time
-from planner.cost.memory import activation_bytes, block_type_activation_bytes, model_state_bytes, sharded_state_bytes
+from planner.cost.memory import (
+    activation_bytes,
+    block_type_activation_bytes,
+    parameter_model_states,
+    sharded_state_bytes,
+)
 from planner.cost.schedule import Schedule, stage_ranks
+from planner.finetune import ParameterStates, full_parameter_states, parameter_states
 from planner.gpu import GPUSpec
 from planner.model import AttentionSpec, BlockSpec, MlpSpec, ModelSpec, UnitKind
 from planner.placement import ExpertLink
@@ -28,7 +35,9 @@ from planner.profile.analytic import UnitSetting, UnitTimes, unit_setting, weigh
 from planner.profile.calibration import Calibration
 
 __all__ = [
+    "CPU_ADAM_S_PER_PARAM",
     "CP_COMM_BYTES",
+    "HOST_LINK_BYTES_PER_S",
     "OPTIMIZER_BYTES_PER_PARAM",
     "PARAM_BYTES",
     "ActivationSource",
@@ -58,6 +67,18 @@ __all__ = [
 # Adam step per local parameter: read fp32 param, grad, momentum, variance (16 B), write param,
 # momentum, variance (12 B) and the 16-bit model copy (2 B).
 OPTIMIZER_BYTES_PER_PARAM = 30
+# 8-bit Adam (bitsandbytes): read fp32 param and grad, 1-byte m and v (10 B), write param, m, v (6 B) and the
+# 16-bit copy (2 B); the block statistics (8 B per 2048 values) are noise.
+OPTIMIZER_8BIT_BYTES_PER_PARAM = 18
+HOST_LINK_BYTES_PER_S = 25e9
+"""GPU ↔ host bandwidth one GPU reaches over PCIe 4.0 x16 (A100/H100 SXM hosts: 32 GB/s per direction on the
+wire, ~25 GB/s in pinned-memory cudaMemcpy, NVIDIA's bandwidthTest on DGX A100); ZeRO-Offload moves each step's
+gradients down and the updated 16-bit weights up over it (Ren et al. 2021 §4.1). Gen5 hosts (H100 PCIe, GH200's
+C2C) are faster; planner does not model the host link per machine."""
+CPU_ADAM_S_PER_PARAM = 0.22 / 1e9
+"""Seconds per parameter of DeepSpeed's vectorised CPU-Adam: 0.22 s for 1 billion parameters on the host CPU of a
+DGX-2 node (Ren et al. 2021, ZeRO-Offload, Table 3: CPU-Adam vs PyTorch's 1.39 s), run once per iteration on each
+rank's share (ZeRO-Offload partitions the update over the data-parallel ranks)."""
 # Bytes per parameter of the weights ZeRO / FSDP all-gathers: the 16-bit model copy (fp16/bf16; FSDP's
 # mixed-precision param_dtype, DeepSpeed's fp16 partitions).
 PARAM_BYTES = 2
@@ -158,7 +179,7 @@ def unit_costs(
     for kind, parameters in ((UnitKind.EMBEDDING, model.embedding_parameters()),
                              (UnitKind.HEAD, model.head_parameters())):
         forward_ars, backward_ars = _TP_ALL_REDUCES[kind]
-        times = timer.times(kind, setting, gpu)
+        times = frozen_end_times(kind, timer.times(kind, setting, gpu), training)
         costs[kind] = UnitCost(
             forward_s=times.forward_s, backward_s=times.backward_s, recompute_s=0.0,
             tp_forward_s=forward_ars * all_reduce, tp_backward_s=backward_ars * all_reduce,
@@ -167,6 +188,7 @@ def unit_costs(
     typed = _has_method(type(timer), "block_times")  # a BlockTypeTimer
     for block in model.block_types():
         times = timer.block_times(block, setting, gpu) if typed else timer.times(UnitKind.BLOCK, setting, gpu)
+        times = adapter_block_times(block, times, training, setting, gpu, timer)
         costs[block] = _block_cost(model, block, times, training, config, setting, tp_link, calibration, cp_link,
                                    ep_link, timer)
     if len(model.block_types()) == 1:
@@ -184,8 +206,9 @@ def _block_cost(model: ModelSpec, block: BlockSpec, times: UnitTimes, training: 
     if block.tokens is not None:
         setting = replace(setting, seq_len=block.tokens, cp=1)
     tp_forward = tp_backward = 0.0
-    if config.tp > 1:
-        tp_forward, tp_backward = _block_tp_s(times, _tp_linears(block), config,
+    if config.tp > 1:  # a frozen block has no weight-gradient GEMMs to hide the backward collectives behind
+        tp_config = config if training.finetune == "full" else replace(config, overlap_tp_backward=False)
+        tp_forward, tp_backward = _block_tp_s(times, _tp_linears(block), tp_config,
                                               2 * setting.tokens * block.hidden_size, tp_link, calibration)
     cp_forward = cp_backward = 0.0
     if block.attention is not None and setting.cp > 1:
@@ -212,7 +235,7 @@ def _block_cost(model: ModelSpec, block: BlockSpec, times: UnitTimes, training: 
         tp_forward_s=tp_forward,
         tp_backward_s=tp_backward + recompute_tp,
         activation_bytes=_activation_bytes(model, UnitKind.BLOCK, block, training, config, setting, timer),
-        params=_block_state_parameters(block, training, config),
+        params=_block_state_parameters(model, block, training, config),
         cp_forward_s=cp_forward,
         cp_backward_s=cp_backward,
         ep_s=ep_forward + ep_backward,
@@ -243,7 +266,7 @@ def _tp_linears(block: BlockSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return (tuple(i for i in _COLUMN_PARALLEL if present[i]), tuple(i for i in _ROW_PARALLEL if present[i]))
 
 
-def _block_state_parameters(block: BlockSpec, training: Training, config: ParallelConfig) -> float:
+def _block_state_parameters(model: ModelSpec, block: BlockSpec, training: Training, config: ParallelConfig) -> float:
     """Parameters of one block of type `block` held per rank, weighted so the memory model's one per-parameter cost
     (`sharded_state_bytes`, sharding over dp·cp) gives the exact model-state bytes: the TP-split part over tp, the
     further linears and extra parameters whole on every rank (as they run), the routed experts over ep·etp with
@@ -254,8 +277,9 @@ def _block_state_parameters(block: BlockSpec, training: Training, config: Parall
     split = (block.parameters() - experts - whole) / config.tp + whole
     if not experts:
         return split
-    per_param = sharded_state_bytes(config, training.grad_bytes)
-    expert_states = model_state_bytes(1.0, config.edp, config.optimizer_sharding, training.grad_bytes)
+    states = parameter_states(model, training)
+    per_param = sharded_state_bytes(config, training.grad_bytes, states)
+    expert_states = parameter_model_states(1.0, config.edp, config.optimizer_sharding, training.grad_bytes, states)
     return split + experts / (config.ep * config.etp) * expert_states.total / per_param.total
 
 
@@ -517,8 +541,9 @@ def embedding_sync_time(model: ModelSpec, training: Training, config: ParallelCo
                         calibration: Calibration) -> float:
     """All-reduce of the tied word-embedding gradient between the first and the last pipeline stage,
     once per iteration after the pipeline flush (Megatron-LM and DeepSpeed alike; not overlapped); none
-    where one rank holds both (a V layout)."""
-    if not model.tie_embeddings or config.pp == 1 or config.stage_ranks[0] == config.stage_ranks[-1]:
+    where one rank holds both (a V layout). A frozen embedding (LoRA, QLoRA) has no gradient to reduce."""
+    if (not model.tie_embeddings or config.pp == 1 or config.stage_ranks[0] == config.stage_ranks[-1]
+            or training.finetune != "full"):
         return 0.0
     size = model.vocab_size * model.hidden_size / config.tp * training.grad_bytes
     return all_reduce_time(size, 2, link, calibration)
@@ -550,16 +575,16 @@ def unit_runs(units: Sequence[UnitCost]) -> tuple[UnitRun, ...]:
 
 def data_parallel_time(
     units: Sequence[UnitCost], training: Training, config: ParallelConfig, link: Link, calibration: Calibration,
-    num_microbatches: int, replicate_link: Link | None = None,
+    num_microbatches: int, replicate_link: Link | None = None, states: ParameterStates | None = None,
 ) -> DataParallelTime:
     """DP traffic of one pipeline rank holding `units` (in execution order); see `data_parallel_time_of_runs`."""
     return data_parallel_time_of_runs(unit_runs(units), training, config, link, calibration, num_microbatches,
-                                      replicate_link)
+                                      replicate_link, states)
 
 
 def data_parallel_time_of_runs(
     runs: Sequence[UnitRun], training: Training, config: ParallelConfig, link: Link, calibration: Calibration,
-    num_microbatches: int, replicate_link: Link | None = None,
+    num_microbatches: int, replicate_link: Link | None = None, states: ParameterStates | None = None,
 ) -> DataParallelTime:
     """DP traffic of one pipeline rank holding `runs` of units (in execution order) and how much the schedule
     cannot hide.
@@ -572,12 +597,16 @@ def data_parallel_time_of_runs(
     (`_sharded_microbatch_s`); ZeRO-2 all-gathers the updated weights once per iteration like ZeRO-1.
     With pipelining, FSDP runs as PyTorch's pipeline stages drive it (`_pipelined_fsdp_s`). Under HSDP the
     R replicas (`replicate_link`) all-reduce their gradient shards once per iteration, behind the last backward.
+    Fine-tuning (`states`, planner.finetune) reduces and re-gathers only the trainable parameters; ZeRO-3 still
+    gathers the frozen base weights as stored.
     """
     if config.replicas == 1:
         return DataParallelTime(0.0, 0.0)
+    states = states or full_parameter_states(training)  # a fine-tune without its states is a bug: ValueError
     group = config.shard_group
     params = sum(unit.params * count for unit, count in runs)
-    grads = params * training.grad_bytes
+    trainable = params * states.trainable
+    grads = trainable * training.grad_bytes
     sharding = config.optimizer_sharding
     last_backward = sum((unit.backward_s + unit.recompute_s) * count for unit, count in runs)
     replicate_s = all_reduce_time(grads / group, config.hsdp_replicas, replicate_link or link, calibration)
@@ -585,7 +614,7 @@ def data_parallel_time_of_runs(
     if sharding == 0:
         reduce_s = all_reduce_time(grads, group, link, calibration)
         return DataParallelTime(reduce_s, _exposed(reduce_s, last_backward, config.overlap_grad_reduce))
-    gather_s = all_gather_time(params * PARAM_BYTES, group, link, calibration) if sharding < 3 else 0.0
+    gather_s = all_gather_time(trainable * PARAM_BYTES, group, link, calibration) if sharding < 3 else 0.0
     forward = sum(unit.forward_s * count for unit, count in runs)
     gather_exposed = _exposed(gather_s, forward, config.overlap_param_gather)
     if sharding == 1:
@@ -593,9 +622,9 @@ def data_parallel_time_of_runs(
         exposed = _exposed(reduce_s, last_backward, config.overlap_grad_reduce) + gather_exposed
         return DataParallelTime(reduce_s + gather_s, exposed)
     if config.pp > 1:
-        total, exposed = _pipelined_fsdp_s(runs, training, config, link, calibration, num_microbatches)
+        total, exposed = _pipelined_fsdp_s(runs, training, config, link, calibration, num_microbatches, states)
     else:
-        total, exposed = _sharded_microbatch_s(runs, training, config, link, calibration)
+        total, exposed = _sharded_microbatch_s(runs, training, config, link, calibration, states)
         total, exposed = num_microbatches * total, num_microbatches * exposed
     return DataParallelTime(total + gather_s + replicate.total_s, exposed + gather_exposed + replicate.exposed_s)
 
@@ -612,14 +641,15 @@ class _PassRun:
 
 
 def _pipelined_fsdp_s(runs: Sequence[UnitRun], training: Training, config: ParallelConfig, link: Link,
-                      calibration: Calibration, num_microbatches: int) -> tuple[float, float]:
+                      calibration: Calibration, num_microbatches: int,
+                      states: ParameterStates) -> tuple[float, float]:
     """(total, exposed) seconds per iteration of ZeRO-2/3 under a pipeline schedule, as PyTorch's pipeline
     stages drive FSDP (torch.distributed.pipelining, used by torchtitan): gradient sync and resharding after
     backward are off until the last micro-batch's backward, which reduce-scatters each unit's gradients once
     (behind the remaining backward). ZeRO-3 gathers each unit's weights before the first forward; with
     `reshard_after_forward` (off by default under PP, as torchtitan sets it) it frees them after every
     forward and gathers them again before every backward: m + 1 gathers, else one."""
-    collectives = _run_collectives(runs, training, config, link, calibration)
+    collectives = _run_collectives(runs, training, config, link, calibration, states)
     backward = [(gather, reduce, unit.backward_s + unit.recompute_s, count)
                 for (unit, count), (gather, reduce) in zip(runs[::-1], collectives[::-1], strict=True)]
     first = _prefetch_exposed_s([_PassRun(gather, 0.0, unit.forward_s, count)
@@ -633,17 +663,18 @@ def _pipelined_fsdp_s(runs: Sequence[UnitRun], training: Training, config: Paral
 
 
 def _run_collectives(runs: Sequence[UnitRun], training: Training, config: ParallelConfig, link: Link,
-                     calibration: Calibration) -> list[tuple[float, float]]:
-    """Per run, one unit's ZeRO-3 weight all-gather (0 under ZeRO-2) and gradient reduce-scatter over the
-    shard group."""
+                     calibration: Calibration, states: ParameterStates) -> list[tuple[float, float]]:
+    """Per run, one unit's ZeRO-3 weight all-gather (0 under ZeRO-2; the weights as stored) and gradient
+    reduce-scatter (its trainable parameters') over the shard group."""
     group = config.shard_group
-    return [(all_gather_time(unit.params * PARAM_BYTES, group, link, calibration)
+    return [(all_gather_time(unit.params * states.weight_bytes, group, link, calibration)
              if config.optimizer_sharding == 3 else 0.0,
-             reduce_scatter_time(unit.params * training.grad_bytes, group, link, calibration)) for unit, _ in runs]
+             reduce_scatter_time(unit.params * states.trainable * training.grad_bytes, group, link, calibration))
+            for unit, _ in runs]
 
 
 def _sharded_microbatch_s(runs: Sequence[UnitRun], training: Training, config: ParallelConfig, link: Link,
-                          calibration: Calibration) -> tuple[float, float]:
+                          calibration: Calibration, states: ParameterStates) -> tuple[float, float]:
     """(total, exposed) seconds of one micro-batch's ZeRO-2/3 collectives, one per FSDP unit and pass.
 
     The wrapping unit is one model unit (a transformer block; FSDP's auto-wrap policy, DeepSpeed's
@@ -659,7 +690,7 @@ def _sharded_microbatch_s(runs: Sequence[UnitRun], training: Training, config: P
     group's n ranks with its own (n − 1)·α latency, and prefetch hides it only behind the compute of the
     neighbouring unit (`_prefetch_exposed_s`).
     """
-    collectives = _run_collectives(runs, training, config, link, calibration)
+    collectives = _run_collectives(runs, training, config, link, calibration, states)
     regather = config.reshard_after_forward
     forward = _prefetch_exposed_s([_PassRun(gather, 0.0, unit.forward_s, count)
                                    for (unit, count), (gather, _) in zip(runs, collectives, strict=True)])
@@ -700,8 +731,18 @@ def _exposed(comm_s: float, hiding_s: float, overlapped: bool) -> float:
     return _positive(comm_s - hiding_s) if overlapped else comm_s
 
 
-def optimizer_step_time(params: float, config: ParallelConfig, gpu: GPUSpec, calibration: Calibration) -> float:
-    """Memory-bound Adam step over the parameters this GPU updates (sharded over its shard group under ZeRO)."""
+def optimizer_step_time(params: float, config: ParallelConfig, gpu: GPUSpec, calibration: Calibration,
+                        states: ParameterStates | None = None, grad_bytes: int = 4) -> float:
+    """The Adam step over the trainable parameters this GPU updates (sharded over its shard group under ZeRO):
+    memory-bound on the GPU (fp32 or 8-bit states), or offloaded (`states.offload`, ZeRO-Offload): the gradients
+    (`grad_bytes` each) down and the 16-bit weights up over the host link, and CPU-Adam on the host, not
+    overlapped with the next iteration (DeepSpeed's delayed parameter update is off by default)."""
     local = params / (config.shard_group if config.optimizer_sharding >= 1 else 1)
+    if states is not None:
+        local = local * states.trainable
+        if states.offload:
+            return local * (grad_bytes + PARAM_BYTES) / HOST_LINK_BYTES_PER_S + local * CPU_ADAM_S_PER_PARAM
     bandwidth = gpu.hbm_bandwidth_bytes_per_s * calibration.memory_bound_efficiency
-    return local * OPTIMIZER_BYTES_PER_PARAM / bandwidth
+    per_param = OPTIMIZER_8BIT_BYTES_PER_PARAM if states is not None and states.optimizer == "8bit" else (
+        OPTIMIZER_BYTES_PER_PARAM)
+    return local * per_param / bandwidth

@@ -162,6 +162,8 @@ def deepspeed_config(plan: Plan) -> dict:
     if zero >= 1:
         document["zero_optimization"].update({"overlap_comm": config.overlap_grad_reduce,
                                               "contiguous_gradients": True, "reduce_scatter": True})
+    if training.optimizer_states == "cpu":  # ZeRO-Offload: states and the Adam step on the host (stage 1-3)
+        document["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if training.dtype == "fp16":
         document["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
                             "hysteresis": 2, "min_loss_scale": 1}

@@ -150,6 +150,9 @@ def megatron_arguments(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
                      ("--no-gradient-accumulation-fusion",), ("--ckpt-format", "fsdp_dtensor")]
     if distributed_optimizer:
         parallel.append(("--use-distributed-optimizer",))
+    if plan.training.optimizer_states == "cpu":  # HybridDeviceOptimizer: every state and the step on the host
+        parallel += [("--optimizer-cpu-offload",), ("--optimizer-offload-fraction", "1.0"),
+                     ("--use-precision-aware-optimizer",)]
     if config.dp > 1 and config.overlap_grad_reduce:
         parallel.append(("--overlap-grad-reduce",))
         if distributed_optimizer and config.overlap_param_gather:

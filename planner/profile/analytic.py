@@ -527,7 +527,7 @@ class AnalyticProfile:
         backward_kernels = _BACKWARD_KERNELS_PER_FORWARD * kernels
         return UnitTimes(self._host_bound(logits + norm + cross_entropy, kernels),
                          self._host_bound(2 * logits + 2 * norm + cross_entropy, backward_kernels),
-                         weight_grad_s=logits)
+                         weight_grad_s=logits, linear_forward_s=(logits,))
 
 
 @cache

@@ -8,20 +8,25 @@ and stage split (`planner.search.placement.place_plans`) — and the plans are r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.cluster import Cluster
 from planner.config import Training
 from planner.cost.time import UnitTimer
+from planner.errors import InfeasibleError
+from planner.frameworks import framework_named
 from planner.model import ModelSpec
 from planner.profile.calibration import Calibration
 from planner.search.placement import heterogeneity_record, place_plans
-from planner.search.search import RankedPlan, SearchStats, search
+from planner.search.search import RankedPlan, SearchResult, SearchStats, search
 from planner.search.space import FixedOptions
 
-__all__ = ["PLACEMENT_EVALUATIONS", "Planned", "needs_placement", "plan"]
+__all__ = ["MEMORY_SAVING_OPTIMIZER_STATES", "PLACEMENT_EVALUATIONS", "Planned", "needs_placement", "plan"]
 
 PLACEMENT_EVALUATIONS = 300  # annealing budget beyond exact placement (cost-model calls, ~ seconds)
+# Optimizer states tried when nothing fits with fp32 Adam on the GPU and the caller lets the search choose them:
+# 8-bit states first change the numerics a little, offload none but costs host-link and CPU time; the faster wins.
+MEMORY_SAVING_OPTIMIZER_STATES = ("8bit", "cpu")
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,7 @@ class Planned:
     plans: tuple[RankedPlan, ...]
     stats: SearchStats
     heterogeneity: dict[str, object] | None  # `heterogeneity_record`; None on interchangeable nodes
+    training: Training | None = None  # the training planned for: the caller's, or with the optimizer states chosen
 
     @property
     def best(self) -> RankedPlan:
@@ -46,18 +52,59 @@ def plan(
     model: ModelSpec, cluster: Cluster, training: Training, fixed: FixedOptions | None = None, top_k: int = 5,
     time_limit_s: float = 10.0, *, unslowed: Cluster | None = None, timer: UnitTimer | None = None,
     calibration: Calibration | None = None, placement_evaluations: int = PLACEMENT_EVALUATIONS,
+    choose_optimizer_states: bool = False,
 ) -> Planned:
     """The top-k plans for `model` on `cluster`, the best one placed where placement matters; only
     configurations `fixed.framework` runs, each estimated as that framework runs it.
 
     `unslowed` is the cluster before --slowdown (the record then says what ignoring it costs).
+    `choose_optimizer_states`: when nothing fits with `training`'s optimizer states, also search each of
+    MEMORY_SAVING_OPTIMIZER_STATES the framework runs and keep the faster best plan (`Planned.training` says which);
+    the search space of a plan that fits as asked does not grow.
     Raises InfeasibleError when nothing fits, PlannerError on bad options.
     """
-    found = search(model, cluster, training, fixed, top_k, time_limit_s, timer=timer, calibration=calibration)
+    framework = framework_named(fixed.framework if fixed and fixed.framework else "any")
+    framework.require_training(training)
+    try:
+        found = search(model, cluster, training, fixed, top_k, time_limit_s, timer=timer, calibration=calibration)
+    except InfeasibleError as infeasible:
+        if not choose_optimizer_states:
+            raise
+        found, training = _with_memory_saving_states(model, cluster, training, fixed, top_k, time_limit_s, timer,
+                                                     calibration, infeasible)
     if not needs_placement(cluster):
-        return Planned(found.plans, found.stats, None)
+        return Planned(found.plans, found.stats, None, training)
     placed = place_plans(model, cluster, training, found.plans[:1], max_evaluations=placement_evaluations,
                          timer=timer, calibration=calibration, framework=fixed.framework if fixed else None)
     record = heterogeneity_record(model, cluster, training, placed, unslowed=unslowed, fixed=fixed,
                                   time_limit_s=time_limit_s, timer=timer, calibration=calibration)
-    return Planned((placed[0][0], *found.plans[1:]), found.stats, record)
+    return Planned((placed[0][0], *found.plans[1:]), found.stats, record, training)
+
+
+def _with_memory_saving_states(model: ModelSpec, cluster: Cluster, training: Training, fixed: FixedOptions | None,
+                               top_k: int, time_limit_s: float, timer: UnitTimer | None,
+                               calibration: Calibration | None,
+                               infeasible: InfeasibleError) -> tuple[SearchResult, Training]:
+    """The fastest search result over MEMORY_SAVING_OPTIMIZER_STATES the framework runs, with its training;
+    `infeasible` (what the caller's states lack) when none fits."""
+    framework = framework_named(fixed.framework if fixed and fixed.framework else "any")
+    best: tuple[SearchResult, Training] | None = None
+    tried = []
+    for states in MEMORY_SAVING_OPTIMIZER_STATES:
+        candidate = replace(training, optimizer_states=states)
+        if framework.training_why_not(candidate):
+            continue
+        tried.append(states)
+        try:
+            found = search(model, cluster, candidate, fixed, top_k, time_limit_s, timer=timer,
+                           calibration=calibration)
+        except InfeasibleError:
+            continue
+        if best is None or found.plans[0].estimate.iteration_time_s < best[0].plans[0].estimate.iteration_time_s:
+            best = (found, candidate)
+    if best is None:
+        if not tried:
+            raise infeasible
+        states = " or ".join(tried)
+        raise InfeasibleError(f"{infeasible}; with --optimizer-states {states} nothing fits either") from None
+    return best

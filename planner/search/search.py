@@ -40,6 +40,7 @@ from planner.cost.time import (
     unit_costs,
 )
 from planner.errors import InfeasibleError, PlannerError
+from planner.finetune import parameter_states
 from planner.gpu import GIB, GPUSpec
 from planner.model import BlockSpec, ModelSpec, UnitKind
 from planner.placement import GroupLinks, Placement, default_placement
@@ -135,6 +136,7 @@ class _Context:
                  timer: UnitTimer, calibration: Calibration) -> None:
         self.model, self.cluster, self.training = model, cluster, training
         self.placement_fn, self.timer, self.calibration = placement_fn, timer, calibration
+        self.parameter_states = parameter_states(model, training)
         self.links: dict[tuple[int, ...], tuple[Placement, GroupLinks]] = {}
         self.costs: dict[tuple, dict[CostKey, UnitCost]] = {}
         self.block_types: tuple[tuple[BlockSpec, int], ...] = tuple(model.block_types().items())
@@ -313,7 +315,8 @@ def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
     a, b = schedule_of(config.schedule).bound_form(m)
     least_sum, params = ctx.least_load(config, costs, boundary)
     pipeline = a * least_sum / config.pp + b * least_sum
-    optimizer = min(optimizer_step_time(params / config.pp, config, gpu, cal) for gpu in ctx.gpu_types(links))
+    optimizer = min(optimizer_step_time(params / config.pp, config, gpu, cal, ctx.parameter_states,
+                                        training.grad_bytes) for gpu in ctx.gpu_types(links))
     embedding_sync = embedding_sync_time(model, training, config, links.pp[-1], cal)
     dp_exposed = _least_dp_exposure(ctx, config, m, costs, links) if config.pp == 1 else 0.0
     split_free_s = optimizer + embedding_sync + cal.iteration_overhead_s
@@ -466,7 +469,7 @@ def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tup
             return 0.0
         units = [costs[0][key] for key in ctx.model.unit_cost_keys]
         return data_parallel_time(units, ctx.training, config, links.dp[0], ctx.calibration, m,
-                                  links.replicate[0]).exposed_s
+                                  links.replicate[0], ctx.parameter_states).exposed_s
     groups: dict[tuple, list[int]] = {}
     for r in range(pp):
         groups.setdefault((id(costs[r]), links.dp[r], links.replicate[r], r == config.stage_ranks[0],
@@ -514,7 +517,7 @@ def _dp_exposure_table(ctx: _Context, config: ParallelConfig, m: int, cost: dict
 
     def exposed(*middle: tuple[UnitCost, Any]) -> float | np.ndarray:
         return data_parallel_time_of_runs((*head, *middle, *tail), ctx.training, config, dp_link, ctx.calibration,
-                                          m, replicate_link).exposed_s
+                                          m, replicate_link, ctx.parameter_states).exposed_s
 
     table = np.full(layers + 1, np.inf)
     least = layers if config.pp == 1 else max(config.vpp - first - last, 0)
@@ -789,7 +792,8 @@ def _infeasible_message(ctx: _Context, rejected: list[_Candidate]) -> str:
     needed = _gpus_for_states(ctx, closest.config, ctx.placed(closest.config)[1].gpu[stage.pp_rank],
                               stage.memory.capacity)
     advice = (f"the model states alone need at least {needed:,.0f} {stage.gpu} GPUs, the cluster has "
-              f"{ctx.cluster.num_gpus:,}" if needed > ctx.cluster.num_gpus else fit_advice(closest.config, result))
+              f"{ctx.cluster.num_gpus:,}" if needed > ctx.cluster.num_gpus else fit_advice(closest.config, result,
+                                                                                             ctx.training))
     return (
         f"no configuration fits in memory; the closest ({closest.config.describe()}) has stage {stage.index} "
         f"needing {stage.memory.total / GIB:.1f} GiB, {stage.gpu} has {stage.memory.capacity / GIB:.1f} GiB "

@@ -346,15 +346,18 @@ def complete_config(fixed: FixedOptions, model: ModelSpec, cluster: Cluster, tra
 def enumerate_configs(model: ModelSpec, cluster: Cluster, training: Training,
                       fixed: FixedOptions = FixedOptions()) -> Iterator[ParallelConfig]:
     """Every valid configuration `fixed.framework` runs, as it runs it, in a fixed, deterministic order."""
-    return runnable_by_framework(_layouts(model, cluster, training, fixed), fixed)
+    return runnable_by_framework(_layouts(model, cluster, training, fixed), fixed, training)
 
 
-def runnable_by_framework(configs: Iterable[ParallelConfig], fixed: FixedOptions) -> Iterator[ParallelConfig]:
+def runnable_by_framework(configs: Iterable[ParallelConfig], fixed: FixedOptions,
+                          training: Training | None = None) -> Iterator[ParallelConfig]:
     """The configurations the framework runs, with its execution semantics. Where the user left them open,
     the framework's own way of sharding only optimizer states stands for the distributed optimizer
     (DeepSpeed: ZeRO-1; torchtitan has none), and TP communication overlap, EP communication overlap and the
     flex dispatcher are off where it has none (TP overlap also where its schedule rules it out: torchtitan's
-    async TP needs torch.compile, which its zero-bubble schedules do not run under)."""
+    async TP needs torch.compile, which its zero-bubble schedules do not run under); with `training`, only the
+    sharding its optimizer states need (e.g. CPU offload: Megatron-LM's distributed optimizer, DeepSpeed's
+    ZeRO 1-3)."""
     framework = framework_named(fixed.framework or "any")
     sharding_open = fixed.zero_stage is None and fixed.distributed_optimizer is None
     overlap_open = fixed.tp_comm_overlap is None
@@ -372,7 +375,8 @@ def runnable_by_framework(configs: Iterable[ParallelConfig], fixed: FixedOptions
             config = replace(config, zero_stage=zero_stage, distributed_optimizer=distributed_optimizer)
         if overlap_open and config.tp_comm_overlap and not framework.overlaps_tp(config):
             config = replace(config, tp_comm_overlap=False)
-        if framework.why_not(config) is None:
+        if framework.why_not(config) is None and (training is None or training.optimizer_states == "fp32"
+                                                  or framework.training_why_not(training, config) is None):
             yield framework.runs(config)
 
 
