@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ import numpy as np
 from planner.cluster import Cluster, Link
 from planner.config import ParallelConfig, Partition, Training
 from planner.cost.estimate import Estimate, estimate, fit_advice
-from planner.cost.memory import RankMemoryModel, in_flight_microbatches, rank_memory_model
+from planner.cost.memory import RankMemoryModel, in_flight_microbatches, rank_memory_model, sharded_state_bytes
 from planner.cost.schedule import RankTerms, schedule_of
 from planner.cost.time import (
     CostKey,
@@ -216,24 +217,18 @@ class _Context:
         key = (id(links), m, _memory_key(config))
         if key not in self.memories:
             representatives, kind_of = self.memory_kinds(links)
-            models = tuple(self.rank_memory(config, links, m, r) for r in representatives)
+            models = tuple(rank_memory_model(self.model, self.training, config, r, m, links.gpu[r], self.calibration)
+                           for r in representatives)
             ranks = Counter(kind_of)
             self.memories[key] = (models, sum(model.fixed_bytes * ranks[kind] for kind, model in enumerate(models)))
         return self.memories[key]
 
-    def rank_memory(self, config: ParallelConfig, links: GroupLinks, m: int, rank: int) -> RankMemoryModel:
-        """One pipeline rank's memory model, shared like `memory_models`'."""
-        key = (id(links), m, _memory_key(config), rank)
-        if key not in self.per_config:
-            self.per_config[key] = rank_memory_model(self.model, self.training, config, rank, m, links.gpu[rank],
-                                                     self.calibration)
-        return self.per_config[key]
-
-    def fewest_in_flight_memory(self, config: ParallelConfig, links: GroupLinks, m: int) -> RankMemoryModel:
-        """The memory model of the pipeline rank with the fewest in-flight micro-batches alone: enough to
-        reject most configurations that cannot fit before the other ranks' models are built."""
-        in_flight = self.in_flight(config, m)
-        return self.rank_memory(config, links, m, in_flight.index(min(in_flight)))
+    def least_memory_factors(self, config: ParallelConfig, m: int) -> tuple[float, float]:
+        """(Model-state bytes per parameter, bytes held per activation byte of one micro-batch on the rank with
+        the fewest in flight): the whole pipeline's least need, before any rank's memory model is built."""
+        in_flight = min(self.in_flight(config, m))
+        states = sharded_state_bytes(config, self.training.grad_bytes, self.parameter_states)
+        return states.total, (1 + self.calibration.allocator_fragmentation) * in_flight
 
     def in_flight(self, config: ParallelConfig, m: int) -> tuple[float, ...]:
         """Each pipeline rank's in-flight micro-batches."""
@@ -278,7 +273,7 @@ class _Context:
             rank = np.arange(pp)
             first, last = rank == ranks[0], rank == ranks[-1]
             stage_p2p = np.asarray(stage_boundary_s(boundary_s, len(ranks), config.schedule), dtype=float)
-            first_stage = np.unique(ranks, return_index=True)[1]  # each rank's chunk 0
+            first_stage = _first_stages(ranks)
             fixed = embedding * first + head * last + np.bincount(ranks, weights=stage_p2p, minlength=pp)
             # a pass carries half of each boundary its first chunk's stage touches
             forward_fixed = embedding_forward * first + head_forward * last + stage_p2p[first_stage] / 2
@@ -298,6 +293,12 @@ class _Context:
                                     min(cost[b].total_s for b, _ in self.block_types),
                                     max(cost[b].forward_pass_s for b, _ in self.block_types))
         return self.per_config[key]
+
+
+@cache
+def _first_stages(ranks: tuple[int, ...]) -> np.ndarray:
+    """Each pipeline rank's first stage (its chunk 0) in a stage-to-rank layout."""
+    return np.unique(ranks, return_index=True)[1]
 
 
 def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
@@ -340,8 +341,8 @@ def _with_memory(ctx: _Context, candidate: _Candidate) -> _Candidate:
     config, costs = candidate.config, candidate.rank_costs
     _, links = ctx.placed(config)
     activations = _model_total(ctx, costs[0], "activation_bytes")
-    fewest = ctx.fewest_in_flight_memory(config, links, candidate.num_microbatches)
-    need = fewest.param_bytes * _model_total(ctx, costs[0], "params") + fewest.activation_factor * activations
+    param_bytes, activation_factor = ctx.least_memory_factors(config, candidate.num_microbatches)
+    need = param_bytes * _model_total(ctx, costs[0], "params") + activation_factor * activations
     available = float(sum(links.capacity_bytes))
     if need > available:  # short even before any rank's fixed bytes: no other rank's model is needed
         return replace(candidate, memory_need_bytes=need, memory_available_bytes=available)
