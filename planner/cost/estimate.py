@@ -211,7 +211,7 @@ def estimate(
         "tp_comm": steady["tp_forward"] + steady["tp_backward"],
         "cp_comm": steady["cp_forward"] + steady["cp_backward"],
         "pp_comm": m * sum(p2p[k] for k in bottleneck),
-        "dp_comm": max(dp_exposed) + embedding_sync,
+        "dp_comm": float(max(dp_exposed)) + embedding_sync,
         "optimizer": max(optimizer),
         "other": calibration.iteration_overhead_s,
     }

@@ -72,7 +72,9 @@ class PipelineTime:
 
     @property
     def bubble_s(self) -> float:
-        return self.total_s - self.steady_s
+        """Time beyond the bottleneck rank's steady work; never below zero (a zero-bubble schedule's total and
+        steady share agree up to float rounding)."""
+        return max(self.total_s - self.steady_s, 0.0)
 
 
 @dataclass(frozen=True)
