@@ -92,11 +92,19 @@ def sharded_state_bytes(config: ParallelConfig, grad_bytes: int,
     last micro-batch's backward: gradients stay unsharded, and every unit's 16-bit weights stay gathered from
     its first backward on (a forward's reshard is undone by the next backward). Without pipelining and without
     `reshard_after_forward` the gathered weights stay from forward to backward (no gather buffer extra)."""
+    return _sharded_state_bytes(config.shard_group, config.optimizer_sharding, config.pp > 1,
+                                bool(config.reshard_after_forward), grad_bytes, states)
+
+
+@cache
+def _sharded_state_bytes(shard_group: int, sharding: int, pipelined: bool, reshard_after_forward: bool,
+                         grad_bytes: int, states: ParameterStates | None) -> ModelStateBytes:
+    """`sharded_state_bytes` of the few configuration fields it reads (the search asks per configuration)."""
     whole = parameter_model_states(1.0, 1, 0, grad_bytes, states)
-    sharded = parameter_model_states(1.0, config.shard_group, config.optimizer_sharding, grad_bytes, states)
-    if config.pp > 1 and config.optimizer_sharding >= 2:
+    sharded = parameter_model_states(1.0, shard_group, sharding, grad_bytes, states)
+    if pipelined and sharding >= 2:
         return ModelStateBytes(whole.weights, whole.gradients, sharded.optimizer, whole.frozen_weights)
-    if config.optimizer_sharding == 3 and not config.reshard_after_forward:
+    if sharding == 3 and not reshard_after_forward:
         return ModelStateBytes(whole.weights, sharded.gradients, sharded.optimizer, whole.frozen_weights)
     return sharded
 
@@ -330,13 +338,14 @@ def _parameter_counts(model: ModelSpec) -> tuple[int, int]:
     return model.num_parameters, max(unit.num_parameters for unit in model.units())
 
 
-def framework_buffer_bytes(model: ModelSpec, training: Training,
-                           config: ParallelConfig) -> tuple[tuple[str, float], ...]:
+def framework_buffer_bytes(model: ModelSpec, training: Training, config: ParallelConfig,
+                           states: ParameterStates | None = None) -> tuple[tuple[str, float], ...]:
     """Buffers the data-parallel engine allocates besides the model states: ZeRO-3 / FSDP's gathered
     units (`ZERO3_GATHERED_UNITS` of the largest unit's weights plus its unsharded gradient
     before the reduce-scatter), DeepSpeed ZeRO-1/2's gradient bucket (at most the rank's gradients);
-    when fine-tuning, of the weights as stored and the trainable parameters' gradients."""
-    states = parameter_states(model, training)
+    when fine-tuning, of the weights as stored and the trainable parameters' gradients (`states`, else
+    `parameter_states(model, training)`)."""
+    states = states or parameter_states(model, training)
     if config.optimizer_sharding == 3 and config.reshard_after_forward and config.pp == 1:
         unit = _parameter_counts(model)[1] / config.tp
         per_param = ZERO3_GATHERED_UNITS * states.weight_bytes + states.trainable * training.grad_bytes
@@ -348,16 +357,19 @@ def framework_buffer_bytes(model: ModelSpec, training: Training,
 
 
 def rank_memory_model(model: ModelSpec, training: Training, config: ParallelConfig, pp_rank: int,
-                      num_microbatches: int, gpu: GPUSpec, calibration: Calibration) -> RankMemoryModel:
-    """The memory accounting of pipeline rank `pp_rank` on `gpu` (constants: profiles/calibration.yaml)."""
+                      num_microbatches: int, gpu: GPUSpec, calibration: Calibration,
+                      states: ParameterStates | None = None) -> RankMemoryModel:
+    """The memory accounting of pipeline rank `pp_rank` on `gpu` (constants: profiles/calibration.yaml);
+    `states`: `parameter_states(model, training)`, when the caller has it."""
     runtime = (
         ("cuda_context", calibration.cuda_context_bytes + gpu.sm_count * STACK_BYTES_PER_SM),
         ("nccl", nccl_communicators(model, config, pp_rank) * calibration.nccl_communicator_bytes),
     )
-    buffers = (*framework_buffer_bytes(model, training, config),
+    states = states or parameter_states(model, training)
+    buffers = (*framework_buffer_bytes(model, training, config, states),
                ("largest_transient", largest_transient_bytes(model, training, config, pp_rank)))
     return RankMemoryModel(
-        states=sharded_state_bytes(config, training.grad_bytes, parameter_states(model, training)),
+        states=sharded_state_bytes(config, training.grad_bytes, states),
         in_flight=in_flight_microbatches(config, pp_rank, num_microbatches),
         working_bytes=recompute_working_bytes(model, training, config),
         buffers=buffers, runtime=runtime, fragmentation=calibration.allocator_fragmentation,

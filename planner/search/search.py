@@ -217,7 +217,8 @@ class _Context:
         key = (id(links), m, _memory_key(config))
         if key not in self.memories:
             representatives, kind_of = self.memory_kinds(links)
-            models = tuple(rank_memory_model(self.model, self.training, config, r, m, links.gpu[r], self.calibration)
+            models = tuple(rank_memory_model(self.model, self.training, config, r, m, links.gpu[r], self.calibration,
+                                             self.parameter_states)
                            for r in representatives)
             ranks = Counter(kind_of)
             self.memories[key] = (models, sum(model.fixed_bytes * ranks[kind] for kind, model in enumerate(models)))
@@ -536,7 +537,7 @@ def _problem(ctx: _Context, candidate: _Candidate) -> PartitionProblem:
     keys, type_of = ctx.unit_types
     times, memories, budgets = [], [], []
     for r, costs in enumerate(candidate.rank_costs):
-        rank = rank_memory_model(ctx.model, ctx.training, config, r, m, links.gpu[r], cal)
+        rank = rank_memory_model(ctx.model, ctx.training, config, r, m, links.gpu[r], cal, ctx.parameter_states)
         fixed = rank.fixed_bytes
         time_of = [costs[key].total_s for key in keys]
         memory_of = [rank.total(costs[key].params, costs[key].activation_bytes) - fixed for key in keys]
