@@ -28,9 +28,10 @@ SHARDED_WITH_PP = {"megatron": dict(distributed_optimizer=True), "deepspeed": di
 VARIANTS = (lambda _t: dict(pp=2), lambda t: dict(pp=2, micro_batch=2, **SHARDED_WITH_PP[t]),
             lambda _t: dict(pp=1, zero_stage=3))
 # What each target refuses: ALiBi and vision encoders in both Megatron parsers, Mamba layers in Megatron-DeepSpeed;
-# torchtitan 0.2.2 has only llama3's architectures.
+# torchtitan 0.2.2 has only llama3's and qwen3's architectures, and qwen3 without pipelines (qwen3-235b-a22b's
+# variant below has pp=2).
 REFUSED = {"megatron": {"bloom-176b", "llava-1.5-7b"}, "deepspeed": {"bloom-176b", "llava-1.5-7b", "nemotron-h-8b"},
-           "torchtitan": set(catalog_model_names()) - {"llama3-8b", "llama3-70b", "llama3-405b"}}
+           "torchtitan": set(catalog_model_names()) - {"llama3-8b", "llama3-70b", "llama3-405b", "qwen3-30b-a3b"}}
 
 
 def catalog_plan(index: int, name: str, target: str) -> Plan:
@@ -90,7 +91,8 @@ for path, world in json.loads(sys.argv[1]):
     parts = p.module_fqns_per_model_part or []
     out.append({"dp": dims.dp_replicate * dims.dp_shard, "fsdp": dims.dp_shard, "tp": dims.tp, "pp": dims.pp,
                 "cp": dims.cp, "local": t.local_batch_size, "global": t.global_batch_size, "seq": t.seq_len,
-                "micro": p.pipeline_parallel_microbatch_size, "blocks": [sum(n.startswith("layers.") for n in part)
+                "micro": p.pipeline_parallel_microbatch_size, "ep": dims.ep, "etp": dims.etp,
+                "blocks": [sum(n.startswith("layers.") for n in part)
                 for part in parts], "parts": parts, "model": [c.model.name, c.model.flavor]})
 print(json.dumps(out))
 """
@@ -119,7 +121,8 @@ def test_torchtitans_own_config_manager_and_parallel_dims_read_the_plans_degrees
             assert parsed["blocks"] == list(plan.blocks_per_stage)
         else:
             assert parsed["local"] * config.dp * m == plan.training.global_batch
-        assert parsed["model"][0] == "llama3"
+        assert parsed["model"][0] in ("llama3", "qwen3")
+        assert (parsed["ep"], parsed["etp"]) == (config.ep, config.etp)
 
 
 _DEEPSPEED = """

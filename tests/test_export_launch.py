@@ -170,7 +170,8 @@ def test_torchtitan_names_its_flavor_or_refuses_for_every_catalog_model():
             assert "torchtitan 0.2.2 has no model" in str(error) and "\n" not in str(error)
             continue
         named[name] = (flavor.name, flavor.flavor)
-    assert named == {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B")}
+    assert named == {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B"),
+                     "qwen3-30b-a3b": ("qwen3", "30B-A3B"), "qwen3-235b-a22b": ("qwen3", "235B-A22B")}
 
 
 @pytest.mark.parametrize("model", ["mixtral-8x7b", "llama2-7b", "gpt3-1.3b", "qwen2.5-7b", "tiny-llama"])

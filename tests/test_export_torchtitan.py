@@ -13,6 +13,7 @@ import pytest
 import tomllib
 from test_export_plans import make_plan
 
+from planner.errors import PlannerError
 from planner.export.torchtitan import export_torchtitan
 
 SINGLE_STAGE = {"1F1B", "GPipe"}
@@ -108,3 +109,36 @@ def test_torchtitan_own_config_parser_accepts_the_export(tmp_path):
     wrong = subprocess.run([sys.executable, "-c", _TORCHTITAN_CHECK, str(path), str(2 * plan.parallel.num_gpus)],
                            capture_output=True, text=True, timeout=120)
     assert wrong.returncode != 0 and "Invalid parallel dims" in wrong.stderr
+
+
+# ---- MoE: qwen3 flavors with expert parallelism (issue 11 item 5) --------------------------------------------
+
+def test_qwen3_moe_plan_exports_its_flavor_and_expert_degrees():
+    plan = make_plan(model="qwen3-30b-a3b", blocks=(48,), pp=1, tp=2, ep=4, etp=1, zero_stage=3,
+                     global_batch=64, seq_len=2048)
+    config = tomllib.loads(export_torchtitan(plan).files["torchtitan.toml"])
+    assert (config["model"]["name"], config["model"]["flavor"]) == ("qwen3", "30B-A3B")
+    parallelism = config["parallelism"]
+    assert (parallelism["expert_parallel_degree"], parallelism["expert_tensor_parallel_degree"]) == (4, 1)
+    check_torchtitan_rules(plan, export_torchtitan(plan).files["torchtitan.toml"])
+
+
+def test_dense_models_get_no_expert_keys():
+    plan = make_plan(model="llama3-8b", blocks=(32,), pp=1, zero_stage=3)
+    assert "expert_parallel_degree" not in export_torchtitan(plan).files["torchtitan.toml"]
+
+
+@pytest.mark.parametrize(("changes", "named"), [
+    (dict(pp=2, blocks=(24, 24)), "no pipeline parallelism"),
+    (dict(pp=1, blocks=(48,), ep=4, moe_dispatcher="flex"), "all-to-all only")])
+def test_what_torchtitans_qwen3_cannot_run_is_refused_in_one_line(changes, named):
+    plan = make_plan(model="qwen3-30b-a3b", global_batch=64, seq_len=2048, **changes)
+    with pytest.raises(PlannerError) as error:
+        export_torchtitan(plan)
+    assert named in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_flavor_with_another_rope_base_is_exported_with_a_note():
+    plan = make_plan(model="qwen3-235b-a22b", blocks=(94,), pp=1, ep=8, global_batch=64, seq_len=2048)
+    text = export_torchtitan(plan).files["torchtitan.toml"]
+    assert 'flavor = "235B-A22B"' in text and "rope_theta 5e+06" in text
