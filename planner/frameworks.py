@@ -31,6 +31,8 @@ from dataclasses import dataclass, replace
 from planner.config import CP_COMMS, MOE_DISPATCHERS, OPTIMIZER_STATES, ParallelConfig, Recompute, Schedule, Training
 from planner.cost.schedule import schedule_of
 from planner.errors import PlannerError
+from planner.model import ModelSpec
+from planner.titan_models import find_flavor
 
 __all__ = ["FRAMEWORKS", "FRAMEWORK_NAMES", "TARGET_NAMES", "Framework", "framework_named", "runs_on"]
 
@@ -87,6 +89,14 @@ class Framework:
     no_adapters: str | None = None
     # Training.optimizer_states it runs, each with the sharding it needs (None: any), e.g. offload's
     optimizer_states: tuple[tuple[str, frozenset[tuple[int, bool]] | None], ...] = (("fp32", None),)
+    pipelines: bool = True  # pipeline parallelism (pp > 1)
+    # what it runs of a given model, narrowed from the above (None: every model alike); see `for_model`
+    model_limits: Callable[[Framework, ModelSpec], dict[str, object]] | None = None
+
+    def for_model(self, model: ModelSpec) -> Framework:
+        """This framework as it runs `model`: some targets run only part of their features for some models
+        (torchtitan 0.2.2's qwen3 has no pipelining and no DeepEP dispatcher)."""
+        return replace(self, **self.model_limits(self, model)) if self.model_limits else self
 
     def overlaps_ep(self, config: ParallelConfig) -> bool:
         """Whether it can overlap `config`'s EP all-to-alls with compute (before ParallelConfig's own rules)."""
@@ -148,6 +158,8 @@ class Framework:
             return f"{self.version} has no {config.schedule.value} pipeline schedule"
         if config.pp == 1 and config.schedule is Schedule.GPIPE and Schedule.GPIPE not in self.schedules:
             return f"{self.version} runs micro-batches one after another, not GPipe's all-forwards-first"
+        if config.pp > 1 and not self.pipelines:
+            return f"{self.version} has no pipeline parallelism (pp={config.pp})"
         if config.tp > 1 and not config.sequence_parallel and not self.tp_without_sp:
             return f"{self.version} always runs tensor parallelism with sequence parallelism"
         if config.tp_comm_overlap and not self.tp_comm_overlap:
@@ -184,15 +196,26 @@ class Framework:
             return config
         return replace(config, **semantics)
 
-    def require(self, config: ParallelConfig) -> ParallelConfig:
-        """`config` as this framework runs it; PlannerError naming why and what to plan with when it cannot."""
-        why = self.why_not(config)
+    def require(self, config: ParallelConfig, model: ModelSpec | None = None) -> ParallelConfig:
+        """`config` (of `model`, when given) as this framework runs it; PlannerError naming why and what to plan
+        with when it cannot."""
+        why = (self if model is None else self.for_model(model)).why_not(config)
         if why:
-            others = runs_on(config)
+            others = runs_on(config, model)
             where = f"it runs on {', '.join(others)}" if others else "no target runs it"
             raise PlannerError(f"{why} ({config.describe()}); {where}; plan with --framework {self.name} "
                                f"for a plan {self.version} runs")
         return self.runs(config)
+
+
+def _torchtitan_model_limits(framework: Framework, model: ModelSpec) -> dict[str, object]:
+    """What torchtitan 0.2.2 runs of `model`: its flavor's TrainSpec decides pipelining and the token dispatchers
+    (planner.titan_models); a model without a flavor keeps the framework's rules (the export refuses it)."""
+    flavor = find_flavor(model)
+    if flavor is None:
+        return {}
+    return {"version": f"{framework.version}'s {flavor.name}", "pipelines": flavor.pipelines,
+            "moe_dispatchers": framework.moe_dispatchers & flavor.dispatchers}
 
 
 def _sharding_name(sharding: tuple[int, bool]) -> str:
@@ -252,7 +275,8 @@ FRAMEWORKS: dict[str, Framework] = {
         tp_overlap_with_split_backward=False, ep_overlap_schedules=frozenset({Schedule.DUALPIPE_V}),
         # the LoRA converter landed after 0.2.2 (pytorch/torchtitan#2484, 2026-03); training.enable_cpu_offload
         # offloads parameters too, which planner does not price
-        no_adapters="0.2.2 has no LoRA model converter (pytorch/torchtitan#2484 adds one after the release)"),
+        no_adapters="0.2.2 has no LoRA model converter (pytorch/torchtitan#2484 adds one after the release)",
+        model_limits=_torchtitan_model_limits),
 }
 FRAMEWORK_NAMES = tuple(FRAMEWORKS)
 TARGET_NAMES = FRAMEWORK_NAMES[1:]
@@ -265,6 +289,8 @@ def framework_named(name: str) -> Framework:
     return FRAMEWORKS[name]
 
 
-def runs_on(config: ParallelConfig) -> list[str]:
-    """The targets that run `config` exactly as planned (its layout; each with its own execution semantics)."""
-    return [name for name in TARGET_NAMES if FRAMEWORKS[name].why_not(config) is None]
+def runs_on(config: ParallelConfig, model: ModelSpec | None = None) -> list[str]:
+    """The targets that run `config` exactly as planned (its layout; each with its own execution semantics), of
+    `model` when given (`Framework.for_model`)."""
+    return [name for name in TARGET_NAMES
+            if (FRAMEWORKS[name] if model is None else FRAMEWORKS[name].for_model(model)).why_not(config) is None]

@@ -11,10 +11,16 @@ import sys
 
 import pytest
 import tomllib
-from test_export_plans import make_plan
+from test_export_plans import invoke, make_plan
 
+from planner.cluster import parse_shorthand
+from planner.config import Training
 from planner.errors import PlannerError
+from planner.export import export_plan
 from planner.export.torchtitan import export_torchtitan
+from planner.frameworks import runs_on
+from planner.model import load_model
+from planner.search.space import FixedOptions, enumerate_configs
 
 SINGLE_STAGE = {"1F1B", "GPipe"}
 
@@ -130,15 +136,28 @@ def test_dense_models_get_no_expert_keys():
 
 @pytest.mark.parametrize(("changes", "named"), [
     (dict(pp=2, blocks=(24, 24)), "no pipeline parallelism"),
-    (dict(pp=1, blocks=(48,), ep=4, moe_dispatcher="flex"), "all-to-all only")])
-def test_what_torchtitans_qwen3_cannot_run_is_refused_in_one_line(changes, named):
+    (dict(pp=1, blocks=(48,), ep=4, moe_dispatcher="flex"), "no flex MoE token dispatcher")])
+def test_what_torchtitans_qwen3_cannot_run_is_refused_in_one_line_and_never_searched(changes, named):
     plan = make_plan(model="qwen3-30b-a3b", global_batch=64, seq_len=2048, **changes)
     with pytest.raises(PlannerError) as error:
-        export_torchtitan(plan)
-    assert named in str(error.value) and "\n" not in str(error.value)
+        export_plan(plan, "torchtitan")
+    assert named in str(error.value) and "torchtitan 0.2.2's qwen3" in str(error.value)
+    assert "\n" not in str(error.value) and "torchtitan" not in runs_on(plan.parallel, plan.model)
+    model, cluster = load_model("qwen3-30b-a3b"), parse_shorthand("2x8xH100-80GB")
+    space = list(enumerate_configs(model, cluster, Training(global_batch=64, seq_len=2048),
+                                   FixedOptions(framework="torchtitan")))
+    assert space and all(config.pp == 1 for config in space)
+    assert all(config.moe_dispatcher == "alltoall" for config in space) and any(config.ep > 1 for config in space)
 
 
 def test_a_flavor_with_another_rope_base_is_exported_with_a_note():
     plan = make_plan(model="qwen3-235b-a22b", blocks=(94,), pp=1, ep=8, global_batch=64, seq_len=2048)
     text = export_torchtitan(plan).files["torchtitan.toml"]
     assert 'flavor = "235B-A22B"' in text and "rope_theta 5e+06" in text
+
+
+def test_planning_qwen3_for_torchtitan_with_a_pipeline_says_why_nothing_runs():
+    result = invoke("plan", "--model", "qwen3-30b-a3b", "--cluster", "2x8xH100-80GB", "--global-batch", "256",
+                    "--seq-len", "4096", "--framework", "torchtitan", "--pp", "2")
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert "torchtitan 0.2.2's qwen3 has no pipeline parallelism (pp=2)" in result.output

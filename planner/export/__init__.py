@@ -44,7 +44,7 @@ def exporter(target: str) -> Callable[[Plan], ExportResult]:
 def _export_runnable(target: str, plan: Plan) -> ExportResult:
     """The target's files for a plan it runs; a note when its engine runs the plan unlike the estimate assumed."""
     framework = framework_named(target)
-    framework.require(plan.parallel)
+    framework.require(plan.parallel, plan.model)
     framework.require_training(plan.training, plan.parallel)
     result = _EXPORTERS[target](plan)
     if framework.runs(plan.parallel) == plan.parallel:

@@ -10,7 +10,6 @@ n_microbatches = local_batch_size / pipeline_parallel_microbatch_size.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 from planner.config import Recompute, Schedule
 from planner.cost.schedule import schedule_of
@@ -19,6 +18,7 @@ from planner.export.common import ExportResult, export_header, host_files, host_
 from planner.export.launch import SLURM, TORCHRUN, Placeholder, Program, slurm_script, torchrun_script
 from planner.model import ModelSpec
 from planner.plan import Plan
+from planner.titan_models import FLAVORS, Flavor, model_flavor
 
 __all__ = ["FLAVORS", "SCHEDULE_NAMES", "Flavor", "export_torchtitan", "flavor_notes", "model_flavor", "module_fqns",
            "torchtitan_program", "torchtitan_toml"]
@@ -28,85 +28,6 @@ SCHEDULE_NAMES = {Schedule.ONE_F_ONE_B: "1F1B", Schedule.GPIPE: "GPipe", Schedul
                   Schedule.DUALPIPE_V: "DualPipeV"}
 TOML = "torchtitan.toml"
 _PLACEHOLDER = "PLACEHOLDER: set {} (torchrun.sh passes it)"
-
-
-@dataclass(frozen=True)
-class Flavor:
-    """One model of torchtitan 0.2.2's registry (`torchtitan/models/<name>/__init__.py`) and its architecture.
-
-    Every llama3 flavor is a SwiGLU/RMSNorm/RoPE decoder without biases, with untied embeddings and
-    Llama 3.1's RoPE scaling (factor 8) always on; vocabulary 128256. FFN sizes follow its
-    ffn_dim_multiplier/multiple_of rule (8B: 1.3, 1024 → 14336). qwen3's are the same decoder with QK-norm
-    and head_dim 128 (weights tied up to 4B); its MoE flavors put routed experts (`moe_ffn_hidden_size` each,
-    top-k, no shared expert) in every block. qwen3's TrainSpec has no pipelining function (`pipelines`).
-    """
-
-    name: str
-    flavor: str
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    ffn_hidden_size: int
-    vocab_size: int = 128256
-    rope_theta: float = 500000.0
-    head_dim: int | None = None  # None: hidden / heads
-    qk_norm: bool = False
-    tie_embeddings: bool = False
-    num_experts: int = 1
-    moe_top_k: int = 1
-    moe_ffn_hidden_size: int | None = None
-    pipelines: bool = True  # its TrainSpec has a pipelining function
-
-    def matches(self, model: ModelSpec) -> bool:
-        """Whether `model` has exactly this flavor's shapes (the RoPE base is a weights matter: `flavor_notes`)."""
-        moe = self.num_experts > 1
-        return (_plain_decoder(model) and model.num_moe_layers == (model.num_layers if moe else 0)
-                and (model.num_layers, model.hidden_size, model.num_attention_heads, model.num_key_value_heads,
-                     model.head_dim, model.ffn_hidden_size, model.vocab_size, model.qk_norm, model.tie_embeddings,
-                     model.num_experts, model.moe_top_k, model.expert_ffn_hidden_size if moe else None)
-                == (self.num_layers, self.hidden_size, self.num_attention_heads, self.num_key_value_heads,
-                    self.head_dim or self.hidden_size // self.num_attention_heads, self.ffn_hidden_size,
-                    self.vocab_size, self.qk_norm, self.tie_embeddings, self.num_experts, self.moe_top_k,
-                    self.moe_ffn_hidden_size))
-
-
-def _qwen3(flavor: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, tied: bool = False,
-           experts: int = 1, moe_ffn: int | None = None, rope_theta: float = 1e6) -> Flavor:
-    """A qwen3 flavor: vocabulary 151936, head_dim 128, QK-norm, no pipelining in 0.2.2; MoE ones top-8."""
-    return Flavor("qwen3", flavor, layers, hidden, heads, kv_heads, ffn, 151936, rope_theta, 128, True, tied,
-                  experts, 8 if experts > 1 else 1, moe_ffn, pipelines=False)
-
-
-FLAVORS = (Flavor("llama3", "8B", 32, 4096, 32, 8, 14336), Flavor("llama3", "70B", 80, 8192, 64, 8, 28672),
-           Flavor("llama3", "405B", 126, 16384, 128, 8, 53248),
-           _qwen3("0.6B", 28, 1024, 16, 8, 3072, tied=True), _qwen3("1.7B", 28, 2048, 16, 8, 6144, tied=True),
-           _qwen3("4B", 36, 2560, 32, 8, 9728, tied=True), _qwen3("8B", 36, 4096, 32, 8, 12288),
-           _qwen3("14B", 40, 5120, 40, 8, 17408), _qwen3("32B", 64, 5120, 64, 8, 25600),
-           _qwen3("30B-A3B", 48, 2048, 32, 4, 6144, experts=128, moe_ffn=768),
-           # torchtitan's 235B flavor sets rope_theta 5e6 where the released model has 1e6
-           _qwen3("235B-A22B", 94, 4096, 64, 4, 12288, experts=128, moe_ffn=1536, rope_theta=5e6))
-# The rest of 0.2.2's language models have blocks the planner does not map onto them yet.
-_OTHER_MODELS = "llama4, deepseek_v3, gpt_oss"
-
-
-def _plain_decoder(model: ModelSpec) -> bool:
-    """Whether the model's blocks are llama3/qwen3's: SwiGLU, RMSNorm, RoPE, no biases, one block type, full
-    attention, no MLA and no shared experts."""
-    return (model.activation == "swiglu" and model.normalization == "rmsnorm" and model.position_embedding == "rope"
-            and len(model.block_types()) == 1 and not (model.linear_bias or model.qkv_bias or model.moe_bias
-                                                        or model.sliding_window or model.is_mla
-                                                        or model.shared_expert_ffn_hidden_size))
-
-
-def model_flavor(model: ModelSpec) -> Flavor:
-    """torchtitan's model and flavor with exactly the plan's architecture; PlannerError when it has none."""
-    for flavor in FLAVORS:
-        if flavor.matches(model):
-            return flavor
-    known = ", ".join(f"{f.name} {f.flavor}" for f in FLAVORS)
-    raise PlannerError(f"torchtitan 0.2.2 has no model with {model.name}'s architecture (it has {known}, and "
-                       f"{_OTHER_MODELS}); export to megatron or deepspeed")
 
 
 def flavor_notes(model: ModelSpec) -> tuple[str, ...]:
@@ -121,17 +42,6 @@ def flavor_notes(model: ModelSpec) -> tuple[str, ...]:
         notes.append(f"torchtitan's llama3 applies Llama 3.1's RoPE scaling (factor 8); {model.name} has "
                      f"{scaling} (same cost; load matching weights)")
     return tuple(notes)
-
-
-def _check_runs(flavor: Flavor, plan: Plan) -> None:
-    """PlannerError naming what torchtitan 0.2.2 lacks for this flavor under the plan (one line)."""
-    config = plan.parallel
-    if config.pp > 1 and not flavor.pipelines:
-        raise PlannerError(f"torchtitan 0.2.2's {flavor.name} has no pipeline parallelism (its TrainSpec sets no "
-                           f"pipelining_fn); the plan has pp={config.pp}: plan with --pp 1 or export to megatron")
-    if config.ep > 1 and config.moe_dispatcher == "flex" and flavor.name == "qwen3":
-        raise PlannerError("torchtitan 0.2.2's qwen3 dispatches experts over PyTorch all-to-all only (DeepEP is "
-                           "wired for deepseek_v3 and llama4); plan with --moe-dispatcher alltoall")
 
 
 def module_fqns(plan: Plan) -> list[list[str]]:
@@ -164,7 +74,6 @@ def torchtitan_toml(plan: Plan, notes: tuple[str, ...] = ()) -> str:
                            f"has {m}; use a larger global batch or a smaller micro-batch")
     sharded = config.optimizer_sharding >= 1
     flavor = model_flavor(plan.model)
-    _check_runs(flavor, plan)
     lines = [*(f"# {line}" for line in export_header("torchtitan (v0.2.2 TOML)", plan, notes)),
              f"# run: ./{TORCHRUN} or sbatch {SLURM} (they fill the PLACEHOLDER values below), or",
              "# CONFIG_FILE=this.toml ./run_train.sh --model.hf_assets_path … --training.dataset … (any key can be "

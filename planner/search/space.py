@@ -346,19 +346,21 @@ def complete_config(fixed: FixedOptions, model: ModelSpec, cluster: Cluster, tra
 def enumerate_configs(model: ModelSpec, cluster: Cluster, training: Training,
                       fixed: FixedOptions = FixedOptions()) -> Iterator[ParallelConfig]:
     """Every valid configuration `fixed.framework` runs, as it runs it, in a fixed, deterministic order."""
-    return runnable_by_framework(_layouts(model, cluster, training, fixed), fixed, training)
+    return runnable_by_framework(_layouts(model, cluster, training, fixed), fixed, training, model)
 
 
-def runnable_by_framework(configs: Iterable[ParallelConfig], fixed: FixedOptions,
-                          training: Training | None = None) -> Iterator[ParallelConfig]:
+def runnable_by_framework(configs: Iterable[ParallelConfig], fixed: FixedOptions, training: Training | None = None,
+                          model: ModelSpec | None = None) -> Iterator[ParallelConfig]:
     """The configurations the framework runs, with its execution semantics. Where the user left them open,
     the framework's own way of sharding only optimizer states stands for the distributed optimizer
     (DeepSpeed: ZeRO-1; torchtitan has none), and TP communication overlap, EP communication overlap and the
     flex dispatcher are off where it has none (TP overlap also where its schedule rules it out: torchtitan's
     async TP needs torch.compile, which its zero-bubble schedules do not run under); with `training`, only the
     sharding its optimizer states need (e.g. CPU offload: Megatron-LM's distributed optimizer, DeepSpeed's
-    ZeRO 1-3)."""
+    ZeRO 1-3); with `model`, only what the framework runs of that model (`Framework.for_model`)."""
     framework = framework_named(fixed.framework or "any")
+    if model is not None:
+        framework = framework.for_model(model)
     sharding_open = fixed.zero_stage is None and fixed.distributed_optimizer is None
     overlap_open = fixed.tp_comm_overlap is None
     ep_overlap_open = fixed.moe_ep_overlap is None
@@ -411,12 +413,16 @@ def _layouts(model: ModelSpec, cluster: Cluster, training: Training, fixed: Fixe
 
 def require_nonempty(configs: list[ParallelConfig], model: ModelSpec, cluster: Cluster, training: Training,
                      fixed: FixedOptions) -> list[ParallelConfig]:
-    """The space, or a PlannerError naming the fixed options that together leave nothing."""
+    """The space, or a PlannerError naming the fixed options that together leave nothing (and, where the target
+    framework ruled out every layout, why it refused the first)."""
     if configs:
         return configs
     given = {k: v for k, v in fixed.__dict__.items() if v is not None}
     text = ", ".join(f"{k}={getattr(v, 'value', v)}" for k, v in given.items()) or "none"
+    first = next(iter(_layouts(model, cluster, training, fixed)), None) if fixed.framework else None
+    why = first and framework_named(fixed.framework).for_model(model).why_not(first)
     raise PlannerError(
         f"no valid configuration of {model.name} on {cluster.num_gpus} GPUs with global batch "
-        f"{training.global_batch} (fixed options: {text}); relax a fixed option or change the batch"
+        f"{training.global_batch} (fixed options: {text}){f': {why}' if why else ''}; relax a fixed option or "
+        "change the batch"
     )
