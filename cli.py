@@ -30,6 +30,7 @@ from planner.config import (
     LORA_TARGETS,
     MOE_DISPATCHERS,
     OPTIMIZER_STATES,
+    ZERO3_COLLECTIVES,
     ParallelConfig,
     Partition,
     Schedule,
@@ -442,6 +443,10 @@ def echo_heterogeneity(record: dict[str, Any]) -> None:
 @problem_options
 @parallel_options
 @click.option("--partition", help="Transformer blocks per (virtual) stage, e.g. 5,6,7,6 (default: uniform).")
+@click.option("--zero3-collectives", type=click.Choice(ZERO3_COLLECTIVES),
+              help="How ZeRO-3 issues its collectives: per-unit (PyTorch FSDP, DeepSpeed >= 0.5.5: one per block, "
+                   "prefetched) or per-tensor (DeepSpeed <= 0.5.4: one per parameter tensor, synchronous)  "
+                   "[default: per-unit]")
 @profile_option
 @calibration_option
 @cluster_condition_options

@@ -371,7 +371,7 @@ def narayanan_zero3_runs() -> tuple[Run, ...]:
         gpus, batch = int(row["num_gpus"]), int(row["batch_size"])
         training = Training(global_batch=batch, seq_len=NARAYANAN_SEQ_LEN, dtype="fp16", attention="unfused")
         config = ParallelConfig(dp=gpus, tp=1, pp=1, micro_batch=int(row["microbatch_size"]), zero_stage=3,
-                                recompute=Recompute.FULL)
+                                recompute=Recompute.FULL, zero3_collectives="per-tensor")
         iteration = narayanan_eq3_flops(model, batch, NARAYANAN_SEQ_LEN) / (float(row["achieved_tflops_per_gpu"])
                                                                            * 1e12 * gpus)
         runs.append(Run(NARAYANAN_FILE, f"{model.name} {gpus}xA100 {config.describe()}", model,

@@ -15,14 +15,34 @@ from enum import Enum
 from planner.cost.schedule import Schedule, schedule_of, stage_ranks
 from planner.errors import PlannerError
 
-__all__ = ["CP_COMMS", "DEFAULT_LORA_RANK", "DEFAULT_LORA_TARGETS", "DTYPES", "FINETUNE_MODES", "LORA_TARGETS",
-           "MOE_DISPATCHERS", "OPTIMIZER_STATES", "ParallelConfig", "Partition", "Recompute", "Schedule", "Training"]
+__all__ = [
+    "CP_COMMS",
+    "DEFAULT_LORA_RANK",
+    "DEFAULT_LORA_TARGETS",
+    "DTYPES",
+    "FINETUNE_MODES",
+    "LORA_TARGETS",
+    "MOE_DISPATCHERS",
+    "OPTIMIZER_STATES",
+    "ZERO3_COLLECTIVES",
+    "ParallelConfig",
+    "Partition",
+    "Recompute",
+    "Schedule",
+    "Training",
+]
 
 DTYPES = ("bf16", "fp16", "fp8")
 # How a context-parallel group exchanges keys and values (Megatron-LM's --cp-comm-type): "p2p" rotates KV
 # chunks around a ring behind the attention compute (ring attention with causal load balancing), "all-gather"
 # gathers the whole KV before attention (Llama 3 style), "a2a" re-shards sequence ↔ heads (DeepSpeed Ulysses).
 CP_COMMS = ("p2p", "all-gather", "a2a")
+# How ZeRO-3 issues its collectives. "per-unit": one all-gather / reduce-scatter per wrapped unit (a flat buffer),
+# asynchronous and prefetched behind the neighbouring unit's compute (PyTorch FSDP; DeepSpeed from v0.5.5,
+# 2021-11, which coalesces a module's gathers). "per-tensor": DeepSpeed ZeRO-3 up to v0.5.4 — one collective per
+# parameter tensor, each all-gather issued after a device-wide torch.cuda.synchronize()
+# (partition_parameters._allgather_param), so nothing overlaps and every tensor pays the ring's latency.
+ZERO3_COLLECTIVES = ("per-unit", "per-tensor")
 # How routed tokens reach their experts (Megatron-Core's --moe-token-dispatcher-type): "alltoall" sends one
 # copy per (token, expert) straight to the expert's rank; "flex" (DeepEP / HybridEP kernels) sends a token once
 # per destination node over the network and fans it out to that node's expert ranks over NVLink.
@@ -168,6 +188,7 @@ class ParallelConfig:
     --overlap-moe-expert-parallel-comm, `ep_overlap_why_not` says when it can).
     `reshard_after_forward` (ZeRO-3/FSDP): free the gathered weights after each unit's forward and gather
     them again for its backward; None takes torchtitan's default, on without and off with pipelining.
+    `zero3_collectives` (one of ZERO3_COLLECTIVES): per unit and prefetched, or per tensor and synchronous.
     """
 
     dp: int
@@ -183,6 +204,7 @@ class ParallelConfig:
     moe_ep_overlap: bool = False
     hsdp_replicas: int = 1
     reshard_after_forward: bool | None = None
+    zero3_collectives: str = "per-unit"
     sequence_parallel: bool = False
     recompute: Recompute = Recompute.NONE
     zero_stage: int = 0
@@ -204,6 +226,13 @@ class ParallelConfig:
         if self.moe_dispatcher not in MOE_DISPATCHERS:
             raise PlannerError(f"parallel config: moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, "
                                f"got {self.moe_dispatcher!r}")
+        if self.zero3_collectives not in ZERO3_COLLECTIVES:
+            raise PlannerError(f"parallel config: zero3_collectives must be one of {', '.join(ZERO3_COLLECTIVES)}, "
+                               f"got {self.zero3_collectives!r}")
+        if self.zero3_collectives == "per-tensor" and (self.zero_stage != 3 or self.pp > 1):
+            raise PlannerError(f"parallel config: zero3_collectives 'per-tensor' is DeepSpeed's ZeRO-3 without "
+                               f"pipelining; needs zero_stage 3 and pp 1, got zero_stage {self.zero_stage}, "
+                               f"pp {self.pp}")
         if self.reshard_after_forward is None:
             object.__setattr__(self, "reshard_after_forward", self.pp == 1)
         if not isinstance(self.recompute, Recompute):
@@ -329,7 +358,7 @@ class ParallelConfig:
         if self.distributed_optimizer:
             parts.append("dist-opt")
         elif self.zero_stage:
-            parts.append(f"zero{self.zero_stage}")
+            parts.append(f"zero{self.zero_stage}" + ("/per-tensor" if self.zero3_collectives == "per-tensor" else ""))
         if self.hsdp_replicas > 1:
             parts.append(f"hsdp{self.hsdp_replicas}")
         parts.append(self.schedule.value)

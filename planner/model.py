@@ -94,6 +94,11 @@ def _mlp_parameters(hidden: int, ffn: int, matrices: int, bias: bool) -> int:
     return matrices * hidden * ffn + (((matrices - 1) * ffn + hidden) if bias else 0)
 
 
+def norm_tensor_sizes(hidden: int, normalization: str) -> tuple[int, ...]:
+    """Elements of one norm's parameter tensors: a weight, and a bias for LayerNorm."""
+    return (hidden, hidden) if normalization == "layernorm" else (hidden,)
+
+
 @dataclass(frozen=True)
 class AttentionSpec:
     """One block's attention. ``kind``: full (causal), bidirectional (an encoder's, no mask), sliding (a query
@@ -181,6 +186,15 @@ class AttentionSpec:
             bias += hidden
         return weights + bias
 
+    def tensor_sizes(self, hidden: int) -> tuple[int, ...]:
+        """Elements of each parameter tensor, Megatron-LM's layout (one fused QKV weight and bias)."""
+        weights = tuple(a * b for a, b in self.linears(hidden))
+        if self.is_mla:
+            return weights + tuple(rank for rank in (self.q_lora_rank, self.kv_lora_rank) if rank)
+        norms = (self.head_dim, self.head_dim) if self.qk_norm else ()
+        qkv_bias = (self.query_width + 2 * self.kv_width,) if self.qkv_bias else ()
+        return weights + norms + qkv_bias + ((hidden,) if self.out_bias else ())
+
     def keys_per_query(self, seq_len: int, causal_halving: bool = False) -> float:
         """Mean keys a query attends to in a sequence of `seq_len` tokens. Unhalved (the MFU convention) a
         causal mask counts its whole span (s; a window's or chunk's width when narrower); halved, the causal
@@ -258,6 +272,20 @@ class MlpSpec:
         return (experts * self.expert_parameters(hidden) + self.router_parameters(hidden)
                 + self.shared_expert_parameters(hidden))
 
+    def tensor_sizes(self, hidden: int) -> tuple[int, ...]:
+        """Elements of each parameter tensor: per MLP (each expert, the shared one) a fused input weight
+        (gate and up together when gated, as Megatron-LM's fc1) and an output weight, with their biases;
+        the router's weight and bias."""
+        def mlp(ffn: int, bias: bool) -> tuple[int, ...]:
+            width = (self.matrices - 1) * ffn
+            return (hidden * width, ffn * hidden) + ((width, hidden) if bias else ())
+        if not self.is_moe:
+            return mlp(self.ffn_hidden_size, self.bias)
+        shared = self.shared_expert_ffn_hidden_size
+        return (mlp(self.ffn_hidden_size, self.bias or self.moe_bias) * self.num_experts
+                + (hidden * self.num_experts,) + ((self.num_experts,) if self.moe_bias else ())
+                + (mlp(shared, self.bias) if shared else ()))
+
 
 @dataclass(frozen=True)
 class MambaSpec:
@@ -303,6 +331,14 @@ class MambaSpec:
         bias = self.in_proj_width + hidden if self.bias else 0
         conv = self.conv_channels * (self.conv_kernel + (1 if self.conv_bias else 0))
         return weights + bias + conv + 3 * self.num_heads + self.inner_size
+
+    def tensor_sizes(self, hidden: int) -> tuple[int, ...]:
+        """Elements of each parameter tensor: in/out projections (and biases), the convolution (and its
+        bias), A_log, D, dt_bias and the gated norm."""
+        biases = (self.in_proj_width, hidden) if self.bias else ()
+        conv_bias = (self.conv_channels,) if self.conv_bias else ()
+        return (tuple(a * b for a, b in self.linears(hidden)) + biases
+                + (self.conv_channels * self.conv_kernel,) + conv_bias + (self.num_heads,) * 3 + (self.inner_size,))
 
 
 @dataclass(frozen=True)
@@ -380,6 +416,16 @@ class BlockSpec:
     def linear_parameters(self) -> int:
         """Parameters (weights and biases) of the block's further `linears`."""
         return sum(a * b + (b if bias else 0) for a, b, bias in self.linears)
+
+    def tensor_sizes(self) -> tuple[int, ...]:
+        """Elements of each parameter tensor of the block (what a framework that gathers or reduces tensor by
+        tensor issues one collective for); they add up to `parameters()`."""
+        h = self.hidden_size
+        norms = self.sublayers * (2 if self.post_norms else 1) * norm_tensor_sizes(h, self.normalization)
+        mixer = self.attention or self.mamba
+        linears = tuple(size for a, b, bias in self.linears for size in ((a * b, b) if bias else (a * b,)))
+        return (norms + (mixer.tensor_sizes(h) if mixer else ()) + (self.mlp.tensor_sizes(h) if self.mlp else ())
+                + linears + ((self.extra_parameters,) if self.extra_parameters else ()))
 
     def routed_expert_parameters(self) -> int:
         return self.mlp.routed_parameters(self.hidden_size) if self.mlp else 0
@@ -665,6 +711,18 @@ class ModelSpec:
         """Final norm plus the output projection (zero extra when tied to the embedding)."""
         output = 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
         return self.norm_parameters + output
+
+    def embedding_tensor_sizes(self) -> tuple[int, ...]:
+        """Elements of the embedding's parameter tensors (word, and learned positions); add up to
+        `embedding_parameters()`."""
+        positions = self.max_position_embeddings * self.hidden_size
+        return (self.vocab_size * self.hidden_size,) + ((positions,) if self.position_embedding == "learned" else ())
+
+    def head_tensor_sizes(self) -> tuple[int, ...]:
+        """Elements of the head's parameter tensors (final norm, untied output weight); add up to
+        `head_parameters()`."""
+        output = () if self.tie_embeddings else (self.vocab_size * self.hidden_size,)
+        return norm_tensor_sizes(self.hidden_size, self.normalization) + output
 
     @property
     def num_parameters(self) -> int:

@@ -89,7 +89,7 @@ def build_plan_document(
         "parallelism": {
             "dp": config.dp, "tp": config.tp, "pp": config.pp, "vpp": config.vpp, "cp": config.cp,
             "cp_comm": config.cp_comm, "hsdp_replicas": config.hsdp_replicas,
-            "reshard_after_forward": config.reshard_after_forward,
+            "reshard_after_forward": config.reshard_after_forward, "zero3_collectives": config.zero3_collectives,
             "micro_batch": config.micro_batch, "num_microbatches": m,
             "sequence_parallel": config.sequence_parallel, "tp_comm_overlap": config.tp_comm_overlap,
             "recompute": config.recompute.value,
@@ -175,6 +175,7 @@ def parse_plan_document(document: Any, origin: str = "plan file") -> Plan:
             pp=_require(par, "pp", "parallelism"), vpp=par.get("vpp", 1), cp=par.get("cp", 1),
             cp_comm=par.get("cp_comm", "p2p"), hsdp_replicas=par.get("hsdp_replicas", 1),
             reshard_after_forward=par.get("reshard_after_forward"),
+            zero3_collectives=par.get("zero3_collectives", "per-unit"),
             micro_batch=_require(par, "micro_batch", "parallelism"),
             sequence_parallel=_flag(par, "sequence_parallel", False, origin),
             tp_comm_overlap=_flag(par, "tp_comm_overlap", False, origin),

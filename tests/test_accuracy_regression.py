@@ -24,7 +24,7 @@ RECORDED = {
     "Korthikanti 2022 Table 4 (22B layer, A100)": (10, 0.016, None, 0),
     "NeMo 24.07 (H100, FP8)": (7, 0.106, None, 6),
     "Megatron-Bridge 25.11 (H100, FP8)": (2, 0.149, None, 2),
-    "Narayanan 2021 Table 2 (DeepSpeed ZeRO-3, A100)": (6, 0.557, None, 5),
+    "Narayanan 2021 Table 2 (DeepSpeed ZeRO-3, A100)": (6, 0.215, None, 5),  # per-tensor ZeRO-3 (DeepSpeed 2021)
     "llm-foundry MPT (PyTorch FSDP, A100)": (139, 0.077, None, 139),
     "NeMo / Megatron-Bridge long context CP (H100, FP8)": (14, 0.061, None, 14),
     "torchtitan 2024-12 (FSDP2/TP, H100)": (18, 0.290, 0.307, 15),  # with its CP and FSDP+PP (4D) rows

@@ -104,3 +104,21 @@ def test_a_plan_that_does_not_fit_is_told_only_options_that_would_help() -> None
     assert activations.exit_code == 1
     assert "activations need" in activations.stderr and "--recompute full" in activations.stderr
     assert "--distributed-optimizer" not in activations.stderr.split("try", 1)[1]
+
+
+def test_estimate_per_tensor_zero3_is_slower_round_trips_and_refuses_other_stages(tmp_path) -> None:
+    """`--zero3-collectives per-tensor` (DeepSpeed ZeRO-3 of 2021) costs more DP time than the default per-unit
+    FSDP semantics, is kept in the plan file, and is refused (exit 2, one line) without ZeRO-3."""
+    base = ("estimate", "--model", "gpt3-175b", "--cluster", "48x8xA100-80GB", "--global-batch", "1536",
+            "--seq-len", "2048", "--dp", "384", "--micro-batch", "4", "--recompute", "full", "--dtype", "fp16")
+    out = tmp_path / "plan.json"
+    times = []
+    for extra in ((), ("--zero3-collectives", "per-tensor", "--out", str(out))):
+        result = run(*base, "--zero", "3", "--json", *extra)
+        assert result.exit_code == 0, result.output
+        times.append(json.loads(result.output)["estimate"]["breakdown_s"]["dp_comm"])
+    assert times[1] > 10 * times[0]
+    assert load_plan(out).parallel.zero3_collectives == "per-tensor"
+    refused = run(*base, "--zero", "2", "--zero3-collectives", "per-tensor")
+    assert refused.exit_code == 2
+    assert "zero3_collectives 'per-tensor'" in refused.output and "Traceback" not in refused.output

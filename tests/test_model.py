@@ -137,3 +137,23 @@ def test_vocab_is_padded_like_megatron() -> None:
     assert gpt2.padded_vocab_size(1) == 50304
     assert gpt2.padded_vocab_size(8) == 51200
     assert load_model("llama3-8b").padded_vocab_size(1) == 128256
+
+
+@pytest.mark.parametrize("name", catalog_model_names())
+def test_parameter_tensors_add_up_to_the_parameters(name: str) -> None:
+    """Tensor by tensor (what per-tensor ZeRO-3 issues collectives for), every unit adds up to its count."""
+    model = load_model(name)
+    for block in model.block_types():
+        assert sum(block.tensor_sizes()) == block.parameters(), block.describe()
+    assert sum(model.embedding_tensor_sizes()) == model.embedding_parameters()
+    assert sum(model.head_tensor_sizes()) == model.head_parameters()
+
+
+def test_gpt_block_has_twelve_tensors_four_of_them_weight_matrices() -> None:
+    """A GPT-3 block in Megatron-LM's layout: 2 LayerNorms (weight, bias), fused QKV and output projection,
+    fc1 and fc2, each with a bias; only the 4 weight matrices exceed DeepSpeed's 1e5-element persistence
+    threshold."""
+    sizes = next(iter(load_model("gpt3-175b").block_types())).tensor_sizes()
+    h = 12288
+    assert len(sizes) == 12
+    assert sorted(size for size in sizes if size >= 100_000) == sorted([3 * h * h, h * h, 4 * h * h, 4 * h * h])

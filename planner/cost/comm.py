@@ -14,25 +14,28 @@ from planner.profile.calibration import Calibration
 __all__ = ["all_gather_time", "all_reduce_time", "all_to_all_time", "p2p_time", "reduce_scatter_time"]
 
 
-def _ring_time(size_bytes: float, ranks: int, link: Link, calibration: Calibration, phases: int) -> float:
-    """A ring collective's time; 0 for no bytes (elementwise when `size_bytes` is a numpy array)."""
+def _ring_time(size_bytes: float, ranks: int, link: Link, calibration: Calibration, phases: int,
+               messages: int = 1) -> float:
+    """A ring collective's time, or that of `messages` collectives back to back that move `size_bytes` together
+    (each pays the ring's latency); 0 for no bytes (elementwise when `size_bytes` is a numpy array)."""
     if ranks <= 1:
         return 0.0
     steps = phases * (ranks - 1)
     bandwidth = link.bandwidth_bytes_per_s * calibration.collective_efficiency(link.kind)
-    return (steps * link.latency_s + steps / ranks * size_bytes / bandwidth) * (size_bytes > 0)
+    return (messages * steps * link.latency_s + steps / ranks * size_bytes / bandwidth) * (size_bytes > 0)
 
 
 def all_reduce_time(size_bytes: float, ranks: int, link: Link, calibration: Calibration) -> float:
     return _ring_time(size_bytes, ranks, link, calibration, phases=2)
 
 
-def all_gather_time(size_bytes: float, ranks: int, link: Link, calibration: Calibration) -> float:
-    return _ring_time(size_bytes, ranks, link, calibration, phases=1)
+def all_gather_time(size_bytes: float, ranks: int, link: Link, calibration: Calibration, messages: int = 1) -> float:
+    return _ring_time(size_bytes, ranks, link, calibration, phases=1, messages=messages)
 
 
-def reduce_scatter_time(size_bytes: float, ranks: int, link: Link, calibration: Calibration) -> float:
-    return _ring_time(size_bytes, ranks, link, calibration, phases=1)
+def reduce_scatter_time(size_bytes: float, ranks: int, link: Link, calibration: Calibration,
+                        messages: int = 1) -> float:
+    return _ring_time(size_bytes, ranks, link, calibration, phases=1, messages=messages)
 
 
 def all_to_all_time(local_bytes: float, ranks: int, link: Link, calibration: Calibration) -> float:

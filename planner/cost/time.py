@@ -82,6 +82,9 @@ rank's share (ZeRO-Offload partitions the update over the data-parallel ranks)."
 # Bytes per parameter of the weights ZeRO / FSDP all-gathers: the 16-bit model copy (fp16/bf16; FSDP's
 # mixed-precision param_dtype, DeepSpeed's fp16 partitions).
 PARAM_BYTES = 2
+# DeepSpeed ZeRO-3 keeps a parameter tensor with fewer elements than this whole on every rank and never gathers it
+# (`stage3_param_persistence_threshold`, default 1e5 since v0.3.x: deepspeed/runtime/zero/constants.py).
+ZERO3_PERSISTENT_ELEMENTS = 100_000
 # All-reduce-equivalents of the b·s·h activation each unit's TP collectives move per micro-batch
 # (Narayanan et al. 2021 §3.2: a block does 2 all-reduces forward and 2 backward; with sequence
 # parallelism each becomes an all-gather + reduce-scatter of the same volume, Korthikanti §4.2.2).
@@ -140,6 +143,9 @@ class UnitCost:
     cp_backward_s: float = 0.0  # its backward, plus the recomputed forward's
     ep_s: float = 0.0  # expert dispatch/combine all-to-all, part of tp_forward_s + tp_backward_s
     weight_grad_s: float = 0.0  # the weight-gradient GEMMs inside backward_s (a zero-bubble W pass)
+    # parameter tensors, and those ZeRO-3 gathers (not persistent), for collectives issued tensor by tensor
+    tensors: int = 1
+    gathered_tensors: int = 1
 
     @property
     def compute_s(self) -> float:
@@ -184,7 +190,9 @@ def unit_costs(
             forward_s=times.forward_s, backward_s=times.backward_s, recompute_s=0.0,
             tp_forward_s=forward_ars * all_reduce, tp_backward_s=backward_ars * all_reduce,
             activation_bytes=_activation_bytes(model, kind, None, training, config, setting, timer),
-            params=parameters / config.tp, weight_grad_s=weight_gradient_s(kind, times))
+            params=parameters / config.tp, weight_grad_s=weight_gradient_s(kind, times),
+            **_tensor_counts(model.embedding_tensor_sizes() if kind is UnitKind.EMBEDDING
+                             else model.head_tensor_sizes()))
     typed = _has_method(type(timer), "block_times")  # a BlockTypeTimer
     for block in model.block_types():
         times = timer.block_times(block, setting, gpu) if typed else timer.times(UnitKind.BLOCK, setting, gpu)
@@ -240,7 +248,14 @@ def _block_cost(model: ModelSpec, block: BlockSpec, times: UnitTimes, training: 
         cp_backward_s=cp_backward,
         ep_s=ep_forward + ep_backward,
         weight_grad_s=weight_gradient_s(UnitKind.BLOCK, times),
+        **_tensor_counts(block.tensor_sizes()),
     )
+
+
+def _tensor_counts(sizes: Sequence[int]) -> dict[str, int]:
+    """A unit's parameter tensors, and how many of them ZeRO-3 partitions and gathers: DeepSpeed keeps tensors
+    under `stage3_param_persistence_threshold` whole on every rank (`ZERO3_PERSISTENT_ELEMENTS`)."""
+    return {"tensors": len(sizes), "gathered_tensors": sum(size >= ZERO3_PERSISTENT_ELEMENTS for size in sizes)}
 
 
 def _activation_bytes(model: ModelSpec, kind: UnitKind, block: BlockSpec | None, training: Training,
@@ -665,11 +680,15 @@ def _pipelined_fsdp_s(runs: Sequence[UnitRun], training: Training, config: Paral
 def _run_collectives(runs: Sequence[UnitRun], training: Training, config: ParallelConfig, link: Link,
                      calibration: Calibration, states: ParameterStates) -> list[tuple[float, float]]:
     """Per run, one unit's ZeRO-3 weight all-gather (0 under ZeRO-2; the weights as stored) and gradient
-    reduce-scatter (its trainable parameters') over the shard group."""
+    reduce-scatter (its trainable parameters') over the shard group: one collective each, or with
+    `zero3_collectives` "per-tensor" one per gathered / trainable tensor, each paying the ring's latency."""
     group = config.shard_group
-    return [(all_gather_time(unit.params * states.weight_bytes, group, link, calibration)
+    per_tensor = config.zero3_collectives == "per-tensor"
+    return [(all_gather_time(unit.params * states.weight_bytes, group, link, calibration,
+                             messages=unit.gathered_tensors if per_tensor else 1)
              if config.optimizer_sharding == 3 else 0.0,
-             reduce_scatter_time(unit.params * states.trainable * training.grad_bytes, group, link, calibration))
+             reduce_scatter_time(unit.params * states.trainable * training.grad_bytes, group, link, calibration,
+                                 messages=unit.tensors if per_tensor else 1))
             for unit, _ in runs]
 
 
@@ -692,13 +711,15 @@ def _sharded_microbatch_s(runs: Sequence[UnitRun], training: Training, config: P
     """
     collectives = _run_collectives(runs, training, config, link, calibration, states)
     regather = config.reshard_after_forward
+    total = sum((gather * (1 + regather) + reduce) * count
+                for (_, count), (gather, reduce) in zip(runs, collectives, strict=True))
+    if config.zero3_collectives == "per-tensor":  # each gather waits for the device to drain: nothing hides
+        return total, total
     forward = _prefetch_exposed_s([_PassRun(gather, 0.0, unit.forward_s, count)
                                    for (unit, count), (gather, _) in zip(runs, collectives, strict=True)])
     backward = _prefetch_exposed_s([_PassRun(gather * regather, reduce, unit.backward_s + unit.recompute_s, count)
                                     for (unit, count), (gather, reduce)
                                     in zip(runs[::-1], collectives[::-1], strict=True)])
-    total = sum((gather * (1 + regather) + reduce) * count
-                for (_, count), (gather, reduce) in zip(runs, collectives, strict=True))
     return total, forward + backward
 
 

@@ -64,6 +64,7 @@ class FixedOptions:
     etp: int | None = None
     moe_dispatcher: str | None = None
     moe_ep_overlap: bool | None = None
+    zero3_collectives: str | None = None  # estimate only: the search keeps the default
     framework: str | None = None  # planner.frameworks name; None: any (every layout, Megatron-LM's semantics)
 
     @classmethod
@@ -79,7 +80,7 @@ class FixedOptions:
             tp_comm_overlap=options.get("tp_comm_overlap"), cp=options.get("cp"), cp_comm=options.get("cp_comm"),
             hsdp_replicas=options.get("hsdp_replicas"), framework=options.get("framework"),
             ep=options.get("ep"), etp=options.get("etp"), moe_dispatcher=options.get("moe_dispatcher"),
-            moe_ep_overlap=options.get("moe_ep_overlap"),
+            moe_ep_overlap=options.get("moe_ep_overlap"), zero3_collectives=options.get("zero3_collectives"),
         )
 
 
@@ -334,7 +335,7 @@ def complete_config(fixed: FixedOptions, model: ModelSpec, cluster: Cluster, tra
     return framework_named(fixed.framework or "any").require(ParallelConfig(
         dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, cp_comm=fixed.cp_comm or "p2p", hsdp_replicas=hsdp,
         ep=fixed.ep or 1, etp=etp, moe_dispatcher=fixed.moe_dispatcher or "alltoall",
-        moe_ep_overlap=bool(fixed.moe_ep_overlap),
+        moe_ep_overlap=bool(fixed.moe_ep_overlap), zero3_collectives=fixed.zero3_collectives or "per-unit",
         micro_batch=fixed.micro_batch or 1,
         sequence_parallel=_sequence_parallel(fixed, tp), recompute=fixed.recompute or Recompute.NONE,
         tp_comm_overlap=bool(fixed.tp_comm_overlap), zero_stage=fixed.zero_stage or (3 if hsdp > 1 else 0),
