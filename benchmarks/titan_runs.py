@@ -6,7 +6,7 @@ Settings a row does not state are torchtitan's defaults at the commits the rows 
 FULL_SHARD over `dp_shard_degree` (= ZeRO-3), bf16 parameters with fp32 gradient reduction,
 SDPA flash attention, TP with sequence parallelism, local batch = `micro_batch` per DP rank with
 no gradient accumulation, and any float8 / MXFP8 recipe = fp8 GEMMs. "selective" activation
-checkpointing (per-op SAC) is taken as selective recompute. The Dec-2024 H100s are 96 GB HBM2e
+checkpointing is torchtitan's per-op SAC (`selective_recompute` "op"). The Dec-2024 H100s are 96 GB HBM2e
 parts at 500 W: their capacity is 96 GB here; their lower clocks are not modelled.
 Iteration time = global-batch tokens / (tokens/s/GPU × GPUs) (torchtitan divides by cp·tp·pp too).
 """
@@ -20,8 +20,11 @@ import pandas as pd
 from benchmarks.validation_runs import DATA, Run, Skipped
 from planner.cluster import Cluster, load_cluster
 from planner.config import ParallelConfig, Recompute, Schedule, Training
+from planner.frameworks import FRAMEWORKS
 from planner.gpu import GIB
 from planner.model import load_model
+
+TORCHTITAN = FRAMEWORKS["torchtitan"]
 
 __all__ = ["TITAN_FILES", "titan_runs"]
 
@@ -110,8 +113,8 @@ def _cluster(row: _Row, hardware: str) -> Cluster:
 def _run(file: str, frame_row: pd.Series, row: _Row) -> Run:
     training = Training(global_batch=row.global_batch, seq_len=row.seq_len, dtype="fp8" if row.fp8 else "bf16",
                         attention="flash", grad_bytes=4)
-    # torchtitan's TP backward has no async all-reduce hidden behind the wgrad GEMMs (Megatron-LM's
-    # overlap_tp_backward); async TP pipelines the sequence-parallel collectives with their GEMMs.
+    # torchtitan's execution semantics (planner.frameworks): its TP backward has no async all-reduce hidden behind
+    # the wgrad GEMMs, and "selective" is its per-op SAC; async TP pipelines the sequence-parallel collectives.
     # With PP the row's micro_batch is torchtitan's local batch, run as micro-batches of one sequence
     # (pipeline_parallel_microbatch_size = 1, the v0.2 default). FSDP shards over dp_shard·cp (HSDP: the
     # dp_replicate groups all-reduce).
@@ -119,13 +122,13 @@ def _run(file: str, frame_row: pd.Series, row: _Row) -> Run:
     sharded = row.dp_shard * row.cp > 1
     if row.pp > 1:
         training = replace(training, global_batch=row.micro_batch * dp)
-    config = ParallelConfig(dp=dp, tp=row.tp, pp=row.pp, cp=row.cp, cp_comm="all-gather",  # torchtitan's default
-                            micro_batch=1 if row.pp > 1 else row.micro_batch, vpp=2 if row.interleaved else 1,
-                            schedule=Schedule.INTERLEAVED if row.interleaved else Schedule.ONE_F_ONE_B,
-                            hsdp_replicas=row.dp_replicate if sharded else 1,
-                            sequence_parallel=row.tp > 1, zero_stage=3 if sharded else 0,
-                            recompute=_recompute(row.checkpointing), overlap_tp_backward=False,
-                            tp_comm_overlap=row.async_tp and row.tp > 1)
+    config = TORCHTITAN.runs(ParallelConfig(
+        dp=dp, tp=row.tp, pp=row.pp, cp=row.cp, cp_comm="all-gather",  # torchtitan's default
+        micro_batch=1 if row.pp > 1 else row.micro_batch, vpp=2 if row.interleaved else 1,
+        schedule=Schedule.INTERLEAVED if row.interleaved else Schedule.ONE_F_ONE_B,
+        hsdp_replicas=row.dp_replicate if sharded else 1, sequence_parallel=row.tp > 1,
+        zero_stage=3 if sharded else 0, recompute=_recompute(row.checkpointing),
+        tp_comm_overlap=row.async_tp and row.tp > 1))
     iteration = training.tokens_per_iteration / (row.tokens_per_s_per_gpu * row.gpus)
     memory = None if row.memory_gib is None else row.memory_gib * GIB
     label = f"row{frame_row['row_id']} {row.model} s{row.seq_len} {row.gpus}x{row.gpu} {config.describe()}"

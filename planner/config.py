@@ -43,6 +43,11 @@ CP_COMMS = ("p2p", "all-gather", "a2a")
 # parameter tensor, each all-gather issued after a device-wide torch.cuda.synchronize()
 # (partition_parameters._allgather_param), so nothing overlaps and every tensor pays the ring's latency.
 ZERO3_COLLECTIVES = ("per-unit", "per-tensor")
+# What selective recomputation keeps. "attention": Megatron-LM's --recompute-granularity selective (Korthikanti et
+# al. 2022: everything but the attention core, which is recomputed). "op": torchtitan's per-op SAC
+# (activation_checkpoint.selective_ac_option "op"): the outputs of every other matrix multiply (the 1st, 3rd, … of a
+# block) and of the attention kernel are kept, everything else, norms and activations included, is recomputed.
+SELECTIVE_RECOMPUTES = ("attention", "op")
 # How routed tokens reach their experts (Megatron-Core's --moe-token-dispatcher-type): "alltoall" sends one
 # copy per (token, expert) straight to the expert's rank; "flex" (DeepEP / HybridEP kernels) sends a token once
 # per destination node over the network and fans it out to that node's expert ranks over NVLink.
@@ -189,6 +194,8 @@ class ParallelConfig:
     `reshard_after_forward` (ZeRO-3/FSDP): free the gathered weights after each unit's forward and gather
     them again for its backward; None takes torchtitan's default, on without and off with pipelining.
     `zero3_collectives` (one of ZERO3_COLLECTIVES): per unit and prefetched, or per tensor and synchronous.
+    `selective_recompute` (one of SELECTIVE_RECOMPUTES): what `Recompute.SELECTIVE` keeps, Megatron-LM's or
+    torchtitan's policy.
     """
 
     dp: int
@@ -205,6 +212,7 @@ class ParallelConfig:
     hsdp_replicas: int = 1
     reshard_after_forward: bool | None = None
     zero3_collectives: str = "per-unit"
+    selective_recompute: str = "attention"
     sequence_parallel: bool = False
     recompute: Recompute = Recompute.NONE
     zero_stage: int = 0
@@ -226,6 +234,9 @@ class ParallelConfig:
         if self.moe_dispatcher not in MOE_DISPATCHERS:
             raise PlannerError(f"parallel config: moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, "
                                f"got {self.moe_dispatcher!r}")
+        if self.selective_recompute not in SELECTIVE_RECOMPUTES:
+            raise PlannerError(f"parallel config: selective_recompute must be one of {', '.join(SELECTIVE_RECOMPUTES)}"
+                               f", got {self.selective_recompute!r}")
         if self.zero3_collectives not in ZERO3_COLLECTIVES:
             raise PlannerError(f"parallel config: zero3_collectives must be one of {', '.join(ZERO3_COLLECTIVES)}, "
                                f"got {self.zero3_collectives!r}")

@@ -36,25 +36,29 @@ from planner.titan_models import find_flavor
 
 __all__ = ["FRAMEWORKS", "FRAMEWORK_NAMES", "TARGET_NAMES", "Framework", "framework_named", "runs_on"]
 
-Semantics = Callable[[ParallelConfig], dict[str, bool]]
+Semantics = Callable[[ParallelConfig], dict[str, bool | str]]
 
 
-def _megatron_semantics(_config: ParallelConfig) -> dict[str, bool]:
-    """Megatron-LM: 1/tp of a boundary tensor per rank, gradient reduction and backward TP collectives overlapped."""
-    return {"p2p_scatter_gather": True, "overlap_grad_reduce": True, "overlap_tp_backward": True}
+def _megatron_semantics(_config: ParallelConfig) -> dict[str, bool | str]:
+    """Megatron-LM: 1/tp of a boundary tensor per rank, gradient reduction and backward TP collectives overlapped;
+    selective recompute of the attention core."""
+    return {"p2p_scatter_gather": True, "overlap_grad_reduce": True, "overlap_tp_backward": True,
+            "selective_recompute": "attention"}
 
 
-def _deepspeed_semantics(config: ParallelConfig) -> dict[str, bool]:
+def _deepspeed_semantics(config: ParallelConfig) -> dict[str, bool | str]:
     """DeepSpeed: the pipeline engine sends whole activations from every TP rank and reduces gradients after
     the flush; without PP only ZeRO's overlap_comm hides the reduction (ZeRO-0 all-reduces after backward);
     Megatron-DeepSpeed's TP backward all-reduces are not overlapped."""
     return {"p2p_scatter_gather": False, "overlap_grad_reduce": config.pp == 1 and config.zero_stage >= 1,
-            "overlap_tp_backward": False}
+            "overlap_tp_backward": False, "selective_recompute": "attention"}
 
 
-def _torchtitan_semantics(_config: ParallelConfig) -> dict[str, bool]:
-    """torchtitan: DDP/FSDP2 reduce during backward; DTensor TP's backward collectives are synchronous."""
-    return {"p2p_scatter_gather": True, "overlap_grad_reduce": True, "overlap_tp_backward": False}
+def _torchtitan_semantics(_config: ParallelConfig) -> dict[str, bool | str]:
+    """torchtitan: DDP/FSDP2 reduce during backward; DTensor TP's backward collectives are synchronous; selective
+    recompute is its per-op SAC (the export's selective_ac_option "op")."""
+    return {"p2p_scatter_gather": True, "overlap_grad_reduce": True, "overlap_tp_backward": False,
+            "selective_recompute": "op"}
 
 
 @dataclass(frozen=True)

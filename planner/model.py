@@ -417,6 +417,21 @@ class BlockSpec:
         """Parameters (weights and biases) of the block's further `linears`."""
         return sum(a * b + (b if bias else 0) for a, b, bias in self.linears)
 
+    def separate_matmuls(self) -> tuple[tuple[int, int, bool], ...] | None:
+        """(input width, output width, row-parallel) of each matrix multiply the block runs in forward order with
+        its projections unfused, as torchtitan's and HF's Llama-style blocks do (wq, wk, wv, wo, then w1, w3, w2;
+        w1, w2 when not gated); None for blocks outside that family (MLA, Mamba, MoE, further linears)."""
+        a, mlp = self.attention, self.mlp
+        if a is None or a.is_mla or self.mamba or self.linears or (mlp is not None and mlp.is_moe):
+            return None
+        h = self.hidden_size
+        attention = ((h, a.query_width, False), (h, a.kv_width, False), (h, a.kv_width, False),
+                     (a.value_width, h, True))
+        if mlp is None:
+            return attention
+        ffn = mlp.ffn_hidden_size
+        return attention + ((h, ffn, False),) * (mlp.matrices - 1) + ((ffn, h, True),)
+
     def tensor_sizes(self) -> tuple[int, ...]:
         """Elements of each parameter tensor of the block (what a framework that gathers or reduces tensor by
         tensor issues one collective for); they add up to `parameters()`."""

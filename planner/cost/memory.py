@@ -31,6 +31,8 @@ __all__ = [
     "largest_transient_bytes",
     "model_state_bytes",
     "nccl_communicators",
+    "op_sac_applies",
+    "op_sac_kept_matmuls",
     "parameter_model_states",
     "rank_memory_model",
     "recompute_working_bytes",
@@ -140,6 +142,18 @@ def activation_bytes(
     return (2 * sbh) / divisor + 2 * sbh / t + 4 * s * b * model.vocab_size / t
 
 
+def op_sac_applies(block: BlockSpec, config: ParallelConfig) -> bool:
+    """Whether `block` is recomputed by torchtitan's per-op policy (`selective_recompute` "op"): blocks of the
+    Llama family (`BlockSpec.separate_matmuls`); other blocks keep the attention policy's accounting."""
+    return (config.recompute is Recompute.SELECTIVE and config.selective_recompute == "op"
+            and block.separate_matmuls() is not None)
+
+
+def op_sac_kept_matmuls(block: BlockSpec) -> tuple[tuple[int, int, bool], ...]:
+    """The matrix multiplies whose outputs torchtitan's per-op policy keeps: the 1st, 3rd, … of the block."""
+    return block.separate_matmuls()[::2]
+
+
 def block_type_activation_bytes(model: ModelSpec, block: BlockSpec, training: Training,
                                 config: ParallelConfig) -> float:
     """Activation bytes one block of type `block` keeps for backward, per micro-batch on one TP and CP rank (each
@@ -160,6 +174,12 @@ def block_type_activation_bytes(model: ModelSpec, block: BlockSpec, training: Tr
     head = activation_bytes(model, UnitKind.HEAD, training, config) if block.output_head else 0.0
     if config.recompute is Recompute.FULL:
         return 2 * sbh / divisor + head
+    if op_sac_applies(block, config):  # the block's input, the kept matmul outputs, the attention output and LSE
+        a = block.attention
+        kept = sum(2 * s * b * (width if row_parallel else width / t)
+                   for _, width, row_parallel in op_sac_kept_matmuls(block))
+        attention = s * b * (2 * a.value_width + 4 * a.num_attention_heads) / t
+        return 2 * sbh / divisor + kept + attention + head
     replicated = block.sublayers * (4 * sbh + (sbh if block.dropout else 0))
     replicated += sum(2 * s * b * k for k, _, _ in block.linears)
     sharded = 0.0
@@ -192,12 +212,16 @@ def block_type_activation_bytes(model: ModelSpec, block: BlockSpec, training: Tr
 
 
 def recompute_working_bytes(model: ModelSpec, training: Training, config: ParallelConfig) -> float:
-    """Extra activation bytes while one block is recomputed and back-propagated under full recompute:
-    that block's activations for one micro-batch exist in full until its backward ends (the largest block type's)."""
-    if config.recompute is not Recompute.FULL:
+    """Extra activation bytes while one block is recomputed and back-propagated, the largest block type's: under
+    full recompute that block's activations for one micro-batch exist in full until its backward ends; under
+    torchtitan's per-op policy, what it recomputes (the whole block's less what it kept)."""
+    full = config.recompute is Recompute.FULL
+    if not full and not (config.recompute is Recompute.SELECTIVE and config.selective_recompute == "op"):
         return 0.0
     whole = replace(config, recompute=Recompute.NONE)
-    return max(block_type_activation_bytes(model, block, training, whole) for block in model.block_types())
+    return max(block_type_activation_bytes(model, block, training, whole)
+               - (0.0 if full else block_type_activation_bytes(model, block, training, config))
+               for block in model.block_types())
 
 
 def in_flight_microbatches(config: ParallelConfig, pp_rank: int, num_microbatches: int) -> float:

@@ -23,6 +23,8 @@ from planner.cost.comm import all_gather_time, all_reduce_time, all_to_all_time,
 from planner.cost.memory import (
     activation_bytes,
     block_type_activation_bytes,
+    op_sac_applies,
+    op_sac_kept_matmuls,
     parameter_model_states,
     sharded_state_bytes,
 )
@@ -224,11 +226,14 @@ def _block_cost(model: ModelSpec, block: BlockSpec, times: UnitTimes, training: 
             raise ValueError("unit_costs: cp > 1 needs the context-parallel group's link")
         cp_forward, cp_backward = context_parallel_s(times, block.attention, training, config, cp_link, calibration)
     recompute, recompute_tp = 0.0, 0.0
+    op_policy = op_sac_applies(block, config)
     if config.recompute is Recompute.FULL:
         recompute, recompute_tp = times.forward_s, tp_forward
+    elif op_policy:
+        recompute = _op_sac_recompute_s(block, times)
     elif config.recompute is Recompute.SELECTIVE:
         recompute = times.attention_core_forward_s
-    if config.recompute is not Recompute.NONE:  # both modes recompute attention, with its KV exchange
+    if config.recompute is not Recompute.NONE and not op_policy:  # attention recomputed, with its KV exchange
         cp_backward += cp_forward
     ep_forward = ep_backward = 0.0
     if block.mlp is not None and block.mlp.is_moe:
@@ -250,6 +255,14 @@ def _block_cost(model: ModelSpec, block: BlockSpec, times: UnitTimes, training: 
         weight_grad_s=weight_gradient_s(UnitKind.BLOCK, times),
         **_tensor_counts(block.tensor_sizes()),
     )
+
+
+def _op_sac_recompute_s(block: BlockSpec, times: UnitTimes) -> float:
+    """Forward time the per-op policy repeats in the backward: everything but the attention kernel and the kept
+    matrix multiplies (their share of the block's linear time, by FLOPs)."""
+    matmuls = block.separate_matmuls()
+    kept = sum(a * b for a, b, _ in op_sac_kept_matmuls(block)) / sum(a * b for a, b, _ in matmuls)
+    return times.forward_s - times.attention_core_forward_s - kept * sum(times.linear_forward_s)
 
 
 def _tensor_counts(sizes: Sequence[int]) -> dict[str, int]:

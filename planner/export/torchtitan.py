@@ -137,8 +137,8 @@ def torchtitan_toml(plan: Plan, notes: tuple[str, ...] = ()) -> str:
     lines += ["", "[checkpoint]", f"enable = {_value(True)}", '# folder = "checkpoint" under the dump folder']
     lines += ["", "[activation_checkpoint]", f"mode = {_value(mode)}"]
     if config.recompute is Recompute.SELECTIVE:
-        lines.append('selective_ac_option = "op"  # op-level: recompute cheap ops, keep matmul outputs '
-                     "(closest to Megatron's selective)")
+        lines.append('selective_ac_option = "op"  # keeps every other matmul output and the attention output, '
+                     "as planner costed it")
     return "\n".join(lines) + "\n"
 
 
