@@ -34,14 +34,11 @@ from planner.errors import PlannerError
 from planner.gpu import GIB, lookup_gpu
 from planner.model import load_model
 
-__all__ = ["MOE_FILE", "moe_runs"]
+__all__ = ["MOE_FILE", "moe_runs", "rack_segment_gpus"]
 
 MOE_FILE = "moe_ep_throughput.csv"
 _CATALOG = {"DeepSeek-V3": "deepseek-v3", "Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-235B-A22B": "qwen3-235b-a22b",
             "GPT-OSS-120B": "gpt-oss-120b", "Mixtral-8x7B": "mixtral-8x7b", "Mixtral-8x22B": "mixtral-8x22b"}
-# GPUs of one NVLink domain a GB200/GB300 job spans: the file's notes quote Megatron-LM's DeepSeek-V3 GB200
-# guide, "Every 32 GB200 GPUs (8 nodes) are in the same NVL domain"
-RACK_DOMAIN_GPUS = 32
 # the file's hardware label (its first word) → catalog GPU; GPUs missing from profiles/gpus.yaml are skipped
 _GPUS = {"H100": "H100-80GB", "H800": "H800", "B200": "B200", "B300": "B300", "GB200": "GB200", "GB300": "GB300"}
 _RACK_SCALE = ("B300", "GB200", "GB300")  # scored apart: the issue's target covers H100 and B200
@@ -142,15 +139,29 @@ def _run(row: pd.Series) -> Run:
                None if memory is None else memory * unit, f"{MOE_FILE} row_id {row['row_id']}")
 
 
+def rack_segment_gpus(gpus: int, gpu: str) -> int:
+    """GPUs of a rack-scale job that share one NVLink domain as Megatron-Bridge launches it: its Slurm executor
+    (scripts/performance/utils/executors.py, 4-GPU nodes) asks for `--segment` = the job's trays when they fit one
+    rack, else their largest divisor that does (a GB200/GB300 NVL72 rack holds 18 trays of 4), so each segment
+    runs inside one rack's NVLink switch domain; its HybridEP topology (utils.py,
+    apply_target_topology_environment) puts all EP ranks, up to 72, in that domain. The Megatron-LM DeepSeek-V3
+    GB200 guide the file's notes quote ("every 32 GB200 GPUs (8 nodes) are in the same NVL domain") states
+    what its EP 32 needs, not the domain's size."""
+    spec = lookup_gpu(gpu)
+    host = spec.gpus_per_host or spec.gpus_per_node
+    trays, rack = gpus // host, spec.gpus_per_node // host
+    return host * next(s for s in range(min(trays, rack), 0, -1) if trays % s == 0)
+
+
 def _cluster(gpus: int, gpu: str) -> Cluster:
     """Nodes of 8 (DGX H100/B200/B300); rack-scale GB200/GB300: trays of 4 in NVLink domains of
-    `RACK_DOMAIN_GPUS` (fewer when the job is smaller)."""
+    `rack_segment_gpus`."""
     spec = lookup_gpu(gpu)
     host = spec.gpus_per_host
     if host is None:
         per_node = min(gpus, spec.gpus_per_node)
         return load_cluster(f"{gpus // per_node}x{per_node}x{gpu}")
-    return load_cluster(f"{gpus // host}x{host}x{gpu}:nvl{min(gpus, RACK_DOMAIN_GPUS)}")
+    return load_cluster(f"{gpus // host}x{host}x{gpu}:nvl{rack_segment_gpus(gpus, gpu)}")
 
 
 def moe_runs(rack_scale: bool = False) -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:

@@ -10,11 +10,12 @@ import pytest
 
 from benchmarks.accuracy import score, summary_lines
 from benchmarks.loso import fit_sources, source_objective
-from benchmarks.moe_runs import MOE_FILE, moe_runs
+from benchmarks.moe_runs import MOE_FILE, moe_runs, rack_segment_gpus
 from benchmarks.ranking import AUTOTUNING_FILE, VTRAIN_FILE, group_scores
 from benchmarks.sources import skipped_files, sources
 from benchmarks.titan_runs import TITAN_FILES, titan_runs
 from benchmarks.validation_runs import DATA
+from planner.placement import GroupLinks, default_placement
 from planner.profile.calibration import default_calibration
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "validation"
@@ -70,6 +71,17 @@ def test_moe_rows_are_each_estimated_once_or_skipped_and_timed_only_when_force_b
     reasons = {k.reason for k in skipped}
     assert "router not force-balanced: its load imbalance is not stated" in reasons
     assert "token-dropping run: its capacity factor is not stated" in reasons
+
+
+def test_rack_scale_moe_runs_keep_their_expert_groups_inside_one_nvl72_rack() -> None:
+    """Megatron-Bridge's launcher asks Slurm for segments of up to 18 trays (one NVL72 rack) and HybridEP places
+    up to 72 EP ranks per NVLink domain: DeepSeek-V3 on 256 GB200 (EP 64, MB-002) runs on racks of 64 GPUs, so its
+    all-to-all stays on NVLink; 8 GPUs are one segment of 2 trays, 288 GPUs four full racks."""
+    assert [rack_segment_gpus(n, "GB200") for n in (8, 64, 256, 288)] == [8, 64, 64, 72]
+    run = next(r for r in moe_runs(rack_scale=True)[0] if r.label.startswith("MB-002 "))
+    assert run.config.ep == 64
+    links = GroupLinks.from_placement(run.cluster, run.config, default_placement(run.cluster, run.config))
+    assert {link.ranks_per_node for link in links.ep} == {64}
 
 
 def test_score_is_mean_median_and_worst_of_magnitudes() -> None:
