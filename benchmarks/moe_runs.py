@@ -5,7 +5,10 @@ skill runs and Megatron-LM MoE model-zoo runs. Settings a row does not state are
 Megatron-Bridge's MoE performance recipes, written here once: the distributed optimizer with overlapped
 gradient reduce and parameter gather, sequence parallelism whenever tp > 1 (Megatron-Core requires it
 with EP), expert tensor parallelism 1 (the file's "ETP assumed 1"), FlashAttention (cuDNN fused
-attention), fp32 gradient accumulation, interleaved 1F1B when vpp > 1.
+attention), interleaved 1F1B when vpp > 1, and 16-bit gradients: the recipes' `_benchmark_common` sets
+`ddp.grad_reduce_in_fp32 = False` (Megatron-Bridge src/megatron/bridge/perf_recipes/_common.py, as its
+scripts/performance have since they appeared in 2025-08), so Megatron-Core's gradient buffer, and the
+reduce-scatter over it, holds the parameters' BF16, not fp32.
 
 Precision: FP8 (H100 current scaling or 128-blockwise), MXFP8 and "FP8-MX" all run the blocks' linear
 layers in 8-bit floats with higher-precision accumulation: planner's "fp8". Recompute: the modules these
@@ -44,6 +47,7 @@ _GPUS = {"H100": "H100-80GB", "H800": "H800", "B200": "B200", "B300": "B300", "G
 _RACK_SCALE = ("B300", "GB200", "GB300")  # scored apart: the issue's target covers H100 and B200
 _FP8 = ("FP8", "MXFP8", "FP8-MX", "FP8-CS")
 _DTYPES = {**{name: "fp8" for name in _FP8}, "BF16": "bf16"}
+BENCHMARK_GRAD_BYTES = 2  # BF16 gradient buffer: grad_reduce_in_fp32 = False in the performance recipes
 _DISPATCHER_WORDS = re.compile(r"flex|hybridep|deepep|alltoall|a2a", re.IGNORECASE)
 
 
@@ -127,7 +131,7 @@ def _run(row: pd.Series) -> Run:
                             recompute=_recompute(str(row["recompute"])),
                             schedule=Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B)
     training = Training(global_batch=_int(row, "global_batch"), seq_len=int(row["seq_len"]),
-                        dtype=_DTYPES[str(row["precision"])], attention="flash")
+                        dtype=_DTYPES[str(row["precision"])], attention="flash", grad_bytes=BENCHMARK_GRAD_BYTES)
     step = _number(row["step_time_s"])
     iteration = step or training.tokens_per_iteration / (float(row["tokens_per_sec_per_gpu"]) * gpus)
     gpu = _gpu(str(row["hardware"])) or ""

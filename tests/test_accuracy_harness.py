@@ -66,6 +66,7 @@ def test_moe_rows_are_each_estimated_once_or_skipped_and_timed_only_when_force_b
     for run in runs:
         row = frame.loc[run.source.split()[-1]]
         assert run.training.moe_expert_load == 1.0 and run.training.moe_capacity_factor is None
+        assert run.training.grad_bytes == 2  # the performance recipes' BF16 gradient buffer (grad_reduce_in_fp32 off)
         assert (run.config.tp, run.config.pp, run.config.ep) == (int(row["tp"]), int(row["pp"]), int(row["ep"]))
         assert run.config.num_gpus == int(row["num_gpus"]) and run.cluster.num_gpus == int(row["num_gpus"])
     reasons = {k.reason for k in skipped}
