@@ -17,7 +17,8 @@ planner's selective recompute of the attention core; their time is small and the
 Dispatcher and EP overlap: the first dispatcher the row's dispatcher_routing names ("flex", "HybridEP" or
 "DeepEP": flex; "alltoall", "A2A": alltoall; the H100 rows quote the HEAD perf recipe there), alltoall when
 it names none (Megatron-Bridge's scripts/performance/utils/overrides.py sets alltoall unless a flex backend
-is given); EP communication overlap where dispatcher_routing or notes say "EP overlap on".
+is given); EP communication overlap where dispatcher_routing or notes say "EP overlap on", or where the
+HEAD recipe a row quotes for its settings sets it (`EP_OVERLAP_RECIPES`).
 Time is scored only on force-balanced, dropless rows (`Training.moe_load_imbalance` = 1): the others
 depend on a router imbalance or capacity factor the rows do not state.
 Iteration time = the stated step time, else global-batch tokens / (tokens/s/GPU × GPUs).
@@ -48,15 +49,24 @@ _RACK_SCALE = ("B300", "GB200", "GB300")  # scored apart: the issue's target cov
 _FP8 = ("FP8", "MXFP8", "FP8-MX", "FP8-CS")
 _DTYPES = {**{name: "fp8" for name in _FP8}, "BF16": "bf16"}
 BENCHMARK_GRAD_BYTES = 2  # BF16 gradient buffer: grad_reduce_in_fp32 = False in the performance recipes
+# Megatron-Bridge HEAD (@067f987df0) performance recipes, quoted by name in a row's recompute or notes column as the
+# source of its unstated settings, that set CommOverlapConfig(overlap_moe_expert_parallel_comm=True)
+# (src/megatron/bridge/perf_recipes/qwen/h100/qwen3_moe.py; the legacy H100 Qwen3-235B presets had moe_a2a_overlap
+# on too). The other recipes rows quote (Qwen3-30B-A3B FP8 on 16 H100, GPT-OSS-120B BF16 on 64 H100) leave it off.
+EP_OVERLAP_RECIPES = frozenset({"qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config",
+                                "qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config"})
+_RECIPE_NAME = re.compile(r"\b\w+_pretrain_\w+_config\b")
 _DISPATCHER_WORDS = re.compile(r"flex|hybridep|deepep|alltoall|a2a", re.IGNORECASE)
 
 
 def _dispatch(row: pd.Series) -> tuple[str, bool]:
-    """(dispatcher, EP overlap) a row states: its first-named dispatcher, else alltoall; overlap if "EP overlap on"."""
+    """(dispatcher, EP overlap) a row states: its first-named dispatcher, else alltoall; overlap if "EP overlap on"
+    or the HEAD recipe the row quotes for its settings turns it on (`EP_OVERLAP_RECIPES`)."""
     routing = str(row["dispatcher_routing"])
     named = _DISPATCHER_WORDS.search(routing)
     dispatcher = "alltoall" if named is None or named.group(0).lower() in ("alltoall", "a2a") else "flex"
-    return dispatcher, "ep overlap on" in f"{routing} {row['notes']}".lower()
+    quoted = set(_RECIPE_NAME.findall(f"{row['recompute']} {row['notes']}"))
+    return dispatcher, "ep overlap on" in f"{routing} {row['notes']}".lower() or bool(quoted & EP_OVERLAP_RECIPES)
 
 
 def _number(value: object) -> float | None:

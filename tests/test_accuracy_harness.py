@@ -85,6 +85,14 @@ def test_rack_scale_moe_runs_keep_their_expert_groups_inside_one_nvl72_rack() ->
     assert {link.ranks_per_node for link in links.ep} == {64}
 
 
+def test_moe_rows_quoting_a_head_recipe_take_its_ep_overlap() -> None:
+    """Qwen3-235B-A22B FP8 on 256 H100 (MB-075) quotes qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config, which sets
+    overlap_moe_expert_parallel_comm; Qwen3-30B-A3B FP8 on 16 H100 (MB-043) quotes a recipe with moe_a2a_overlap off."""
+    runs = {r.source.split()[-1]: r for r in moe_runs()[0]}
+    assert runs["MB-075"].config.moe_ep_overlap and runs["MB-075"].config.moe_dispatcher == "alltoall"
+    assert not runs["MB-043"].config.moe_ep_overlap and runs["MB-043"].config.moe_dispatcher == "flex"
+
+
 def test_score_is_mean_median_and_worst_of_magnitudes() -> None:
     result = score([0.1, -0.3, 0.2])
     assert (result.count, result.mape, result.median, result.worst) == (3, pytest.approx(0.2), 0.2, 0.3)
