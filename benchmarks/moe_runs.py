@@ -15,10 +15,11 @@ layers in 8-bit floats with higher-precision accumulation: planner's "fp8". Reco
 recipes recompute when they say "selective" (layernorm, moe_act) are elementwise kernels, not
 planner's selective recompute of the attention core; their time is small and they are taken as none.
 Dispatcher and EP overlap: the first dispatcher the row's dispatcher_routing names ("flex", "HybridEP" or
-"DeepEP": flex; "alltoall", "A2A": alltoall; the H100 rows quote the HEAD perf recipe there), alltoall when
-it names none (Megatron-Bridge's scripts/performance/utils/overrides.py sets alltoall unless a flex backend
-is given); EP communication overlap where dispatcher_routing or notes say "EP overlap on", or where the
-HEAD recipe a row quotes for its settings sets it (`EP_OVERLAP_RECIPES`).
+"DeepEP": flex; "alltoall", "A2A": alltoall; the H100 rows quote the HEAD perf recipe there), its model's
+presets' dispatcher when it names none and they agree (`MODEL_DISPATCHERS`: DeepSeek-V3, flex), else alltoall
+(Megatron-Bridge's scripts/performance/utils/overrides.py sets alltoall unless a flex backend is given); EP
+communication overlap where dispatcher_routing or notes say "EP overlap on", or where the HEAD recipe a row
+quotes for its settings sets it (`EP_OVERLAP_RECIPES`).
 Time is scored only on force-balanced, dropless rows (`Training.moe_load_imbalance` = 1): the others
 depend on a router imbalance or capacity factor the rows do not state.
 Iteration time = the stated step time, else global-batch tokens / (tokens/s/GPU × GPUs).
@@ -49,6 +50,12 @@ _RACK_SCALE = ("B300", "GB200", "GB300")  # scored apart: the issue's target cov
 _FP8 = ("FP8", "MXFP8", "FP8-MX", "FP8-CS")
 _DTYPES = {**{name: "fp8" for name in _FP8}, "BF16": "bf16"}
 BENCHMARK_GRAD_BYTES = 2  # BF16 gradient buffer: grad_reduce_in_fp32 = False in the performance recipes
+# Models whose Megatron-Bridge performance presets all name a flex backend, so a row that names no dispatcher ran it:
+# every DeepSeek-V3 preset sets moe_flex_dispatcher_backend "hybridep" (GB200, GB300, B300 since the presets'
+# first version, 2025-12-03; B200 since 2026-02-03, before the 26.02 container) or "deepep" (H100)
+# (scripts/performance/configs/deepseek/deepseek_workload_base_configs.py until 2026-07, then
+# src/megatron/bridge/perf_recipes/deepseek/*/deepseek_v3.py). Qwen3 and GPT-OSS presets differ by GPU: alltoall.
+MODEL_DISPATCHERS = {"DeepSeek-V3": "flex"}
 # Megatron-Bridge HEAD (@067f987df0) performance recipes, quoted by name in a row's recompute or notes column as the
 # source of its unstated settings, that set CommOverlapConfig(overlap_moe_expert_parallel_comm=True)
 # (src/megatron/bridge/perf_recipes/qwen/h100/qwen3_moe.py; the legacy H100 Qwen3-235B presets had moe_a2a_overlap
@@ -60,11 +67,15 @@ _DISPATCHER_WORDS = re.compile(r"flex|hybridep|deepep|alltoall|a2a", re.IGNORECA
 
 
 def _dispatch(row: pd.Series) -> tuple[str, bool]:
-    """(dispatcher, EP overlap) a row states: its first-named dispatcher, else alltoall; overlap if "EP overlap on"
+    """(dispatcher, EP overlap) a row states: its first-named dispatcher, else its model's (`MODEL_DISPATCHERS`), else
+    alltoall; overlap if "EP overlap on"
     or the HEAD recipe the row quotes for its settings turns it on (`EP_OVERLAP_RECIPES`)."""
     routing = str(row["dispatcher_routing"])
     named = _DISPATCHER_WORDS.search(routing)
-    dispatcher = "alltoall" if named is None or named.group(0).lower() in ("alltoall", "a2a") else "flex"
+    if named is None:
+        dispatcher = MODEL_DISPATCHERS.get(str(row["model"]), "alltoall")
+    else:
+        dispatcher = "alltoall" if named.group(0).lower() in ("alltoall", "a2a") else "flex"
     quoted = set(_RECIPE_NAME.findall(f"{row['recompute']} {row['notes']}"))
     return dispatcher, "ep overlap on" in f"{routing} {row['notes']}".lower() or bool(quoted & EP_OVERLAP_RECIPES)
 

@@ -93,6 +93,14 @@ def test_moe_rows_quoting_a_head_recipe_take_its_ep_overlap() -> None:
     assert not runs["MB-043"].config.moe_ep_overlap and runs["MB-043"].config.moe_dispatcher == "flex"
 
 
+def test_deepseek_v3_rows_that_name_no_dispatcher_run_its_presets_flex_backend() -> None:
+    """Every Megatron-Bridge DeepSeek-V3 preset names HybridEP or DeepEP: MB-060 (256 B200, EP 32 over four nodes)
+    states no dispatcher and is costed with flex; Qwen3 rows that name none stay on alltoall."""
+    runs = {r.source.split()[-1]: r for r in moe_runs()[0]}
+    assert runs["MB-060"].config.moe_dispatcher == "flex"
+    assert runs["MB-074"].config.moe_dispatcher == "alltoall"  # Qwen3-235B-A22B on 256 B200, none named
+
+
 def test_score_is_mean_median_and_worst_of_magnitudes() -> None:
     result = score([0.1, -0.3, 0.2])
     assert (result.count, result.mape, result.median, result.worst) == (3, pytest.approx(0.2), 0.2, 0.3)
