@@ -67,9 +67,9 @@ _DISPATCHER_WORDS = re.compile(r"flex|hybridep|deepep|alltoall|a2a", re.IGNORECA
 
 
 def _dispatch(row: pd.Series) -> tuple[str, bool]:
-    """(dispatcher, EP overlap) a row states: its first-named dispatcher, else its model's (`MODEL_DISPATCHERS`), else
-    alltoall; overlap if "EP overlap on"
-    or the HEAD recipe the row quotes for its settings turns it on (`EP_OVERLAP_RECIPES`)."""
+    """(dispatcher, EP overlap) a row states: its first-named dispatcher, else its model's (`MODEL_DISPATCHERS`),
+    else alltoall; overlap if "EP overlap on" or the HEAD recipe the row quotes for its settings turns it on
+    (`EP_OVERLAP_RECIPES`)."""
     routing = str(row["dispatcher_routing"])
     named = _DISPATCHER_WORDS.search(routing)
     if named is None:

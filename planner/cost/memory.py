@@ -166,7 +166,7 @@ def block_type_activation_bytes(model: ModelSpec, block: BlockSpec, training: Tr
     the head keeps (`activation_bytes` of the head). In FP8 training the linear layers' saved inputs take
     `FP8_SAVED_INPUT_BYTES`: the normed input of a sub-layer whose first linear is FP8 (not an MoE sub-layer's,
     which the BF16 router keeps), the routed copies, the second MLP matrix's input; the attention output keeps
-    its 16-bit copy for the fused attention backward and adds the projection's FP8 one."""
+    its 16-bit copy for the fused attention backward (unless that is recomputed) and adds the projection's FP8 one."""
     seq_len, cp = (block.tokens, 1) if block.tokens is not None else (training.seq_len, config.cp)
     s, b, t, h = seq_len / cp, config.micro_batch, config.tp, block.hidden_size
     sbh, divisor = s * b * h, (t if config.sequence_parallel else 1)
@@ -185,8 +185,9 @@ def block_type_activation_bytes(model: ModelSpec, block: BlockSpec, training: Tr
         a = block.attention
         heads, kv_heads = max(a.num_attention_heads / t, 1.0), max(a.num_key_value_heads / t, 1.0)
         sharded += 2 * s * b * (heads * a.qk_head_dim + kv_heads * (a.qk_head_dim + a.value_head_dim))
-        sharded += (2 if not fp8 else saved + (2 if training.attention != "unfused" else 0)) * s * b * heads * (
-            a.value_head_dim)
+        # the projection's input; in FP8 its 16-bit original stays too while the fused core's backward needs it
+        kept_for_core = fp8 and config.recompute is Recompute.NONE and training.attention != "unfused"
+        sharded += (saved + (2 if kept_for_core else 0)) * s * b * heads * a.value_head_dim
         if a.is_mla:
             sharded += 2 * s * b * ((a.q_lora_rank or 0) + a.kv_lora_rank + a.qk_rope_head_dim)
         if config.recompute is Recompute.NONE:
