@@ -5,16 +5,21 @@ skill runs and Megatron-LM MoE model-zoo runs. Settings a row does not state are
 Megatron-Bridge's MoE performance recipes, written here once: the distributed optimizer with overlapped
 gradient reduce and parameter gather, sequence parallelism whenever tp > 1 (Megatron-Core requires it
 with EP), expert tensor parallelism 1 (the file's "ETP assumed 1"), FlashAttention (cuDNN fused
-attention), fp32 gradient accumulation, interleaved 1F1B when vpp > 1.
+attention), interleaved 1F1B when vpp > 1, and 16-bit gradients: the recipes' `_benchmark_common` sets
+`ddp.grad_reduce_in_fp32 = False` (Megatron-Bridge src/megatron/bridge/perf_recipes/_common.py, as its
+scripts/performance have since they appeared in 2025-08), so Megatron-Core's gradient buffer, and the
+reduce-scatter over it, holds the parameters' BF16, not fp32.
 
 Precision: FP8 (H100 current scaling or 128-blockwise), MXFP8 and "FP8-MX" all run the blocks' linear
 layers in 8-bit floats with higher-precision accumulation: planner's "fp8". Recompute: the modules these
 recipes recompute when they say "selective" (layernorm, moe_act) are elementwise kernels, not
 planner's selective recompute of the attention core; their time is small and they are taken as none.
 Dispatcher and EP overlap: the first dispatcher the row's dispatcher_routing names ("flex", "HybridEP" or
-"DeepEP": flex; "alltoall", "A2A": alltoall; the H100 rows quote the HEAD perf recipe there), alltoall when
-it names none (Megatron-Bridge's scripts/performance/utils/overrides.py sets alltoall unless a flex backend
-is given); EP communication overlap where dispatcher_routing or notes say "EP overlap on".
+"DeepEP": flex; "alltoall", "A2A": alltoall; the H100 rows quote the HEAD perf recipe there), its model's
+presets' dispatcher when it names none and they agree (`MODEL_DISPATCHERS`: DeepSeek-V3, flex), else alltoall
+(Megatron-Bridge's scripts/performance/utils/overrides.py sets alltoall unless a flex backend is given); EP
+communication overlap where dispatcher_routing or notes say "EP overlap on", or where the HEAD recipe a row
+quotes for its settings sets it (`EP_OVERLAP_RECIPES`).
 Time is scored only on force-balanced, dropless rows (`Training.moe_load_imbalance` = 1): the others
 depend on a router imbalance or capacity factor the rows do not state.
 Iteration time = the stated step time, else global-batch tokens / (tokens/s/GPU × GPUs).
@@ -34,28 +39,45 @@ from planner.errors import PlannerError
 from planner.gpu import GIB, lookup_gpu
 from planner.model import load_model
 
-__all__ = ["MOE_FILE", "moe_runs"]
+__all__ = ["MOE_FILE", "moe_runs", "rack_segment_gpus"]
 
 MOE_FILE = "moe_ep_throughput.csv"
 _CATALOG = {"DeepSeek-V3": "deepseek-v3", "Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-235B-A22B": "qwen3-235b-a22b",
             "GPT-OSS-120B": "gpt-oss-120b", "Mixtral-8x7B": "mixtral-8x7b", "Mixtral-8x22B": "mixtral-8x22b"}
-# GPUs of one NVLink domain a GB200/GB300 job spans: the file's notes quote Megatron-LM's DeepSeek-V3 GB200
-# guide, "Every 32 GB200 GPUs (8 nodes) are in the same NVL domain"
-RACK_DOMAIN_GPUS = 32
 # the file's hardware label (its first word) → catalog GPU; GPUs missing from profiles/gpus.yaml are skipped
 _GPUS = {"H100": "H100-80GB", "H800": "H800", "B200": "B200", "B300": "B300", "GB200": "GB200", "GB300": "GB300"}
 _RACK_SCALE = ("B300", "GB200", "GB300")  # scored apart: the issue's target covers H100 and B200
 _FP8 = ("FP8", "MXFP8", "FP8-MX", "FP8-CS")
 _DTYPES = {**{name: "fp8" for name in _FP8}, "BF16": "bf16"}
+BENCHMARK_GRAD_BYTES = 2  # BF16 gradient buffer: grad_reduce_in_fp32 = False in the performance recipes
+# Models whose Megatron-Bridge performance presets all name a flex backend, so a row that names no dispatcher ran it:
+# every DeepSeek-V3 preset sets moe_flex_dispatcher_backend "hybridep" (GB200, GB300, B300 since the presets'
+# first version, 2025-12-03; B200 since 2026-02-03, before the 26.02 container) or "deepep" (H100)
+# (scripts/performance/configs/deepseek/deepseek_workload_base_configs.py until 2026-07, then
+# src/megatron/bridge/perf_recipes/deepseek/*/deepseek_v3.py). Qwen3 and GPT-OSS presets differ by GPU: alltoall.
+MODEL_DISPATCHERS = {"DeepSeek-V3": "flex"}
+# Megatron-Bridge HEAD (@067f987df0) performance recipes, quoted by name in a row's recompute or notes column as the
+# source of its unstated settings, that set CommOverlapConfig(overlap_moe_expert_parallel_comm=True)
+# (src/megatron/bridge/perf_recipes/qwen/h100/qwen3_moe.py; the legacy H100 Qwen3-235B presets had moe_a2a_overlap
+# on too). The other recipes rows quote (Qwen3-30B-A3B FP8 on 16 H100, GPT-OSS-120B BF16 on 64 H100) leave it off.
+EP_OVERLAP_RECIPES = frozenset({"qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config",
+                                "qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config"})
+_RECIPE_NAME = re.compile(r"\b\w+_pretrain_\w+_config\b")
 _DISPATCHER_WORDS = re.compile(r"flex|hybridep|deepep|alltoall|a2a", re.IGNORECASE)
 
 
 def _dispatch(row: pd.Series) -> tuple[str, bool]:
-    """(dispatcher, EP overlap) a row states: its first-named dispatcher, else alltoall; overlap if "EP overlap on"."""
+    """(dispatcher, EP overlap) a row states: its first-named dispatcher, else its model's (`MODEL_DISPATCHERS`),
+    else alltoall; overlap if "EP overlap on" or the HEAD recipe the row quotes for its settings turns it on
+    (`EP_OVERLAP_RECIPES`)."""
     routing = str(row["dispatcher_routing"])
     named = _DISPATCHER_WORDS.search(routing)
-    dispatcher = "alltoall" if named is None or named.group(0).lower() in ("alltoall", "a2a") else "flex"
-    return dispatcher, "ep overlap on" in f"{routing} {row['notes']}".lower()
+    if named is None:
+        dispatcher = MODEL_DISPATCHERS.get(str(row["model"]), "alltoall")
+    else:
+        dispatcher = "alltoall" if named.group(0).lower() in ("alltoall", "a2a") else "flex"
+    quoted = set(_RECIPE_NAME.findall(f"{row['recompute']} {row['notes']}"))
+    return dispatcher, "ep overlap on" in f"{routing} {row['notes']}".lower() or bool(quoted & EP_OVERLAP_RECIPES)
 
 
 def _number(value: object) -> float | None:
@@ -130,7 +152,7 @@ def _run(row: pd.Series) -> Run:
                             recompute=_recompute(str(row["recompute"])),
                             schedule=Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B)
     training = Training(global_batch=_int(row, "global_batch"), seq_len=int(row["seq_len"]),
-                        dtype=_DTYPES[str(row["precision"])], attention="flash")
+                        dtype=_DTYPES[str(row["precision"])], attention="flash", grad_bytes=BENCHMARK_GRAD_BYTES)
     step = _number(row["step_time_s"])
     iteration = step or training.tokens_per_iteration / (float(row["tokens_per_sec_per_gpu"]) * gpus)
     gpu = _gpu(str(row["hardware"])) or ""
@@ -142,15 +164,29 @@ def _run(row: pd.Series) -> Run:
                None if memory is None else memory * unit, f"{MOE_FILE} row_id {row['row_id']}")
 
 
+def rack_segment_gpus(gpus: int, gpu: str) -> int:
+    """GPUs of a rack-scale job that share one NVLink domain as Megatron-Bridge launches it: its Slurm executor
+    (scripts/performance/utils/executors.py, 4-GPU nodes) asks for `--segment` = the job's trays when they fit one
+    rack, else their largest divisor that does (a GB200/GB300 NVL72 rack holds 18 trays of 4), so each segment
+    runs inside one rack's NVLink switch domain; its HybridEP topology (utils.py,
+    apply_target_topology_environment) puts all EP ranks, up to 72, in that domain. The Megatron-LM DeepSeek-V3
+    GB200 guide the file's notes quote ("every 32 GB200 GPUs (8 nodes) are in the same NVL domain") states
+    what its EP 32 needs, not the domain's size."""
+    spec = lookup_gpu(gpu)
+    host = spec.gpus_per_host or spec.gpus_per_node
+    trays, rack = gpus // host, spec.gpus_per_node // host
+    return host * next(s for s in range(min(trays, rack), 0, -1) if trays % s == 0)
+
+
 def _cluster(gpus: int, gpu: str) -> Cluster:
     """Nodes of 8 (DGX H100/B200/B300); rack-scale GB200/GB300: trays of 4 in NVLink domains of
-    `RACK_DOMAIN_GPUS` (fewer when the job is smaller)."""
+    `rack_segment_gpus`."""
     spec = lookup_gpu(gpu)
     host = spec.gpus_per_host
     if host is None:
         per_node = min(gpus, spec.gpus_per_node)
         return load_cluster(f"{gpus // per_node}x{per_node}x{gpu}")
-    return load_cluster(f"{gpus // host}x{host}x{gpu}:nvl{min(gpus, RACK_DOMAIN_GPUS)}")
+    return load_cluster(f"{gpus // host}x{host}x{gpu}:nvl{rack_segment_gpus(gpus, gpu)}")
 
 
 def moe_runs(rack_scale: bool = False) -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:

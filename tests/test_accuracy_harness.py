@@ -10,11 +10,12 @@ import pytest
 
 from benchmarks.accuracy import score, summary_lines
 from benchmarks.loso import fit_sources, source_objective
-from benchmarks.moe_runs import MOE_FILE, moe_runs
+from benchmarks.moe_runs import MOE_FILE, moe_runs, rack_segment_gpus
 from benchmarks.ranking import AUTOTUNING_FILE, VTRAIN_FILE, group_scores
 from benchmarks.sources import skipped_files, sources
 from benchmarks.titan_runs import TITAN_FILES, titan_runs
 from benchmarks.validation_runs import DATA
+from planner.placement import GroupLinks, default_placement
 from planner.profile.calibration import default_calibration
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "validation"
@@ -65,11 +66,39 @@ def test_moe_rows_are_each_estimated_once_or_skipped_and_timed_only_when_force_b
     for run in runs:
         row = frame.loc[run.source.split()[-1]]
         assert run.training.moe_expert_load == 1.0 and run.training.moe_capacity_factor is None
+        assert run.training.grad_bytes == 2  # the performance recipes' BF16 gradient buffer (grad_reduce_in_fp32 off)
         assert (run.config.tp, run.config.pp, run.config.ep) == (int(row["tp"]), int(row["pp"]), int(row["ep"]))
         assert run.config.num_gpus == int(row["num_gpus"]) and run.cluster.num_gpus == int(row["num_gpus"])
     reasons = {k.reason for k in skipped}
     assert "router not force-balanced: its load imbalance is not stated" in reasons
     assert "token-dropping run: its capacity factor is not stated" in reasons
+
+
+def test_rack_scale_moe_runs_keep_their_expert_groups_inside_one_nvl72_rack() -> None:
+    """Megatron-Bridge's launcher asks Slurm for segments of up to 18 trays (one NVL72 rack) and HybridEP places
+    up to 72 EP ranks per NVLink domain: DeepSeek-V3 on 256 GB200 (EP 64, MB-002) runs on racks of 64 GPUs, so its
+    all-to-all stays on NVLink; 8 GPUs are one segment of 2 trays, 288 GPUs four full racks."""
+    assert [rack_segment_gpus(n, "GB200") for n in (8, 64, 256, 288)] == [8, 64, 64, 72]
+    run = next(r for r in moe_runs(rack_scale=True)[0] if r.label.startswith("MB-002 "))
+    assert run.config.ep == 64
+    links = GroupLinks.from_placement(run.cluster, run.config, default_placement(run.cluster, run.config))
+    assert {link.ranks_per_node for link in links.ep} == {64}
+
+
+def test_moe_rows_quoting_a_head_recipe_take_its_ep_overlap() -> None:
+    """Qwen3-235B-A22B FP8 on 256 H100 (MB-075) quotes qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config, which sets
+    overlap_moe_expert_parallel_comm; Qwen3-30B-A3B FP8 on 16 H100 (MB-043) quotes a recipe with moe_a2a_overlap off."""
+    runs = {r.source.split()[-1]: r for r in moe_runs()[0]}
+    assert runs["MB-075"].config.moe_ep_overlap and runs["MB-075"].config.moe_dispatcher == "alltoall"
+    assert not runs["MB-043"].config.moe_ep_overlap and runs["MB-043"].config.moe_dispatcher == "flex"
+
+
+def test_deepseek_v3_rows_that_name_no_dispatcher_run_its_presets_flex_backend() -> None:
+    """Every Megatron-Bridge DeepSeek-V3 preset names HybridEP or DeepEP: MB-060 (256 B200, EP 32 over four nodes)
+    states no dispatcher and is costed with flex; Qwen3 rows that name none stay on alltoall."""
+    runs = {r.source.split()[-1]: r for r in moe_runs()[0]}
+    assert runs["MB-060"].config.moe_dispatcher == "flex"
+    assert runs["MB-074"].config.moe_dispatcher == "alltoall"  # Qwen3-235B-A22B on 256 B200, none named
 
 
 def test_score_is_mean_median_and_worst_of_magnitudes() -> None:

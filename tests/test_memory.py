@@ -142,3 +142,28 @@ def test_in_flight_microbatches_never_grow_with_the_rank(schedule, vpp, m) -> No
         return
     counts = [in_flight_microbatches(config, r, m) for r in range(4)]
     assert counts == sorted(counts, reverse=True)
+
+
+def test_fp8_training_keeps_the_linear_layers_saved_inputs_in_one_byte() -> None:
+    """Transformer Engine's FP8 linears keep the quantized input for their weight gradient (Micikevicius et al. 2022
+    §4): for a Qwen3-30B-A3B MoE block (top-8 of 128 experts, SwiGLU, flash attention, tp 1) the FP8 activations
+    are the BF16 ones less one byte per element of the attention's normed input, the 8 routed copies and the 8
+    routed expert outputs the second matrix reads, plus one byte per element of the attention output the
+    projection quantizes (its 16-bit copy stays for the fused attention backward unless selective recompute
+    reruns it). The MoE sub-layer's normed input stays in BF16 for the router."""
+    from planner.config import Training
+    from planner.cost.memory import block_type_activation_bytes
+    from planner.model import load_model
+
+    model = load_model("qwen3-30b-a3b")
+    block, config = next(iter(model.block_types())), ParallelConfig(dp=1, tp=1, pp=1)
+    s, h, k = 4096, model.hidden_size, 8
+    f, query = block.mlp.ffn_hidden_size, block.attention.num_attention_heads * block.attention.value_head_dim
+    bf16 = block_type_activation_bytes(model, block, Training(seq_len=s, dtype="bf16", attention="flash"), config)
+    fp8 = block_type_activation_bytes(model, block, Training(seq_len=s, dtype="fp8", attention="flash"), config)
+    assert bf16 - fp8 == pytest.approx(s * (h + k * h + k * f - query))
+    # with the attention core recomputed (selective) no 16-bit copy of its output is kept: one byte less each
+    selective = ParallelConfig(dp=1, tp=1, pp=1, recompute=Recompute.SELECTIVE)
+    bf16 = block_type_activation_bytes(model, block, Training(seq_len=s, dtype="bf16", attention="flash"), selective)
+    fp8 = block_type_activation_bytes(model, block, Training(seq_len=s, dtype="fp8", attention="flash"), selective)
+    assert bf16 - fp8 == pytest.approx(s * (h + k * h + k * f + query))

@@ -154,6 +154,16 @@ def op_sac_kept_matmuls(block: BlockSpec) -> tuple[tuple[int, int, bool], ...]:
     return block.separate_matmuls()[::2]
 
 
+FP8_SAVED_INPUT_BYTES = 1
+"""Bytes per element of a linear layer's input that Transformer Engine keeps for the weight-gradient GEMM when the
+layer runs in FP8: the quantized copy it made for the forward GEMM (te.pytorch Linear, LayerNormLinear and
+GroupedLinear save the FP8 input, for MXFP8 its column-wise copy, not the BF16 tensor; Micikevicius et al. 2022,
+"FP8 formats for deep learning", §4, store activations for backward in FP8). Scaling factors (MXFP8: one byte
+per 32 elements; per-tensor: one float) are not counted. Tensors that a BF16 operation also needs keep their
+16-bit copy besides: a norm's input, the attention output the fused attention backward reads, the MoE router's
+input, the gated activation's input."""
+
+
 def block_type_activation_bytes(model: ModelSpec, block: BlockSpec, training: Training,
                                 config: ParallelConfig) -> float:
     """Activation bytes one block of type `block` keeps for backward, per micro-batch on one TP and CP rank (each
@@ -167,7 +177,10 @@ def block_type_activation_bytes(model: ModelSpec, block: BlockSpec, training: Tr
     the fp32 log-sum-exp. MLP: the activation's inputs and output over the top-k routed copies and the
     shared experts. Mamba-2: the conv input and output (x, B, C), the gate z, dt and its fp32 cumulative decay,
     the scan output and the out_proj input. Further linears keep their inputs; an MTP block also keeps what
-    the head keeps (`activation_bytes` of the head)."""
+    the head keeps (`activation_bytes` of the head). In FP8 training the linear layers' saved inputs take
+    `FP8_SAVED_INPUT_BYTES`: the normed input of a sub-layer whose first linear is FP8 (not an MoE sub-layer's,
+    which the BF16 router keeps), the routed copies, the second MLP matrix's input; the attention output keeps
+    its 16-bit copy for the fused attention backward (unless that is recomputed) and adds the projection's FP8 one."""
     seq_len, cp = (block.tokens, 1) if block.tokens is not None else (training.seq_len, config.cp)
     s, b, t, h = seq_len / cp, config.micro_batch, config.tp, block.hidden_size
     sbh, divisor = s * b * h, (t if config.sequence_parallel else 1)
@@ -180,14 +193,21 @@ def block_type_activation_bytes(model: ModelSpec, block: BlockSpec, training: Tr
                    for _, width, row_parallel in op_sac_kept_matmuls(block))
         attention = s * b * (2 * a.value_width + 4 * a.num_attention_heads) / t
         return 2 * sbh / divisor + kept + attention + head
-    replicated = block.sublayers * (4 * sbh + (sbh if block.dropout else 0))
-    replicated += sum(2 * s * b * k for k, _, _ in block.linears)
+    fp8 = training.dtype == "fp8"
+    saved = FP8_SAVED_INPUT_BYTES if fp8 else 2  # per element of an input a linear layer keeps for its wgrad
+    moe = block.mlp is not None and block.mlp.is_moe
+    replicated = block.sublayers * ((2 + saved) * sbh + (sbh if block.dropout else 0))
+    if moe:  # the MoE sub-layer's normed input feeds the BF16 router, and in FP8 the shared experts' copy besides
+        replicated += (2 - saved) * sbh + (saved * sbh if fp8 and block.mlp.shared_expert_ffn_hidden_size else 0.0)
+    replicated += sum(saved * s * b * k for k, _, _ in block.linears)
     sharded = 0.0
     if block.attention is not None:
         a = block.attention
         heads, kv_heads = max(a.num_attention_heads / t, 1.0), max(a.num_key_value_heads / t, 1.0)
         sharded += 2 * s * b * (heads * a.qk_head_dim + kv_heads * (a.qk_head_dim + a.value_head_dim))
-        sharded += 2 * s * b * heads * a.value_head_dim
+        # the projection's input; in FP8 its 16-bit original stays too while the fused core's backward needs it
+        kept_for_core = fp8 and config.recompute is Recompute.NONE and training.attention != "unfused"
+        sharded += (saved + (2 if kept_for_core else 0)) * s * b * heads * a.value_head_dim
         if a.is_mla:
             sharded += 2 * s * b * ((a.q_lora_rank or 0) + a.kv_lora_rank + a.qk_rope_head_dim)
         if config.recompute is Recompute.NONE:
@@ -199,9 +219,9 @@ def block_type_activation_bytes(model: ModelSpec, block: BlockSpec, training: Tr
         mlp = block.mlp
         ffn = mlp.moe_top_k * mlp.ffn_hidden_size + (mlp.shared_expert_ffn_hidden_size or 0) if mlp.is_moe else (
             mlp.ffn_hidden_size)
-        sharded += s * b * ffn / t * (6 if mlp.gated else 4)
+        sharded += s * b * ffn / t * ((4 if mlp.gated else 2) + saved)  # first matrix's output, second's input
         if mlp.is_moe:  # the routed copies of the MLP input
-            sharded += 2 * s * b * mlp.moe_top_k * h / t
+            sharded += saved * s * b * mlp.moe_top_k * h / t
     if block.mamba is not None:
         mamba = block.mamba
         sharded += s * b * (2 * 2 * mamba.conv_channels + 3 * 2 * mamba.inner_size + 8 * mamba.num_heads) / t
