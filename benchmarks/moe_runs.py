@@ -32,7 +32,7 @@ import re
 
 import pandas as pd
 
-from benchmarks.validation_runs import DATA, Run, Skipped
+from benchmarks.validation_runs import BRIDGE_PERF_GRAD_BYTES, DATA, Run, Skipped
 from planner.cluster import Cluster, load_cluster
 from planner.config import ParallelConfig, Recompute, Schedule, Training
 from planner.errors import PlannerError
@@ -49,7 +49,6 @@ _GPUS = {"H100": "H100-80GB", "H800": "H800", "B200": "B200", "B300": "B300", "G
 _RACK_SCALE = ("B300", "GB200", "GB300")  # scored apart: the issue's target covers H100 and B200
 _FP8 = ("FP8", "MXFP8", "FP8-MX", "FP8-CS")
 _DTYPES = {**{name: "fp8" for name in _FP8}, "BF16": "bf16"}
-BENCHMARK_GRAD_BYTES = 2  # BF16 gradient buffer: grad_reduce_in_fp32 = False in the performance recipes
 # Models whose Megatron-Bridge performance presets all name a flex backend, so a row that names no dispatcher ran it:
 # every DeepSeek-V3 preset sets moe_flex_dispatcher_backend "hybridep" (GB200, GB300, B300 since the presets'
 # first version, 2025-12-03; B200 since 2026-02-03, before the 26.02 container) or "deepep" (H100)
@@ -152,7 +151,7 @@ def _run(row: pd.Series) -> Run:
                             recompute=_recompute(str(row["recompute"])),
                             schedule=Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B)
     training = Training(global_batch=_int(row, "global_batch"), seq_len=int(row["seq_len"]),
-                        dtype=_DTYPES[str(row["precision"])], attention="flash", grad_bytes=BENCHMARK_GRAD_BYTES)
+                        dtype=_DTYPES[str(row["precision"])], attention="flash", grad_bytes=BRIDGE_PERF_GRAD_BYTES)
     step = _number(row["step_time_s"])
     iteration = step or training.tokens_per_iteration / (float(row["tokens_per_sec_per_gpu"]) * gpus)
     gpu = _gpu(str(row["hardware"])) or ""

@@ -62,6 +62,7 @@ from planner.resources import load_structured_file, profiles_dir
 
 __all__ = [
     "BLOOM_FILE",
+    "BRIDGE_PERF_GRAD_BYTES",
     "JEAN_ZAY_BEFORE_FIX",
     "LayerRow",
     "Run",
@@ -84,6 +85,9 @@ DATA = Path(__file__).resolve().parent / "data"
 TESTS_DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 BLOOM_FILE = "bloom176b_topology_sweep_chronicles.csv"
 NEMO_FILE = "nemo_2407_h100_fp8_pretraining.csv"
+# Megatron-Bridge's performance recipes (the 25.11 performance summary's dense and MoE rows) keep 16-bit gradient
+# buffers: `_benchmark_common` sets ddp.grad_reduce_in_fp32 = False (src/megatron/bridge/perf_recipes/_common.py).
+BRIDGE_PERF_GRAD_BYTES = 2
 BRIDGE_FILE = "megatron_bridge_2511_h100_dense.csv"
 TABLE4_FILE = "korthikanti2022_table4_layer_time_22b.csv"
 NARAYANAN_FILE = "narayanan2021_table2_zero3_vs_ptdp.csv"
@@ -277,7 +281,7 @@ def h100_runs() -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
             schedule=Schedule.INTERLEAVED if vp > 1 else Schedule.ONE_F_ONE_B,
         )
         training = Training(global_batch=int(row["gbs"]), seq_len=int(row["seq_len"]), dtype="fp8",
-                            attention="flash")
+                            attention="flash", grad_bytes=BRIDGE_PERF_GRAD_BYTES if file == BRIDGE_FILE else None)
         iteration = training.tokens_per_iteration / (float(row["tokens_per_sec_per_gpu"]) * gpus)
         nodes = math.ceil(gpus / 8)
         label = f"{name} {gpus}xH100 {config.describe()}"
