@@ -253,7 +253,7 @@ def _block_cost(model: ModelSpec, block: BlockSpec, times: UnitTimes, training: 
         cp_backward_s=cp_backward,
         ep_s=ep_forward + ep_backward,
         weight_grad_s=weight_gradient_s(UnitKind.BLOCK, times),
-        **_tensor_counts(block.tensor_sizes()),
+        **_block_tensor_counts(block),
     )
 
 
@@ -263,6 +263,12 @@ def _op_sac_recompute_s(block: BlockSpec, times: UnitTimes) -> float:
     matmuls = block.separate_matmuls()
     kept = sum(a * b for a, b, _ in op_sac_kept_matmuls(block)) / sum(a * b for a, b, _ in matmuls)
     return times.forward_s - times.attention_core_forward_s - kept * sum(times.linear_forward_s)
+
+
+@cache
+def _block_tensor_counts(block: BlockSpec) -> dict[str, int]:
+    """`_tensor_counts` of a block type, once per type (an MoE block has thousands of expert tensors)."""
+    return _tensor_counts(block.tensor_sizes())
 
 
 def _tensor_counts(sizes: Sequence[int]) -> dict[str, int]:
