@@ -23,10 +23,12 @@ from planner import InfeasibleError, PlannerError, __version__
 from planner.cluster import Cluster, catalog_cluster_names, load_cluster
 from planner.compare import compare_plans
 from planner.config import (
+    DEFAULT_LOCAL_QUEUE_DEPTH,
     DEFAULT_LORA_RANK,
     DEFAULT_LORA_TARGETS,
     DTYPES,
     FINETUNE_MODES,
+    LOCAL_HEADS,
     LORA_TARGETS,
     MOE_DISPATCHERS,
     OPTIMIZER_STATES,
@@ -42,6 +44,7 @@ from planner.finetune import adapter_parameters
 from planner.frameworks import FRAMEWORK_NAMES, framework_named
 from planner.gpu import GIB, catalog_gpu_names, lookup_gpu
 from planner.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN
+from planner.local_learning import local_learning_section
 from planner.model import ModelSpec, catalog_model_names, load_model
 from planner.placement import Placement, default_placement
 from planner.plan import LISTED_RANKS_MAX, build_plan_document, load_plan, parse_plan_document, write_atomic
@@ -146,7 +149,16 @@ def parallel_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Pipeline schedule; zb-h1, zb-h2, interleaved-zb, zb-v and dualpipe-v split each "
                           "backward into input- and weight-gradient passes (zero bubble, Qi et al. 2024; "
                           "DeepSeek-V3's DualPipeV); searched only where the --framework runs them (torchtitan: "
-                          "interleaved-zb, zb-v, dualpipe-v) or when named here."),
+                          "interleaved-zb, zb-v, dualpipe-v) or when named here. local: local learning (PPLL), "
+                          "each stage trains on its own auxiliary loss, no end-to-end backward; it changes the "
+                          "training algorithm and is used only when named."),
+        click.option("--local-queue-depth", type=int, metavar="N",
+                     help="With --schedule local: boundary tensors a stage may send ahead of the next one "
+                          f"(a bounded queue)  [default: {DEFAULT_LOCAL_QUEUE_DEPTH}]"),
+        click.option("--local-head", metavar="|".join(LOCAL_HEADS),
+                     help="With --schedule local: each stage's auxiliary head, linear (norm + linear to the "
+                          "vocabulary or classes) or mlp (norm + hidden linear + GELU + that linear)  "
+                          "[default: linear]"),
         click.option("--zero", "zero_stage", type=click.IntRange(0, 3), help="ZeRO stage (DeepSpeed semantics)."),
         click.option("--distributed-optimizer", is_flag=True, default=None,
                      help="Megatron-LM distributed optimizer (shards optimizer states like ZeRO-1)."),
@@ -247,6 +259,18 @@ def load_profile_and_model(profile_path: Path, model_spec: str, training: Traini
     training = replace(training, **{name: getattr(profile, name)
                                     for name in ("seq_len", "dtype", "attention") if not given(name)})
     return model, training, bind_to_model(profile, model, calibration)
+
+
+def echo_local_learning(document: dict[str, Any]) -> None:
+    """A local-schedule plan's comparison with 1F1B and the note that it changes the training algorithm."""
+    section = document.get("local_learning")
+    if section:
+        peak, baseline = section["peak_memory_bytes"] / GIB, section["one_f_one_b_peak_memory_bytes"] / GIB
+        click.echo(f"vs 1F1B         {section['one_f_one_b_iteration_time_s']:.4f} s per iteration on the same plan "
+                   f"(local learning: {section['speedup_over_1f1b']:.2f}x its speed); peak memory {peak:.1f} GiB vs "
+                   f"{baseline:.1f} GiB{'' if section['one_f_one_b_fits'] else ' (1F1B does not fit)'}")
+    for note in document.get("notes", ()):
+        click.echo(f"note: {note}")
 
 
 def echo_profile_notes(timer: MeasuredProfile | None) -> None:
@@ -486,6 +510,7 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
     extra: dict[str, Any] = {"profile": {"path": str(profile_source), "notes": list(timer.notes)}} if timer else {}
     if problem.warnings:
         extra["warnings"] = list(problem.warnings)
+    extra.update(local_learning_section(model, cluster, training, config, result, placement, timer, calibration))
     if slowdowns:
         replanned = replan(model, cluster, training, config, split, fixed_partition=split is not None, timer=timer,
                            calibration=calibration, framework=fixed.framework)
@@ -505,6 +530,7 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
         click.echo(f"{model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {global_batch}, "
                    f"sequence {training.seq_len}, {training.dtype}{describe_tuning(model, training)}")
         click.echo(describe_estimate(config, result, config.num_gpus))
+        echo_local_learning(document)
         if cost:
             click.echo(f"time to train   {cost.describe()}")
         if plan_path:
@@ -640,7 +666,9 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     echo_profile_notes(timer)
     heterogeneity = found.heterogeneity
     documents = [build_plan_document(model, cluster, training, p.config, p.placement, p.estimate,
-                                     {"split": {"optimal": p.optimal, "lower_bound_s": p.lower_bound_s}},
+                                     {"split": {"optimal": p.optimal, "lower_bound_s": p.lower_bound_s},
+                                      **local_learning_section(model, cluster, training, p.config, p.estimate,
+                                                               p.placement, timer, calibration)},
                                      full_placement=placement_detail == "full", framework=fixed.framework or "any",
                                      calibration=calibration)
                  for p in found.plans]
@@ -686,6 +714,7 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     click.echo("the split is proven optimal: its estimate meets the lower bound over every split" if best.optimal
                else f"the split is within {100 * gap:.2f} % of the lower bound over every split (not proven optimal)")
     click.echo(describe_estimate(best.config, best.estimate, best.config.num_gpus))
+    echo_local_learning(documents[0])
     if costs[0]:
         click.echo(f"time to train   {costs[0].describe()}")
     click.echo("\nbreakdown of one iteration")
