@@ -179,7 +179,8 @@ def unit_costs(
     costs: dict[CostKey, UnitCost] = {}
     for kind, parameters in ((UnitKind.EMBEDDING, model.embedding_parameters()),
                              (UnitKind.HEAD, model.head_parameters())):
-        forward_ars, backward_ars = _TP_ALL_REDUCES[kind]
+        # a model without token embedding (a ViT) has no vocab-parallel lookup to all-reduce
+        forward_ars, backward_ars = _TP_ALL_REDUCES[kind] if parameters or kind is UnitKind.HEAD else (0, 0)
         times = frozen_end_times(kind, timer.times(kind, setting, gpu), training)
         costs[kind] = UnitCost(
             forward_s=times.forward_s, backward_s=times.backward_s, recompute_s=0.0,

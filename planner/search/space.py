@@ -124,7 +124,7 @@ def _tp_allowed(tp: int, model: ModelSpec, cluster: Cluster) -> str | None:
 
 def _cp_allowed(cp: int, cp_comm: str | None, tp: int, model: ModelSpec, training: Training) -> str | None:
     """None if cp (with this variant, if given) is valid at this tp, else why not."""
-    if training.seq_len % (2 * cp):
+    if cp > 1 and training.seq_len % (2 * cp):  # without CP any length runs (a ViT's 197 tokens)
         allowed = [c for c in _divisors(training.seq_len // 2) if training.seq_len % (2 * c) == 0]
         return (f"must divide the sequence length {training.seq_len} into 2·cp chunks (causal load balancing; "
                 f"allowed: {_listed(allowed)})")
