@@ -39,7 +39,7 @@ from planner.config import (
 )
 from planner.cost.estimate import Estimate, estimate, fit_advice
 from planner.explain import explain
-from planner.export import TARGETS, exporter, render_stdout, write_export
+from planner.export import EXPORT_TARGETS, exporter, render_stdout, write_export
 from planner.finetune import adapter_parameters
 from planner.frameworks import FRAMEWORK_NAMES, framework_named
 from planner.gpu import GIB, catalog_gpu_names, lookup_gpu
@@ -595,8 +595,9 @@ def parse_partition(text: str, model: ModelSpec) -> Partition:
 
 @main.command("export")
 @click.argument("plan_path", metavar="PLAN.json", type=click.Path(path_type=Path))
-@click.option("--to", "target", required=True, metavar="|".join(TARGETS),
-              help="Framework to export to: " + ", ".join(TARGETS) + ".")
+@click.option("--to", "target", required=True, metavar="|".join(EXPORT_TARGETS),
+              help="Framework to export to: " + ", ".join(EXPORT_TARGETS[:-1]) + "; or pytorch-local, a runnable "
+                   "PyTorch reference of a --schedule local plan (no framework runs local learning).")
 @click.option("--out", type=click.Path(path_type=Path),
               help="Directory to write the files into (created if missing); default: print them.")
 @click.option("--force", is_flag=True,
@@ -636,7 +637,8 @@ def export_document(document: dict[str, Any], target: str, out: Path | None) -> 
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the best plan JSON here.")
 @click.option("--csv", "csv_out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the ranked plans (one row each, SI units, breakdown included) as CSV here.")
-@click.option("--export", "export_target", type=click.Choice(TARGETS), help="Also export the best plan's launch files.")
+@click.option("--export", "export_target", type=click.Choice(EXPORT_TARGETS),
+              help="Also export the best plan's launch files.")
 @click.option("--export-out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the --export files  [default: ./TARGET-launch]")
 @profile_option
@@ -659,7 +661,8 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     model, cluster, training, calibration, timer = (problem.model, problem.cluster, problem.training,
                                                     problem.calibration, problem.timer)
     unslowed = condition_cluster(load_cluster(cluster_spec), links_path, ()) if slowdowns else None
-    fixed = FixedOptions.from_options({**parallel, "framework": parallel["framework"] or export_target})
+    target_framework = export_target if export_target in FRAMEWORK_NAMES else None  # pytorch-local: no framework
+    fixed = FixedOptions.from_options({**parallel, "framework": parallel["framework"] or target_framework})
     found = plan(model, cluster, training, fixed, top_k, time_limit_s, unslowed=unslowed, timer=timer,
                  calibration=calibration, choose_optimizer_states=tuning.optimizer_states == "auto")
     training = found.training or training
