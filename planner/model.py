@@ -660,6 +660,11 @@ class ModelSpec:
         multiple = divisible_by * tp
         return -(-self.vocab_size // multiple) * multiple
 
+    def head_tokens(self, seq_len: float) -> float:
+        """Tokens per sample the head and its loss read: every one of a language model's `seq_len`, a classifier's
+        (no token embedding: a ViT) class token alone."""
+        return seq_len if self.token_embedding else 1
+
     def embedding_parameters(self) -> int:
         if not self.token_embedding:
             return 0

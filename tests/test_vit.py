@@ -8,6 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from cli import main
+from planner.config import ParallelConfig, Training
+from planner.cost.memory import activation_bytes
 from planner.model import UnitKind, load_model
 
 # Table 1's parameter counts; timm's vit_*_224 with 1,000 classes, exact (the catalog leaves out the head's 1,000
@@ -42,3 +44,12 @@ def test_vit_on_four_gpus_plans_with_its_token_count() -> None:
     document = json.loads(result.output)
     assert document["parallelism"]["pp"] == 4 and document["estimate"]["fits"]
     assert document["stages"][0]["time_s"]["forward"] > 0
+
+
+def test_the_head_reads_the_class_token_alone() -> None:
+    """A classifier's head normalises and projects one token per image: its kept inputs (2 × 2 bytes × h) and fp32
+    logits (4 bytes × 1,000 classes) per sample, not per token; a language model's head reads every token."""
+    vit, llama = load_model("vit-b-16"), load_model("tiny-llama")
+    config, training = ParallelConfig(dp=1, tp=1, pp=1, micro_batch=8), Training(seq_len=197)
+    assert activation_bytes(vit, UnitKind.HEAD, training, config) == 8 * (4 * 768 + 4 * 1000)
+    assert activation_bytes(llama, UnitKind.HEAD, training, config) == 8 * 197 * (4 * 256 + 4 * 1024)

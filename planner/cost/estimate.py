@@ -93,7 +93,7 @@ def model_flops_per_iteration(model: ModelSpec, training: Training) -> float:
     tokens = training.global_batch * training.seq_len
     forward = sum(count * block_type_forward_flops(model, block, tokens, training.seq_len)
                   for block, count in model.block_types().items())
-    forward += head_forward_flops(model, tokens)
+    forward += head_forward_flops(model, training.global_batch * model.head_tokens(training.seq_len))
     return (3 if training.finetune == "full" else 2) * forward
 
 

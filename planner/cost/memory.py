@@ -136,8 +136,9 @@ def activation_bytes(
         )
     if kind is UnitKind.EMBEDDING:
         return (sbh if model.dropout else 0) / divisor  # embedding-output dropout mask
-    # head: final-norm input, output-layer input (2 bytes each), fp32 logits for the loss
-    return (2 * sbh) / divisor + 2 * sbh / t + 4 * s * b * model.vocab_size / t
+    # head: final-norm input, output-layer input (2 bytes each), fp32 logits for the loss, over the tokens it reads
+    read = model.head_tokens(s) * b * model.hidden_size
+    return (2 * read) / divisor + 2 * read / t + 4 * model.head_tokens(s) * b * model.vocab_size / t
 
 
 def block_type_activation_bytes(model: ModelSpec, block: BlockSpec, training: Training,
@@ -329,7 +330,7 @@ def largest_transient_bytes(model: ModelSpec, training: Training, config: Parall
     per_token = 2 * heads * training.seq_len if training.attention == "unfused" else 4 * heads * model.head_dim
     attention = per_token * s * b
     has_loss = pp_rank == config.stage_ranks[-1] or schedule_of(config.schedule).local_losses
-    loss = 2 * s * b * model.vocab_size / t if has_loss else 0.0
+    loss = 2 * model.head_tokens(s) * b * model.vocab_size / t if has_loss else 0.0
     return max(loss, attention)
 
 

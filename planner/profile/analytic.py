@@ -516,7 +516,7 @@ class AnalyticProfile:
 
     def _head(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
         m, t = self.model, setting.tp
-        tokens = setting.tokens
+        tokens = setting.micro_batch * m.head_tokens(setting.seq_len / setting.cp)
         vocab_local = m.padded_vocab_size(t) / t
         width = m.hidden_size / t if setting.sequence_parallel else m.hidden_size
         logits = self.gemm_time(gpu, _gemm_dtype_outside_linears(setting.dtype, gpu), tokens, vocab_local,
