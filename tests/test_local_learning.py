@@ -18,6 +18,7 @@ from planner.cost.local import aux_head_model
 from planner.cost.memory import activation_bytes
 from planner.cost.schedule import BACKWARD, FORWARD, schedule_of, simulate
 from planner.cost.time import boundary_tensor_bytes
+from planner.explain import neighbours
 from planner.frameworks import framework_named
 from planner.model import UnitKind, load_model
 from planner.plan import load_plan
@@ -177,3 +178,13 @@ def test_bad_local_options_exit_2_naming_the_value(args: tuple[str, ...], words:
         assert "\n" not in line and "Traceback" not in line
         for word in words:
             assert word in line, (command, line)
+
+
+def test_explain_keeps_a_local_plan_local(tmp_path) -> None:
+    """`explain`'s one-step what-ifs stay local learning (no vpp step: it has no chunks)."""
+    out = tmp_path / "local.json"
+    assert run("estimate", "--model", "gpt3-350m", "--cluster", "1x4xA100-80GB", "--global-batch", "32",
+               "--seq-len", "1024", "--pp", "4", "--schedule", "local", "--out", str(out)).exit_code == 0
+    labels = [label for label, config in neighbours(problem_of(load_plan(out)).config)]
+    assert labels and not any(label.startswith("vpp") for label in labels)
+    assert all(config.schedule is Schedule.LOCAL for _, config in neighbours(problem_of(load_plan(out)).config))
