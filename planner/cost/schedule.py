@@ -601,14 +601,13 @@ class LocalLearning(PipelineSchedule):
         depth ≥ 1 never lengthens it: its back-pressure cycle (a forward and a send per slot) is shorter than the
         slowest rank's R (tests/test_local_learning.py checks it against the simulator)."""
         loads = [f + b for f, b in zip(forward_s, backward_s, strict=True)]
-        best, fill, slowest = (-math.inf, 0), 0.0, 0
-        for e, load in enumerate(loads):
-            if load > loads[slowest]:
-                slowest = e
-            best = max(best, (fill + load + (num_microbatches - 1) * loads[slowest], slowest), key=lambda t: t[0])
-            fill += forward_s[e]
+        ends, fill, slowest = [], 0.0, 0.0
+        for forward, load in zip(forward_s, loads, strict=True):
+            slowest = max(slowest, load)
+            ends.append(fill + load + (num_microbatches - 1) * slowest)
+            fill += forward
         bottleneck = max(range(len(loads)), key=lambda r: (loads[r], -r))
-        return PipelineTime(best[0], bottleneck, num_microbatches * loads[bottleneck])
+        return PipelineTime(max(ends), bottleneck, num_microbatches * loads[bottleneck])
 
 
 def _least_linear(fixed_s: Sequence[float], terms: RankTerms, blocks: int, a: float, b: float) -> float:
