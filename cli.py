@@ -23,10 +23,12 @@ from planner import InfeasibleError, PlannerError, __version__
 from planner.cluster import Cluster, catalog_cluster_names, load_cluster
 from planner.compare import compare_plans
 from planner.config import (
+    DEFAULT_LOCAL_QUEUE_DEPTH,
     DEFAULT_LORA_RANK,
     DEFAULT_LORA_TARGETS,
     DTYPES,
     FINETUNE_MODES,
+    LOCAL_HEADS,
     LORA_TARGETS,
     MOE_DISPATCHERS,
     OPTIMIZER_STATES,
@@ -38,11 +40,12 @@ from planner.config import (
 )
 from planner.cost.estimate import Estimate, estimate, fit_advice
 from planner.explain import explain
-from planner.export import TARGETS, exporter, render_stdout, write_export
+from planner.export import EXPORT_TARGETS, exporter, render_stdout, write_export
 from planner.finetune import adapter_parameters
 from planner.frameworks import FRAMEWORK_NAMES, framework_named
 from planner.gpu import GIB, catalog_gpu_names, lookup_gpu
 from planner.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN
+from planner.local_learning import local_learning_section
 from planner.model import ModelSpec, catalog_model_names, load_model
 from planner.placement import Placement, default_placement
 from planner.plan import LISTED_RANKS_MAX, build_plan_document, load_plan, parse_plan_document, write_atomic
@@ -147,7 +150,16 @@ def parallel_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Pipeline schedule; zb-h1, zb-h2, interleaved-zb, zb-v and dualpipe-v split each "
                           "backward into input- and weight-gradient passes (zero bubble, Qi et al. 2024; "
                           "DeepSeek-V3's DualPipeV); searched only where the --framework runs them (torchtitan: "
-                          "interleaved-zb, zb-v, dualpipe-v) or when named here."),
+                          "interleaved-zb, zb-v, dualpipe-v) or when named here. local: local learning (PPLL), "
+                          "each stage trains on its own auxiliary loss, no end-to-end backward; it changes the "
+                          "training algorithm and is used only when named."),
+        click.option("--local-queue-depth", type=int, metavar="N",
+                     help="With --schedule local: boundary tensors a stage may send ahead of the next one "
+                          f"(a bounded queue)  [default: {DEFAULT_LOCAL_QUEUE_DEPTH}]"),
+        click.option("--local-head", metavar="|".join(LOCAL_HEADS),
+                     help="With --schedule local: each stage's auxiliary head, linear (norm + linear to the "
+                          "vocabulary or classes) or mlp (norm + hidden linear + GELU + that linear)  "
+                          "[default: linear]"),
         click.option("--zero", "zero_stage", type=click.IntRange(0, 3), help="ZeRO stage (DeepSpeed semantics)."),
         click.option("--distributed-optimizer", is_flag=True, default=None,
                      help="Megatron-LM distributed optimizer (shards optimizer states like ZeRO-1)."),
@@ -248,6 +260,18 @@ def load_profile_and_model(profile_path: Path, model_spec: str, training: Traini
     training = replace(training, **{name: getattr(profile, name)
                                     for name in ("seq_len", "dtype", "attention") if not given(name)})
     return model, training, bind_to_model(profile, model, calibration)
+
+
+def echo_local_learning(document: dict[str, Any]) -> None:
+    """A local-schedule plan's comparison with 1F1B and the note that it changes the training algorithm."""
+    section = document.get("local_learning")
+    if section:
+        peak, baseline = section["peak_memory_bytes"] / GIB, section["one_f_one_b_peak_memory_bytes"] / GIB
+        click.echo(f"vs 1F1B         {section['one_f_one_b_iteration_time_s']:.4f} s per iteration on the same plan "
+                   f"(local learning: {section['speedup_over_1f1b']:.2f}x its speed); peak memory {peak:.1f} GiB vs "
+                   f"{baseline:.1f} GiB{'' if section['one_f_one_b_fits'] else ' (1F1B does not fit)'}")
+    for note in document.get("notes", ()):
+        click.echo(f"note: {note}")
 
 
 def echo_profile_notes(timer: MeasuredProfile | None) -> None:
@@ -491,6 +515,7 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
     extra: dict[str, Any] = {"profile": {"path": str(profile_source), "notes": list(timer.notes)}} if timer else {}
     if problem.warnings:
         extra["warnings"] = list(problem.warnings)
+    extra.update(local_learning_section(model, cluster, training, config, result, placement, timer, calibration))
     if slowdowns:
         replanned = replan(model, cluster, training, config, split, fixed_partition=split is not None, timer=timer,
                            calibration=calibration, framework=fixed.framework)
@@ -510,6 +535,7 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
         click.echo(f"{model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {global_batch}, "
                    f"sequence {training.seq_len}, {training.dtype}{describe_tuning(model, training)}")
         click.echo(describe_estimate(config, result, config.num_gpus))
+        echo_local_learning(document)
         if cost:
             click.echo(f"time to train   {cost.describe()}")
         if plan_path:
@@ -574,8 +600,9 @@ def parse_partition(text: str, model: ModelSpec) -> Partition:
 
 @main.command("export")
 @click.argument("plan_path", metavar="PLAN.json", type=click.Path(path_type=Path))
-@click.option("--to", "target", required=True, metavar="|".join(TARGETS),
-              help="Framework to export to: " + ", ".join(TARGETS) + ".")
+@click.option("--to", "target", required=True, metavar="|".join(EXPORT_TARGETS),
+              help="Framework to export to: " + ", ".join(EXPORT_TARGETS[:-1]) + "; or pytorch-local, a runnable "
+                   "PyTorch reference of a --schedule local plan (no framework runs local learning).")
 @click.option("--out", type=click.Path(path_type=Path),
               help="Directory to write the files into (created if missing); default: print them.")
 @click.option("--force", is_flag=True,
@@ -615,7 +642,8 @@ def export_document(document: dict[str, Any], target: str, out: Path | None) -> 
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the best plan JSON here.")
 @click.option("--csv", "csv_out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the ranked plans (one row each, SI units, breakdown included) as CSV here.")
-@click.option("--export", "export_target", type=click.Choice(TARGETS), help="Also export the best plan's launch files.")
+@click.option("--export", "export_target", type=click.Choice(EXPORT_TARGETS),
+              help="Also export the best plan's launch files.")
 @click.option("--export-out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the --export files  [default: ./TARGET-launch]")
 @profile_option
@@ -638,14 +666,17 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     model, cluster, training, calibration, timer = (problem.model, problem.cluster, problem.training,
                                                     problem.calibration, problem.timer)
     unslowed = condition_cluster(load_cluster(cluster_spec), links_path, ()) if slowdowns else None
-    fixed = FixedOptions.from_options({**parallel, "framework": parallel["framework"] or export_target})
+    target_framework = export_target if export_target in FRAMEWORK_NAMES else None  # pytorch-local: no framework
+    fixed = FixedOptions.from_options({**parallel, "framework": parallel["framework"] or target_framework})
     found = plan(model, cluster, training, fixed, top_k, time_limit_s, unslowed=unslowed, timer=timer,
                  calibration=calibration, choose_optimizer_states=tuning.optimizer_states == "auto")
     training = found.training or training
     echo_profile_notes(timer)
     heterogeneity = found.heterogeneity
     documents = [build_plan_document(model, cluster, training, p.config, p.placement, p.estimate,
-                                     {"split": {"optimal": p.optimal, "lower_bound_s": p.lower_bound_s}},
+                                     {"split": {"optimal": p.optimal, "lower_bound_s": p.lower_bound_s},
+                                      **local_learning_section(model, cluster, training, p.config, p.estimate,
+                                                               p.placement, timer, calibration)},
                                      full_placement=placement_detail == "full", framework=fixed.framework or "any",
                                      calibration=calibration)
                  for p in found.plans]
@@ -691,6 +722,7 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     click.echo("the split is proven optimal: its estimate meets the lower bound over every split" if best.optimal
                else f"the split is within {100 * gap:.2f} % of the lower bound over every split (not proven optimal)")
     click.echo(describe_estimate(best.config, best.estimate, best.config.num_gpus))
+    echo_local_learning(documents[0])
     if costs[0]:
         click.echo(f"time to train   {costs[0].describe()}")
     click.echo("\nbreakdown of one iteration")

@@ -17,13 +17,16 @@ from planner.errors import PlannerError
 
 __all__ = [
     "CP_COMMS",
+    "DEFAULT_LOCAL_QUEUE_DEPTH",
     "DEFAULT_LORA_RANK",
     "DEFAULT_LORA_TARGETS",
     "DTYPES",
     "FINETUNE_MODES",
+    "LOCAL_HEADS",
     "LORA_TARGETS",
     "MOE_DISPATCHERS",
     "OPTIMIZER_STATES",
+    "SELECTIVE_RECOMPUTES",
     "ZERO3_COLLECTIVES",
     "ParallelConfig",
     "Partition",
@@ -52,6 +55,13 @@ SELECTIVE_RECOMPUTES = ("attention", "op")
 # copy per (token, expert) straight to the expert's rank; "flex" (DeepEP / HybridEP kernels) sends a token once
 # per destination node over the network and fans it out to that node's expert ranks over NVLink.
 MOE_DISPATCHERS = ("alltoall", "flex")
+# Local learning's auxiliary head on every stage but the last (cost/local.py): "linear" is the model's own head
+# (final norm + linear to the vocabulary, or to the classes of a ViT), "mlp" a norm + hidden linear of the model's
+# width + GELU + that output linear.
+LOCAL_HEADS = ("linear", "mlp")
+# Boundary tensors a local-learning stage may send ahead of its consumer: 2 lets a stage run one micro-batch ahead
+# while the next one is taken, at two boundary tensors of memory.
+DEFAULT_LOCAL_QUEUE_DEPTH = 2
 ATTENTION_KERNELS = ("flash", "unfused")
 # What trains: every parameter ("full", pre-training's accounting), or low-rank adapters on frozen 16-bit ("lora",
 # Hu et al. 2021) or 4-bit NF4 ("qlora", Dettmers et al. 2023) base weights (planner/finetune.py owns the rules).
@@ -218,6 +228,8 @@ class ParallelConfig:
     zero_stage: int = 0
     distributed_optimizer: bool = False
     schedule: Schedule = Schedule.ONE_F_ONE_B
+    local_queue_depth: int = DEFAULT_LOCAL_QUEUE_DEPTH  # the local schedule's queue between stages (slots)
+    local_head: str = "linear"  # the local schedule's auxiliary head, one of LOCAL_HEADS
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = False
     p2p_scatter_gather: bool = True  # Megatron-LM sends 1/tp of a boundary tensor; DeepSpeed's pipeline all
@@ -227,8 +239,11 @@ class ParallelConfig:
     tp_comm_overlap: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "micro_batch", "vpp", "cp", "hsdp_replicas", "ep", "etp"):
+        for name in ("dp", "tp", "pp", "micro_batch", "vpp", "cp", "hsdp_replicas", "ep", "etp", "local_queue_depth"):
             _positive("parallel config", name, getattr(self, name))
+        if self.local_head not in LOCAL_HEADS:
+            raise PlannerError(f"parallel config: local_head must be one of {', '.join(LOCAL_HEADS)}, "
+                               f"got {self.local_head!r}")
         if self.cp_comm not in CP_COMMS:
             raise PlannerError(f"parallel config: cp_comm must be one of {', '.join(CP_COMMS)}, got {self.cp_comm!r}")
         if self.moe_dispatcher not in MOE_DISPATCHERS:
@@ -373,6 +388,8 @@ class ParallelConfig:
         if self.hsdp_replicas > 1:
             parts.append(f"hsdp{self.hsdp_replicas}")
         parts.append(self.schedule.value)
+        if schedule_of(self.schedule).local_losses:
+            parts.append(f"queue={self.local_queue_depth} head={self.local_head}")
         return " ".join(parts)
 
 

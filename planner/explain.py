@@ -112,8 +112,11 @@ def bottleneck(result: Estimate, config: ParallelConfig) -> tuple[str, str]:
 
 
 def fixed_of(config: ParallelConfig) -> FixedOptions:
-    """Every option of a configuration fixed, so the search plans exactly it (its split optimised)."""
-    return FixedOptions(**{f.name: getattr(config, f.name) for f in fields(FixedOptions) if hasattr(config, f.name)})
+    """Every option of a configuration fixed, so the search plans exactly it (its split optimised); local learning's
+    queue and head only under its schedule (elsewhere they mean nothing, and the search refuses them)."""
+    local = schedule_of(config.schedule).local_losses
+    return FixedOptions(**{f.name: getattr(config, f.name) for f in fields(FixedOptions)
+                           if hasattr(config, f.name) and (local or not f.name.startswith("local_"))})
 
 
 def _degree_steps(config: ParallelConfig, name: str) -> list[tuple[str, dict[str, Any]]]:
@@ -157,7 +160,8 @@ def neighbours(config: ParallelConfig) -> list[tuple[str, ParallelConfig]]:
     steps += [step for name in ("cp", "ep") if hasattr(config, name) for step in _degree_steps(config, name)]
     steps += [(f"micro-batch {config.micro_batch}→{mb}", {"micro_batch": mb})
               for mb in (config.micro_batch * 2, config.micro_batch // 2) if mb >= 1]
-    if config.pp > 1:  # a zero-bubble plan stays zero bubble: interleaved-zb over chunks, zb-h1 without
+    # a zero-bubble plan stays zero bubble: interleaved-zb over chunks, zb-h1 without; local learning has no chunks
+    if config.pp > 1 and not schedule_of(config.schedule).local_losses:
         split = schedule_of(config.schedule).splits_backward
         chunked, single = ((Schedule.INTERLEAVED_ZB, Schedule.ZB_H1) if split
                            else (Schedule.INTERLEAVED, Schedule.ONE_F_ONE_B))

@@ -230,7 +230,9 @@ def _sharding_name(sharding: tuple[int, bool]) -> str:
 
 
 _ALL_SCHEDULES = frozenset(Schedule)
-_UNSPLIT_SCHEDULES = frozenset(s for s in Schedule if not schedule_of(s).splits_backward)
+# searched unasked by "any": not the zero-bubble ones (only torchtitan runs them) nor local learning (another algorithm)
+_UNSPLIT_SCHEDULES = frozenset(s for s in Schedule
+                               if not schedule_of(s).splits_backward and not schedule_of(s).local_losses)
 _ANY_SHARDING = frozenset({(0, False), (1, False), (2, False), (3, False), (0, True), (1, True)})
 
 _CP_COMMS = frozenset(CP_COMMS)

@@ -531,6 +531,9 @@ class ModelSpec:
     rope_scaling: str | None = None  # HF rope_scaling type: "llama3" (Llama 3.1), "linear", "yarn", …; None: none
     rope_scaling_factor: float = 1.0
     sliding_window: int | None = None  # tokens a query attends to (Mistral 7B v0.1: 4096); None: full causal
+    # False: the model reads no tokens (a ViT: its first block is the patch-embedding stem); the embedding unit then
+    # holds no parameters and does no work, and `vocab_size` is what the head predicts (a ViT's classes)
+    token_embedding: bool = True
     layers: tuple[BlockSpec, ...] | None = None
     source: str = field(default="", compare=False)
 
@@ -718,7 +721,14 @@ class ModelSpec:
         multiple = divisible_by * tp
         return -(-self.vocab_size // multiple) * multiple
 
+    def head_tokens(self, seq_len: float) -> float:
+        """Tokens per sample the head and its loss read: every one of a language model's `seq_len`, a classifier's
+        (no token embedding: a ViT) class token alone."""
+        return seq_len if self.token_embedding else 1
+
     def embedding_parameters(self) -> int:
+        if not self.token_embedding:
+            return 0
         positions = self.max_position_embeddings * self.hidden_size if self.position_embedding == "learned" else 0
         return self.vocab_size * self.hidden_size + positions
 

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from planner.cluster import Cluster
-from planner.config import ParallelConfig, Partition, Recompute, Schedule, Training
+from planner.config import DEFAULT_LOCAL_QUEUE_DEPTH, ParallelConfig, Partition, Recompute, Schedule, Training
 from planner.cost.estimate import Estimate
+from planner.cost.schedule import schedule_of
 from planner.errors import PlannerError
 from planner.frameworks import FRAMEWORK_NAMES, runs_on
 from planner.model import ModelSpec, model_from_dict
@@ -95,7 +96,10 @@ def build_plan_document(
             "sequence_parallel": config.sequence_parallel, "tp_comm_overlap": config.tp_comm_overlap,
             "recompute": config.recompute.value,
             "zero_stage": config.zero_stage, "distributed_optimizer": config.distributed_optimizer,
-            "schedule": config.schedule.value, "overlap_grad_reduce": config.overlap_grad_reduce,
+            "schedule": config.schedule.value,
+            **({"local_queue_depth": config.local_queue_depth, "local_head": config.local_head}
+               if schedule_of(config.schedule).local_losses else {}),
+            "overlap_grad_reduce": config.overlap_grad_reduce,
             "overlap_param_gather": config.overlap_param_gather, "ep": config.ep, "etp": config.etp,
             "moe_dispatcher": config.moe_dispatcher, "moe_ep_overlap": config.moe_ep_overlap,
             "p2p_scatter_gather": config.p2p_scatter_gather, "overlap_tp_backward": config.overlap_tp_backward,
@@ -185,6 +189,8 @@ def parse_plan_document(document: Any, origin: str = "plan file") -> Plan:
             zero_stage=par.get("zero_stage", 0),
             distributed_optimizer=_flag(par, "distributed_optimizer", False, origin),
             schedule=Schedule(par.get("schedule", "1f1b")),
+            local_queue_depth=par.get("local_queue_depth", DEFAULT_LOCAL_QUEUE_DEPTH),
+            local_head=par.get("local_head", "linear"),
             overlap_grad_reduce=_flag(par, "overlap_grad_reduce", True, origin),
             overlap_param_gather=_flag(par, "overlap_param_gather", False, origin),
             ep=par.get("ep", 1), etp=par.get("etp", 1), moe_dispatcher=par.get("moe_dispatcher", "alltoall"),

@@ -1,7 +1,7 @@
 """One simulated iteration as slices per pipeline rank: a Chrome/Perfetto trace and a static SVG.
 
 The passes come from the schedule simulator (`planner.cost.schedule.simulate`) with the times
-`estimate` gives it (each pass carries half its stage's p2p, as in `estimate`); each pass is
+`estimate` gives it (each pass carries its share of its stage's p2p, as in `estimate`); each pass is
 cut, in order, into its compute, recompute, exposed TP communication and p2p pieces (unit costs
 of `planner.cost.time`). After the pipeline flush every rank shows the exposed DP traffic, the
 optimizer step and the fixed overhead of the breakdown, so the last slice ends at the
@@ -98,19 +98,20 @@ def _stage_parts(problem: PlanProblem, result: Estimate) -> list[dict[str, float
 
 
 def _pieces(event: PassEvent, parts: dict[str, float], forward_s: float, backward_s: float,
-            half_p2p_s: float) -> list[Slice]:
+            p2p_s: tuple[float, float]) -> list[Slice]:
     """A simulated pass cut into its consecutive pieces; zero-length pieces are left out. A split backward's
-    W pass is its weight-gradient GEMMs alone; its B pass the rest (`backward_s` is then B's share)."""
+    W pass is its weight-gradient GEMMs alone; its B pass the rest (`backward_s` is then B's share). `p2p_s`: the
+    stage's p2p time the forward and the backward carry."""
     mb = event.microbatch
     if event.kind == WEIGHT:
         named = [(f"W{mb}", "weight_grad", event.end_s - event.start_s)]
     elif event.kind == FORWARD:
         named = [(f"F{mb}", "forward", forward_s - parts["tp_forward"]), ("TP", "tp_comm", parts["tp_forward"]),
-                 ("p2p", "pp_comm", half_p2p_s)]
+                 ("p2p", "pp_comm", p2p_s[0])]
     else:
         named = [(f"R{mb}", "recompute", parts["recompute"]),
                  (f"B{mb}", "backward", backward_s - parts["recompute"] - parts["tp_backward"]),
-                 ("TP", "tp_comm", parts["tp_backward"]), ("p2p", "pp_comm", half_p2p_s)]
+                 ("TP", "tp_comm", parts["tp_backward"]), ("p2p", "pp_comm", p2p_s[1])]
     slices, start = [], event.start_s
     for name, category, seconds in named:
         if seconds > 0:
@@ -146,11 +147,13 @@ def iteration_timeline(problem: PlanProblem, result: Estimate) -> IterationTimel
         raise PlannerError(f"timeline: the {config.schedule.value} schedule with pp={config.pp} needs micro-batches "
                            f"divisible by pp, got {m}; there is no order to draw")
     behaviour = schedule_of(config.schedule)
-    forward = [s.forward_s + s.p2p_s / 2 for s in result.stages]
-    backward = [s.backward_s + s.p2p_s / 2 for s in result.stages]
+    share = behaviour.forward_p2p_share
+    p2p = [(s.p2p_s * share, s.p2p_s * (1 - share)) for s in result.stages]
+    forward = [s.forward_s + sent for s, (sent, _) in zip(result.stages, p2p, strict=True)]
+    backward = [s.backward_s + sent for s, (_, sent) in zip(result.stages, p2p, strict=True)]
     weight = [s.weight_s if behaviour.splits_backward else 0.0 for s in result.stages]
     simulated = simulate(forward, backward, [0.0] * len(forward), config.pp, m, config.schedule, record=True,
-                         weight_s=weight)
+                         weight_s=weight, queue_depth=behaviour.queue_depth(config.local_queue_depth))
     events = list(simulated.events)
     if behaviour.tiles_iterations:  # one period of the tiled steady state: each rank's track from its first pass
         first = {r: min(e.start_s for e in events if e.pp_rank == r) for r in range(config.pp)}
@@ -160,7 +163,7 @@ def iteration_timeline(problem: PlanProblem, result: Estimate) -> IterationTimel
     slices = [piece for e in events
               for piece in _pieces(e, parts[e.stage], result.stages[e.stage].forward_s,
                                    result.stages[e.stage].backward_s - weight[e.stage],
-                                   result.stages[e.stage].p2p_s / 2)]
+                                   p2p[e.stage])]
     start = simulated.iteration_s
     for category, name in _TAIL:
         seconds = result.breakdown_s[category]

@@ -27,10 +27,12 @@ from planner.plan import Plan
 SHARDED_WITH_PP = {"megatron": dict(distributed_optimizer=True), "deepspeed": dict(zero_stage=1), "torchtitan": {}}
 VARIANTS = (lambda _t: dict(pp=2), lambda t: dict(pp=2, micro_batch=2, **SHARDED_WITH_PP[t]),
             lambda _t: dict(pp=1, zero_stage=3))
-# What each target refuses: ALiBi and vision encoders in both Megatron parsers, Mamba layers in Megatron-DeepSpeed;
-# torchtitan 0.2.2 has only llama3's and qwen3's architectures, and qwen3 without pipelines (qwen3-235b-a22b's
-# variant below has pp=2).
-REFUSED = {"megatron": {"bloom-176b", "llava-1.5-7b"}, "deepspeed": {"bloom-176b", "llava-1.5-7b", "nemotron-h-8b"},
+# What each target refuses: ALiBi and vision encoders (LLaVA's, the ViT classifiers) in both Megatron parsers, Mamba
+# layers in Megatron-DeepSpeed; torchtitan 0.2.2 has only llama3's and qwen3's architectures, and qwen3 without
+# pipelines (qwen3-235b-a22b's variant below has pp=2).
+VITS = {"vit-b-16", "vit-l-16", "vit-h-14"}
+REFUSED = {"megatron": {"bloom-176b", "llava-1.5-7b", *VITS},
+           "deepspeed": {"bloom-176b", "llava-1.5-7b", "nemotron-h-8b", *VITS},
            "torchtitan": set(catalog_model_names()) - {"llama3-8b", "llama3-70b", "llama3-405b", "qwen3-30b-a3b"}}
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from planner.cluster import Cluster
 from planner.config import ParallelConfig, Partition, Recompute, Training
+from planner.cost.local import aux_head_cost, local_queue_bytes
 from planner.cost.memory import MemoryBreakdown, rank_memory_model
 from planner.cost.schedule import PipelineTime, pipeline_time, schedule_of, simulated_pipeline_time
 from planner.cost.time import (
@@ -28,7 +29,7 @@ from planner.cost.time import (
 from planner.errors import PlannerError
 from planner.finetune import parameter_states
 from planner.gpu import GIB
-from planner.model import ModelSpec
+from planner.model import ModelSpec, UnitKind
 from planner.placement import GroupLinks, Placement, default_placement
 from planner.profile.analytic import AnalyticProfile, block_type_forward_flops, head_forward_flops
 from planner.profile.calibration import Calibration, default_calibration
@@ -92,7 +93,7 @@ def model_flops_per_iteration(model: ModelSpec, training: Training) -> float:
     tokens = training.global_batch * training.seq_len
     forward = sum(count * block_type_forward_flops(model, block, tokens, training.seq_len)
                   for block, count in model.block_types().items())
-    forward += head_forward_flops(model, tokens)
+    forward += head_forward_flops(model, training.global_batch * model.head_tokens(training.seq_len))
     return (3 if training.finetune == "full" else 2) * forward
 
 
@@ -101,19 +102,23 @@ def _sum_costs(keys: Sequence[CostKey], costs: dict[CostKey, UnitCost], start: i
     totals = dict.fromkeys(("forward", "backward", "recompute", "tp_forward", "tp_backward", "cp_forward",
                             "cp_backward", "activations", "params", "ep", "weight"), 0.0)
     for key in keys[start:end]:
-        cost = costs[key]
-        totals["forward"] += cost.forward_s
-        totals["backward"] += cost.backward_s
-        totals["recompute"] += cost.recompute_s
-        totals["tp_forward"] += cost.tp_forward_s
-        totals["tp_backward"] += cost.tp_backward_s
-        totals["cp_forward"] += cost.cp_forward_s
-        totals["cp_backward"] += cost.cp_backward_s
-        totals["activations"] += cost.activation_bytes
-        totals["params"] += cost.params
-        totals["ep"] += cost.ep_s
-        totals["weight"] += cost.weight_grad_s
+        _add_cost(totals, costs[key])
     return totals
+
+
+def _add_cost(totals: dict[str, float], cost: UnitCost) -> None:
+    """Add one unit's cost terms into a stage's `_sum_costs` totals."""
+    totals["forward"] += cost.forward_s
+    totals["backward"] += cost.backward_s
+    totals["recompute"] += cost.recompute_s
+    totals["tp_forward"] += cost.tp_forward_s
+    totals["tp_backward"] += cost.tp_backward_s
+    totals["cp_forward"] += cost.cp_forward_s
+    totals["cp_backward"] += cost.cp_backward_s
+    totals["activations"] += cost.activation_bytes
+    totals["params"] += cost.params
+    totals["ep"] += cost.ep_s
+    totals["weight"] += cost.weight_grad_s
 
 
 def validate_layout(model: ModelSpec, config: ParallelConfig, partition: Partition) -> None:
@@ -136,12 +141,34 @@ def _pipeline(sums: list[dict[str, float]], p2p: list[float], stage_times: list[
     """The schedule's iteration time from the event simulator (exact for the framework's order, see
     tests/test_schedule.py for how far the closed form can be off); the closed form where the
     simulator does not apply (pp = 1, or an interleaved schedule Megatron-LM cannot run)."""
-    if config.pp == 1 or not schedule_of(config.schedule).runnable(config.pp, m):
+    behaviour = schedule_of(config.schedule)
+    if config.pp == 1 or not behaviour.runnable(config.pp, m):
         return pipeline_time(stage_times, config.pp, m, config.schedule)
-    forward = [s["forward"] + s["tp_forward"] + s["cp_forward"] + p / 2 for s, p in zip(sums, p2p, strict=True)]
-    backward = [s["backward"] + s["recompute"] + s["tp_backward"] + s["cp_backward"] + p / 2
+    forward, backward = _pass_times(sums, p2p, config)
+    return simulated_pipeline_time(forward, backward, config.pp, m, config.schedule, [s["weight"] for s in sums],
+                                   behaviour.queue_depth(config.local_queue_depth))
+
+
+def _pass_times(sums: list[dict[str, float]], p2p: list[float], config: ParallelConfig,
+                ) -> tuple[list[float], list[float]]:
+    """Each stage's forward and backward pass per micro-batch, each with the share of the stage's p2p its transfers
+    take (`PipelineSchedule.forward_p2p_share`)."""
+    forward_share = schedule_of(config.schedule).forward_p2p_share
+    forward = [s["forward"] + s["tp_forward"] + s["cp_forward"] + p * forward_share for s, p in zip(sums, p2p,
+                                                                                                    strict=True)]
+    backward = [s["backward"] + s["recompute"] + s["tp_backward"] + s["cp_backward"] + p * (1 - forward_share)
                 for s, p in zip(sums, p2p, strict=True)]
-    return simulated_pipeline_time(forward, backward, config.pp, m, config.schedule, [s["weight"] for s in sums])
+    return forward, backward
+
+
+def _closed_form(sums: list[dict[str, float]], p2p: list[float], stage_times: list[float], config: ParallelConfig,
+                 m: int) -> float:
+    """The schedule's closed-form pipeline time: local learning's fill and steady state from each stage's forward
+    and backward, the others' from the stage totals."""
+    behaviour = schedule_of(config.schedule)
+    if behaviour.local_losses:
+        return behaviour.fill_form(*_pass_times(sums, p2p, config), m).total_s
+    return pipeline_time(stage_times, config.pp, m, config.schedule).total_s
 
 
 def estimate(
@@ -179,9 +206,16 @@ def estimate(
     p2p = stage_boundary_s(boundary, len(bounds), config.schedule)
     ranks = config.stage_ranks
     keys = model.unit_cost_keys
+    local = schedule_of(config.schedule).local_losses
+    aux_heads = [aux_head_cost(model, training, config, links.gpu[r], links.tp[r], calibration,
+                               rank_costs[r][UnitKind.HEAD]) for r in range(config.pp)] if local else []
     sums, stage_times = [], []
     for k, (start, end) in enumerate(bounds):
         totals = _sum_costs(keys, rank_costs[ranks[k]], start, end)
+        if local and k < len(bounds) - 1:  # every stage but the last trains its own auxiliary head
+            _add_cost(totals, aux_heads[ranks[k]])
+        if local and k:  # the queue of boundary tensors received ahead of use
+            totals["activations"] += local_queue_bytes(model, training, config)
         sums.append(totals)
         stage_times.append(totals["forward"] + totals["backward"] + totals["recompute"] + totals["tp_forward"]
                            + totals["tp_backward"] + totals["cp_forward"] + totals["cp_backward"] + p2p[k])
@@ -196,6 +230,7 @@ def estimate(
         memories.append(rank_memory.breakdown(params, sum(sums[k]["activations"] for k in mine),
                                               float(links.capacity_bytes[r])))
         units = [rank_costs[r][key] for k in mine for key in keys[bounds[k][0]:bounds[k][1]]]
+        units += [aux_heads[r] for k in mine if local and k < len(bounds) - 1]
         dp_time = data_parallel_time(units, training, config, links.dp[r], calibration, m, links.replicate[r],
                                      states)
         dp_exposed.append(dp_time.exposed_s)
@@ -222,7 +257,7 @@ def estimate(
         "p2p_per_microbatch": max(p2p),
         # the expert all-to-all inside tp_comm on the bottleneck rank (its MoE blocks)
         "ep_alltoall": steady["ep"],
-        "pipeline_closed_form": pipeline_time(stage_times, config.pp, m, config.schedule).total_s,
+        "pipeline_closed_form": _closed_form(sums, p2p, stage_times, config, m),
         "pipeline_simulated": pipeline.total_s,
         "fixed_per_iteration": calibration.iteration_overhead_s,
     }

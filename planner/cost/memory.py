@@ -138,8 +138,9 @@ def activation_bytes(
         )
     if kind is UnitKind.EMBEDDING:
         return (sbh if model.dropout else 0) / divisor  # embedding-output dropout mask
-    # head: final-norm input, output-layer input (2 bytes each), fp32 logits for the loss
-    return (2 * sbh) / divisor + 2 * sbh / t + 4 * s * b * model.vocab_size / t
+    # head: final-norm input, output-layer input (2 bytes each), fp32 logits for the loss, over the tokens it reads
+    read = model.head_tokens(s) * b * model.hidden_size
+    return (2 * read) / divisor + 2 * read / t + 4 * model.head_tokens(s) * b * model.vocab_size / t
 
 
 def op_sac_applies(block: BlockSpec, config: ParallelConfig) -> bool:
@@ -367,12 +368,13 @@ def largest_transient_bytes(model: ModelSpec, training: Training, config: Parall
     backward do not overlap): on the rank with the head, the 16-bit logits alive next to their fp32 copy
     (Megatron-LM's vocab-parallel cross-entropy casts the logits to fp32; the fp32 ones are counted as
     activations); in a block, the gradient of the attention scores (unfused) or FlashAttention's fp32
-    dQ accumulator."""
+    dQ accumulator. Under local learning every rank has a loss (its auxiliary head's)."""
     s, b, t = training.seq_len / config.cp, config.micro_batch, config.tp
     heads = max(model.num_attention_heads / t, 1.0)
     per_token = 2 * heads * training.seq_len if training.attention == "unfused" else 4 * heads * model.head_dim
     attention = per_token * s * b
-    loss = 2 * s * b * model.vocab_size / t if pp_rank == config.stage_ranks[-1] else 0.0
+    has_loss = pp_rank == config.stage_ranks[-1] or schedule_of(config.schedule).local_losses
+    loss = 2 * model.head_tokens(s) * b * model.vocab_size / t if has_loss else 0.0
     return max(loss, attention)
 
 

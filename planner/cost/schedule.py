@@ -60,6 +60,7 @@ class Schedule(str, Enum):
     INTERLEAVED_ZB = "interleaved-zb"
     ZB_V = "zb-v"
     DUALPIPE_V = "dualpipe-v"
+    LOCAL = "local"
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,20 @@ class PipelineSchedule:
     splits_backward = False  # backward run as B (input gradient) and a later W (weight gradient) pass
     tiles_iterations = False  # no synchronisation before the optimizer step: iterations overlap rank by rank
     extrapolated = True  # the simulator may extrapolate long runs from short prefixes (`_periodic_iteration_s`)
+    # local learning (PPLL): each stage trains on its own auxiliary loss, no gradient crosses a stage boundary, only
+    # forward activations travel (through a bounded queue); a different training algorithm, never searched unasked
+    local_losses = False
+    boundary_legs = 2  # transfers across a stage boundary per micro-batch: the activation, the gradient back
+
+    @property
+    def forward_p2p_share(self) -> float:
+        """The share of a stage's p2p time its forward pass carries (the backward the rest): each pass carries its
+        own transfers, the activation's and the gradient's, so half each, or all where only activations cross."""
+        return 1 / self.boundary_legs
+
+    def queue_depth(self, config_queue_depth: int) -> int:
+        """The simulator's `queue_depth` for a configuration's queue (0: no queue bounds a send)."""
+        return config_queue_depth if self.local_losses else 0
 
     def stage_rank(self, stage: int, pp: int) -> int:
         """The pipeline rank that runs virtual stage `stage`: k mod pp (the "loop" layout)."""
@@ -554,6 +569,47 @@ def _dualpipev_order(r: int, pp: int, num_microbatches: int) -> tuple[tuple[str,
     return tuple(order)
 
 
+class LocalLearning(PipelineSchedule):
+    """Pipeline parallelism with local learning (PPLL, Guo et al. 2024, arXiv:2411.12780): every stage carries an
+    auxiliary head and trains on its own loss, so its backward needs only its own forward. A rank runs F then B of
+    each micro-batch in turn and sends the forward output downstream through a queue of `queue_depth` slots (a full
+    queue blocks the send). Time: the first micro-batch's forward through the earlier ranks (fill), then the
+    slowest rank's F + B per micro-batch (`fill_form`). Memory: one micro-batch's activations (the backward follows
+    its forward at once) plus the queue (cost/local.py). It changes the training algorithm (no end-to-end backward)."""
+
+    kind = Schedule.LOCAL
+    local_losses = True
+    boundary_legs = 1
+    # ILP objective: 1F1B's (m − 1)·max R + Σ R, which bounds `fill_form` from above (Σ_{r<e} F_r + R_e ≤ Σ R)
+
+    def check(self, pp: int, vpp: int) -> None:
+        if pp < 2:
+            raise PlannerError(f"parallel config: the {self.kind.value} schedule trains pipeline stages on their own "
+                               f"losses and needs pp >= 2, got pp={pp}")
+        super().check(pp, vpp)
+
+    def warmup(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> int:
+        return 0  # F then B of each micro-batch: the backward waits for nothing downstream
+
+    def in_flight(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> float:
+        return 1.0  # the queued boundary tensors are counted apart (`local_queue_bytes`)
+
+    def fill_form(self, forward_s: Sequence[float], backward_s: Sequence[float], num_microbatches: int) -> PipelineTime:
+        """The iteration's pipeline part from each rank's F and B per micro-batch (the send inside F): the longest
+        path that runs micro-batch 0's forward through ranks 0..e−1, then m micro-batches on the slowest rank up to
+        e, ending with rank e's last B, T = max_e Σ_{r<e} F_r + R_e + (m − 1)·max_{r≤e} R_r with R = F + B. A queue of
+        depth ≥ 1 never lengthens it: its back-pressure cycle (a forward and a send per slot) is shorter than the
+        slowest rank's R (tests/test_local_learning.py checks it against the simulator)."""
+        loads = [f + b for f, b in zip(forward_s, backward_s, strict=True)]
+        ends, fill, slowest = [], 0.0, 0.0
+        for forward, load in zip(forward_s, loads, strict=True):
+            slowest = max(slowest, load)
+            ends.append(fill + load + (num_microbatches - 1) * slowest)
+            fill += forward
+        bottleneck = max(range(len(loads)), key=lambda r: (loads[r], -r))
+        return PipelineTime(max(ends), bottleneck, num_microbatches * loads[bottleneck])
+
+
 def _least_linear(fixed_s: Sequence[float], terms: RankTerms, blocks: int, a: float, b: float) -> float:
     """Least a·max R + b·Σ R over block counts per rank (math.inf when no count vector exists)."""
     relaxed = relaxed_rank_counts(fixed_s, terms.block_s, terms.lower, terms.most_blocks(), blocks, a, b)
@@ -565,7 +621,7 @@ def _least_linear(fixed_s: Sequence[float], terms: RankTerms, blocks: int, a: fl
 
 SCHEDULES: dict[Schedule, PipelineSchedule] = {s.kind: s for s in (
     OneFOneB(), GPipe(), Interleaved(), ZeroBubbleH1(), ZeroBubbleH2(), InterleavedZeroBubble(), ZeroBubbleV(),
-    DualPipeV())}
+    DualPipeV(), LocalLearning())}
 
 
 def schedule_of(kind: Schedule | str) -> PipelineSchedule:
@@ -700,6 +756,7 @@ class Timeline:
 def simulate(
     forward_s: Sequence[float], backward_s: Sequence[float], p2p_s: Sequence[float], pp: int,
     num_microbatches: int, schedule: Schedule, record: bool = True, weight_s: Sequence[float] | None = None,
+    queue_depth: int = 0,
 ) -> Timeline:
     """Event simulation of one iteration's pipeline part, every pass of every micro-batch.
 
@@ -709,7 +766,9 @@ def simulate(
     free and its input has arrived; ranks follow the schedule's order strictly (no reordering), and
     transfers overlap compute (asynchronous send/recv). `record=False` skips the per-pass events.
     `weight_s[k]`: the weight-gradient part of `backward_s[k]`, run as its own W pass by schedules that
-    split the backward (none: nothing to split, W passes take no time).
+    split the backward (none: nothing to split, W passes take no time). `queue_depth`: under local learning, the
+    boundary tensors a stage may have sent that the next stage has not taken (its forward not started); a forward
+    that would overfill the queue ends only when a slot frees (0: unbounded).
     """
     stages = len(forward_s)
     if len(backward_s) != stages or len(p2p_s) < stages - 1 or stages % pp:
@@ -731,11 +790,13 @@ def simulate(
                  WEIGHT: weight}
     # end time of each pass, -1 until it has run: ends[kind][k][mb]
     ends = {kind: [[-1.0] * num_microbatches for _ in range(stages)] for kind in durations}
+    forward_starts = [[-1.0] * num_microbatches for _ in range(stages)]
+    local = behaviour.local_losses
     rank_free = [0.0] * pp
     rank_start = [math.inf] * pp
     cursor = [0] * pp
     events: list[PassEvent] = []
-    waiting: dict[tuple[str, int, int], int] = {}  # a pass not run yet → the rank blocked on it
+    waiting: dict[tuple[str, int, int], list[int]] = {}  # a pass not run yet → the ranks blocked on it
     runnable = list(range(pp))
     while runnable:
         r = runnable.pop()
@@ -743,23 +804,28 @@ def simulate(
         while cursor[r] < len(order):
             kind, chunk, mb = order[cursor[r]]
             k = stage_of[r][chunk]
-            ready, missing = _input_ready(ends, kind, k, mb, stages, p2p_s)
+            ready, missing = _input_ready(ends, kind, k, mb, stages, p2p_s, local)
+            bounded = local and kind == FORWARD and 0 < queue_depth <= mb and k < stages - 1
+            if missing is None and bounded and ends[FORWARD][k + 1][mb - queue_depth] < 0:
+                missing = (FORWARD, k + 1, mb - queue_depth)  # the slot this send needs is not free yet
             if missing is not None:
-                waiting[missing] = r
+                waiting.setdefault(missing, []).append(r)
                 break
             start = max(rank_free[r], ready)
             if not cursor[r]:  # a rank's passes run in order: its first starts first
                 rank_start[r] = start
             end = start + durations[kind][k]
+            if kind == FORWARD:
+                forward_starts[k][mb] = start
+            if bounded:
+                end = max(end, forward_starts[k + 1][mb - queue_depth])
             ends[kind][k][mb] = end
             rank_free[r] = end
             if record:
                 events.append(PassEvent(kind, k, r, chunk, mb, start, end))
             cursor[r] += 1
             if waiting:
-                woken = waiting.pop((kind, k, mb), None)
-                if woken is not None:
-                    runnable.append(woken)
+                runnable.extend(waiting.pop((kind, k, mb), ()))
     if any(cursor[r] < len(orders[r]) for r in range(pp)):  # cannot happen for the schedules' orders
         raise PlannerError(f"simulate: {schedule.value} order deadlocked with pp={pp}, m={num_microbatches}")
     if behaviour.tiles_iterations:
@@ -768,8 +834,9 @@ def simulate(
 
 
 def _input_ready(ends: dict[str, list[list[float]]], kind: str, k: int, mb: int, stages: int,
-                 p2p_s: Sequence[float]) -> tuple[float, tuple[str, int, int] | None]:
-    """When the input of a pass is available, or the pass it still waits for (a W: its own B)."""
+                 p2p_s: Sequence[float], local: bool = False) -> tuple[float, tuple[str, int, int] | None]:
+    """When the input of a pass is available, or the pass it still waits for (a W: its own B; a B under local
+    learning: its own F alone, no gradient comes from downstream)."""
     if kind == WEIGHT:
         own_backward = ends[BACKWARD][k][mb]
         return (0.0, (BACKWARD, k, mb)) if own_backward < 0 else (own_backward, None)
@@ -781,7 +848,7 @@ def _input_ready(ends: dict[str, list[list[float]]], kind: str, k: int, mb: int,
     own_forward = ends[FORWARD][k][mb]
     if own_forward < 0:
         return 0.0, (FORWARD, k, mb)
-    if k == stages - 1:
+    if k == stages - 1 or local:
         return own_forward, None
     downstream = ends[BACKWARD][k + 1][mb]
     if downstream < 0:
@@ -792,10 +859,10 @@ def _input_ready(ends: dict[str, list[list[float]]], kind: str, k: int, mb: int,
 @lru_cache(maxsize=4096)
 def _periodic_iteration_s(forward_s: tuple[float, ...], backward_s: tuple[float, ...], pp: int,
                           num_microbatches: int, schedule: Schedule,
-                          weight_s: tuple[float, ...] | None = None) -> float:
+                          weight_s: tuple[float, ...] | None = None, queue_depth: int = 0) -> float:
     """The simulated iteration time at a cost that does not grow with m. Cached: configurations that
     differ only in what the pipeline does not see (ZeRO stage, optimizer sharding) share one simulation.
-    `weight_s`: the weight-gradient part of each backward (`simulate`).
+    `weight_s`: the weight-gradient part of each backward, `queue_depth`: local learning's queue (`simulate`).
 
     The order is fixed, so the simulation is a longest path in a max-plus system: past a transient
     every further group of pp micro-batches adds the same time (its critical cycle, which for interleaved
@@ -810,7 +877,7 @@ def _periodic_iteration_s(forward_s: tuple[float, ...], backward_s: tuple[float,
 
     def simulated(m: int) -> float:
         return simulate(forward_s, backward_s, zeros, pp, m, schedule, record=False,
-                        weight_s=weight_s).iteration_s
+                        weight_s=weight_s, queue_depth=queue_depth).iteration_s
 
     # the prefix simulations cost about 5·m₀ + 14pp micro-batches: worth it only when m is larger
     extrapolated = schedule_of(schedule).extrapolated
@@ -826,12 +893,12 @@ def _periodic_iteration_s(forward_s: tuple[float, ...], backward_s: tuple[float,
 
 def simulated_pipeline_time(forward_s: Sequence[float], backward_s: Sequence[float], pp: int,
                             num_microbatches: int, schedule: Schedule,
-                            weight_s: Sequence[float] | None = None) -> PipelineTime:
+                            weight_s: Sequence[float] | None = None, queue_depth: int = 0) -> PipelineTime:
     """`pipeline_time` from the event simulator: pass times include the stage's blocking p2p sends,
     so no separate transfer delay is added; the bottleneck is the busiest rank. `weight_s`: the
-    weight-gradient part of each backward (`simulate`)."""
+    weight-gradient part of each backward, `queue_depth`: local learning's queue (`simulate`)."""
     total = _periodic_iteration_s(tuple(forward_s), tuple(backward_s), pp, num_microbatches, schedule,
-                                  None if weight_s is None else tuple(weight_s))
+                                  None if weight_s is None else tuple(weight_s), queue_depth)
     busy = [num_microbatches * t
             for t in rank_times([f + b for f, b in zip(forward_s, backward_s, strict=True)], pp, schedule)]
     slowest = max(range(pp), key=lambda r: (busy[r], -r))

@@ -28,7 +28,7 @@ from planner.cost.memory import (
     parameter_model_states,
     sharded_state_bytes,
 )
-from planner.cost.schedule import Schedule, stage_ranks
+from planner.cost.schedule import Schedule, schedule_of, stage_ranks
 from planner.finetune import ParameterStates, full_parameter_states, parameter_states
 from planner.gpu import GPUSpec
 from planner.model import AttentionSpec, BlockSpec, MlpSpec, ModelSpec, UnitKind
@@ -50,6 +50,7 @@ __all__ = [
     "UnitRun",
     "UnitTimer",
     "alltoall_fabric_bytes",
+    "boundary_tensor_bytes",
     "context_parallel_s",
     "data_parallel_time",
     "data_parallel_time_of_runs",
@@ -186,7 +187,8 @@ def unit_costs(
     costs: dict[CostKey, UnitCost] = {}
     for kind, parameters in ((UnitKind.EMBEDDING, model.embedding_parameters()),
                              (UnitKind.HEAD, model.head_parameters())):
-        forward_ars, backward_ars = _TP_ALL_REDUCES[kind]
+        # a model without token embedding (a ViT) has no vocab-parallel lookup to all-reduce
+        forward_ars, backward_ars = _TP_ALL_REDUCES[kind] if parameters or kind is UnitKind.HEAD else (0, 0)
         times = frozen_end_times(kind, timer.times(kind, setting, gpu), training)
         costs[kind] = UnitCost(
             forward_s=times.forward_s, backward_s=times.backward_s, recompute_s=0.0,
@@ -535,12 +537,18 @@ def p2p_boundary_time(model: ModelSpec, training: Training, config: ParallelConf
     With TP > 1 Megatron-LM sends 1/tp of the tensor (sequence-parallel shards, or the
     scatter/gather optimisation of Narayanan et al. §4.1) and re-gathers it over NVLink;
     DeepSpeed's pipeline engine (`p2p_scatter_gather=False`) sends the whole tensor from every TP rank.
-    A context-parallel rank sends its seq_len / cp tokens.
+    A context-parallel rank sends its seq_len / cp tokens. Under local learning only the activation crosses
+    (`PipelineSchedule.boundary_legs`).
     """
+    legs = schedule_of(config.schedule).boundary_legs
+    return legs * p2p_time(boundary_tensor_bytes(model, training, config), link, calibration)
+
+
+def boundary_tensor_bytes(model: ModelSpec, training: Training, config: ParallelConfig) -> float:
+    """Bytes one rank sends across a stage boundary per micro-batch: the 16-bit activation of its seq_len / cp
+    tokens, 1/tp of it with sequence parallelism or Megatron-LM's scatter/gather."""
     size = 2 * training.seq_len / config.cp * config.micro_batch * model.hidden_size
-    if config.p2p_scatter_gather or config.sequence_parallel:
-        size /= config.tp
-    return 2 * p2p_time(size, link, calibration)
+    return size / config.tp if config.p2p_scatter_gather or config.sequence_parallel else size
 
 
 def stage_boundary_s(boundary_by_rank: Sequence[float], num_stages: int,

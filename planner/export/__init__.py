@@ -1,4 +1,5 @@
-"""Plans to launchable framework configurations: Megatron-LM, DeepSpeed (Megatron-DeepSpeed), torchtitan.
+"""Plans to launchable framework configurations: Megatron-LM, DeepSpeed (Megatron-DeepSpeed), torchtitan; and a
+local-learning plan to a PyTorch reference script (pytorch-local), since no framework runs that algorithm.
 
 `export_plan(plan, target)` renders every file in memory first; `write_export` then writes them
 atomically, so a failed export leaves no partial output behind.
@@ -13,36 +14,48 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from planner.cost.schedule import schedule_of
 from planner.errors import PlannerError
 from planner.export.common import ExportResult, estimate_split
 from planner.export.deepspeed import export_deepspeed
 from planner.export.megatron import export_megatron
+from planner.export.pytorch_local import export_pytorch_local
 from planner.export.torchtitan import export_torchtitan
 from planner.frameworks import framework_named
 from planner.plan import Plan, write_atomic
 
-__all__ = ["MANIFEST", "TARGETS", "ExportResult", "export_plan", "exporter", "render_stdout", "write_export"]
+__all__ = ["EXPORT_TARGETS", "LOCAL_TARGET", "MANIFEST", "TARGETS", "ExportResult", "export_plan", "exporter",
+           "render_stdout", "write_export"]
 
+LOCAL_TARGET = "pytorch-local"  # a PyTorch reference of local learning (the `local` schedule), which no framework runs
 MANIFEST = ".planner-export.json"  # what the last export into a directory wrote, so that a re-export may replace it
 
 _EXPORTERS: dict[str, Callable[[Plan], ExportResult]] = {
     "megatron": export_megatron,
     "deepspeed": export_deepspeed,
     "torchtitan": export_torchtitan,
+    LOCAL_TARGET: export_pytorch_local,
 }
-TARGETS = tuple(_EXPORTERS)
+TARGETS = tuple(target for target in _EXPORTERS if target != LOCAL_TARGET)  # the frameworks
+EXPORT_TARGETS = tuple(_EXPORTERS)  # what `export --to` takes
 
 
 def exporter(target: str) -> Callable[[Plan], ExportResult]:
     """The export function for `target` (one of TARGETS): it never substitutes, so a plan the target cannot
     run exactly as planned is refused (PlannerError naming why and which --framework to plan with)."""
     if target not in _EXPORTERS:
-        raise PlannerError(f"unknown export target {target!r}: use one of {', '.join(TARGETS)}")
+        raise PlannerError(f"unknown export target {target!r}: use one of {', '.join(EXPORT_TARGETS)}")
     return functools.partial(_export_runnable, target)
 
 
 def _export_runnable(target: str, plan: Plan) -> ExportResult:
     """The target's files for a plan it runs; a note when its engine runs the plan unlike the estimate assumed."""
+    if target == LOCAL_TARGET:
+        return export_pytorch_local(plan)
+    if schedule_of(plan.parallel.schedule).local_losses:
+        raise PlannerError(f"--to {target}: the plan's local schedule changes the training algorithm (per-stage "
+                           f"losses, no end-to-end backward) and no framework runs it; --to {LOCAL_TARGET} writes a "
+                           f"runnable PyTorch reference")
     framework = framework_named(target)
     framework.require(plan.parallel, plan.model)
     framework.require_training(plan.training, plan.parallel)

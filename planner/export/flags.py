@@ -182,6 +182,10 @@ def _require_buildable(model: ModelSpec, dialect: Dialect) -> None:
     projector (both), multi-token prediction and Mamba layers (Megatron-DeepSpeed)."""
     roles = Counter(block.role for block in model.blocks)
     encoder = roles["vision"] + roles["projector"]
+    if encoder and not model.token_embedding:
+        raise PlannerError(f"model {model.name!r} is an image classifier (ViT: a patch stem and {encoder - 1} encoder "
+                           f"blocks, no language model), which {dialect.value}'s pretrain_gpt.py does not build "
+                           "(Megatron-LM's pretrain_vision_classify.py does; planner does not export it)")
     if encoder:
         raise PlannerError(
             f"model {model.name!r} has a vision encoder and projector ({encoder} blocks), which {dialect.value}'s "

@@ -499,6 +499,8 @@ class AnalyticProfile:
 
     def _embedding(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
         m = self.model
+        if not m.token_embedding:  # nothing to look up: a ViT's stem block embeds its patches
+            return UnitTimes(0.0, 0.0, weight_grad_s=0.0)
         tokens = setting.tokens
         width = m.hidden_size / setting.tp if setting.sequence_parallel else m.hidden_size
         forward_bytes = tokens * (2 * m.hidden_size + 2 * width * (2 if m.position_embedding == "learned" else 1))
@@ -514,7 +516,7 @@ class AnalyticProfile:
 
     def _head(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
         m, t = self.model, setting.tp
-        tokens = setting.tokens
+        tokens = setting.micro_batch * m.head_tokens(setting.seq_len / setting.cp)
         vocab_local = m.padded_vocab_size(t) / t
         width = m.hidden_size / t if setting.sequence_parallel else m.hidden_size
         logits = self.gemm_time(gpu, _gemm_dtype_outside_linears(setting.dtype, gpu), tokens, vocab_local,

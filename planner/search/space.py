@@ -24,7 +24,16 @@ from itertools import product
 from typing import Any
 
 from planner.cluster import Cluster
-from planner.config import CP_COMMS, MOE_DISPATCHERS, ParallelConfig, Recompute, Schedule, Training
+from planner.config import (
+    CP_COMMS,
+    DEFAULT_LOCAL_QUEUE_DEPTH,
+    LOCAL_HEADS,
+    MOE_DISPATCHERS,
+    ParallelConfig,
+    Recompute,
+    Schedule,
+    Training,
+)
 from planner.cost.schedule import schedule_of
 from planner.errors import PlannerError
 from planner.frameworks import framework_named
@@ -66,6 +75,8 @@ class FixedOptions:
     moe_ep_overlap: bool | None = None
     zero3_collectives: str | None = None  # estimate only: the search keeps the default
     framework: str | None = None  # planner.frameworks name; None: any (every layout, Megatron-LM's semantics)
+    local_queue_depth: int | None = None  # the local schedule's (config.DEFAULT_LOCAL_QUEUE_DEPTH when None)
+    local_head: str | None = None  # the local schedule's auxiliary head ("linear" when None)
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> FixedOptions:
@@ -81,7 +92,13 @@ class FixedOptions:
             hsdp_replicas=options.get("hsdp_replicas"), framework=options.get("framework"),
             ep=options.get("ep"), etp=options.get("etp"), moe_dispatcher=options.get("moe_dispatcher"),
             moe_ep_overlap=options.get("moe_ep_overlap"), zero3_collectives=options.get("zero3_collectives"),
+            local_queue_depth=options.get("local_queue_depth"), local_head=options.get("local_head"),
         )
+
+    def local_options(self) -> dict[str, Any]:
+        """The local schedule's fields of a ParallelConfig (their defaults where left open)."""
+        return {"local_queue_depth": self.local_queue_depth or DEFAULT_LOCAL_QUEUE_DEPTH,
+                "local_head": self.local_head or "linear"}
 
 
 def _divisors(n: int) -> list[int]:
@@ -108,7 +125,7 @@ def _tp_allowed(tp: int, model: ModelSpec, cluster: Cluster) -> str | None:
 
 def _cp_allowed(cp: int, cp_comm: str | None, tp: int, model: ModelSpec, training: Training) -> str | None:
     """None if cp (with this variant, if given) is valid at this tp, else why not."""
-    if training.seq_len % (2 * cp):
+    if cp > 1 and training.seq_len % (2 * cp):  # without CP any length runs (a ViT's 197 tokens)
         allowed = [c for c in _divisors(training.seq_len // 2) if training.seq_len % (2 * c) == 0]
         return (f"must divide the sequence length {training.seq_len} into 2·cp chunks (causal load balancing; "
                 f"allowed: {_listed(allowed)})")
@@ -144,6 +161,7 @@ def _check_fixed(model: ModelSpec, cluster: Cluster, training: Training, fixed: 
     if fixed.micro_batch is not None and training.global_batch % fixed.micro_batch:
         raise PlannerError(
             f"--micro-batch {fixed.micro_batch} does not divide the global batch {training.global_batch}")
+    _check_local(fixed)
     if fixed.schedule is not None:
         framework_named(fixed.framework or "any").check_schedule(fixed.schedule)
         if schedule_of(fixed.schedule).splits_backward and fixed.pp == 1:
@@ -170,6 +188,24 @@ def _check_fixed(model: ModelSpec, cluster: Cluster, training: Training, fixed: 
         raise PlannerError(f"--hsdp {fixed.hsdp_replicas} does not divide the cluster's {gpus} GPUs")
     if fixed.distributed_optimizer and fixed.zero_stage not in (None, 0, 1):
         raise PlannerError(f"--distributed-optimizer cannot be combined with --zero {fixed.zero_stage}")
+
+
+def _check_local(fixed: FixedOptions) -> None:
+    """The local schedule's options: a queue of at least one slot, a known head, only with --schedule local
+    (with at least two pipeline stages)."""
+    given = [f"--local-{name}" for name in ("queue-depth", "head")
+             if getattr(fixed, f"local_{name.replace('-', '_')}") is not None]
+    local = fixed.schedule is not None and schedule_of(fixed.schedule).local_losses
+    if given and not local:
+        raise PlannerError(f"{' and '.join(given)} configure local learning and need --schedule local")
+    if fixed.local_queue_depth is not None and fixed.local_queue_depth < 1:
+        raise PlannerError(f"--local-queue-depth must be at least 1 (boundary tensors a stage may send ahead), "
+                           f"got {fixed.local_queue_depth}")
+    if fixed.local_head is not None and fixed.local_head not in LOCAL_HEADS:
+        raise PlannerError(f"--local-head must be one of {', '.join(LOCAL_HEADS)}, got {fixed.local_head!r}")
+    if local and fixed.pp is not None and fixed.pp < 2:
+        raise PlannerError(f"--schedule local trains each pipeline stage on its own loss and needs --pp 2 or more, "
+                           f"got --pp {fixed.pp}")
 
 
 def degree_triples(model: ModelSpec, cluster: Cluster, training: Training,
@@ -212,8 +248,8 @@ def _schedules(pp: int, m: int, num_layers: int, fixed: FixedOptions) -> list[tu
         if fixed.schedule not in (None, schedule) or (fixed.schedule is None and not framework.searches(schedule)):
             continue
         behaviour = schedule_of(schedule)
-        if (behaviour.splits_backward or behaviour.chunked) and pp < 2:
-            continue  # without a pipeline a split backward or chunks change nothing
+        if (behaviour.splits_backward or behaviour.chunked or behaviour.local_losses) and pp < 2:
+            continue  # without a pipeline a split backward, chunks or local losses change nothing
         if not behaviour.runnable(pp, m):
             continue
         top = min(num_layers // pp, MAX_SEARCHED_VPP if fixed.vpp is None else fixed.vpp)
@@ -341,6 +377,7 @@ def complete_config(fixed: FixedOptions, model: ModelSpec, cluster: Cluster, tra
         tp_comm_overlap=bool(fixed.tp_comm_overlap), zero_stage=fixed.zero_stage or (3 if hsdp > 1 else 0),
         distributed_optimizer=bool(fixed.distributed_optimizer),
         schedule=fixed.schedule or (Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B),
+        **fixed.local_options(),
     ))
 
 
@@ -406,6 +443,7 @@ def _layouts(model: ModelSpec, cluster: Cluster, training: Training, fixed: Fixe
                             hsdp_replicas=hsdp, sequence_parallel=sp, recompute=recompute, zero_stage=zero_stage,
                             distributed_optimizer=dist_opt, schedule=schedule, tp_comm_overlap=overlap,
                             moe_dispatcher=fixed.moe_dispatcher or ("flex" if ep > 1 else "alltoall"),
+                            **fixed.local_options(),
                         )
                         ep_overlap = _ep_overlap(config, fixed)
                         if ep_overlap is not None:
