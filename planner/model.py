@@ -727,25 +727,22 @@ class ModelSpec:
         return seq_len if self.token_embedding else 1
 
     def embedding_parameters(self) -> int:
-        if not self.token_embedding:
-            return 0
-        positions = self.max_position_embeddings * self.hidden_size if self.position_embedding == "learned" else 0
-        return self.vocab_size * self.hidden_size + positions
+        return sum(self.embedding_tensor_sizes())
 
     def head_parameters(self) -> int:
         """Final norm plus the output projection (zero extra when tied to the embedding)."""
-        output = 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
-        return self.norm_parameters + output
+        return sum(self.head_tensor_sizes())
 
     def embedding_tensor_sizes(self) -> tuple[int, ...]:
-        """Elements of the embedding's parameter tensors (word, and learned positions); add up to
-        `embedding_parameters()`."""
+        """Elements of the embedding's parameter tensors (word, and learned positions; none without a token
+        embedding, e.g. a ViT's, whose stem is a block)."""
+        if not self.token_embedding:
+            return ()
         positions = self.max_position_embeddings * self.hidden_size
         return (self.vocab_size * self.hidden_size,) + ((positions,) if self.position_embedding == "learned" else ())
 
     def head_tensor_sizes(self) -> tuple[int, ...]:
-        """Elements of the head's parameter tensors (final norm, untied output weight); add up to
-        `head_parameters()`."""
+        """Elements of the head's parameter tensors (final norm, untied output weight)."""
         output = () if self.tie_embeddings else (self.vocab_size * self.hidden_size,)
         return norm_tensor_sizes(self.hidden_size, self.normalization) + output
 
