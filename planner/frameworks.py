@@ -49,16 +49,18 @@ def _megatron_semantics(_config: ParallelConfig) -> dict[str, bool | str]:
 def _deepspeed_semantics(config: ParallelConfig) -> dict[str, bool | str]:
     """DeepSpeed: the pipeline engine sends whole activations from every TP rank and reduces gradients after
     the flush; without PP only ZeRO's overlap_comm hides the reduction (ZeRO-0 all-reduces after backward);
-    Megatron-DeepSpeed's TP backward all-reduces are not overlapped."""
+    Megatron-DeepSpeed's TP backward all-reduces are not overlapped; ZeRO-3 gathers a module's parameters
+    together, prefetched (since v0.5.5; the per-tensor gathers of 2021 are `zero3_collectives` "per-tensor")."""
     return {"p2p_scatter_gather": False, "overlap_grad_reduce": config.pp == 1 and config.zero_stage >= 1,
-            "overlap_tp_backward": False, "selective_recompute": "attention"}
+            "overlap_tp_backward": False, "selective_recompute": "attention", "zero3_collectives": "per-unit"}
 
 
 def _torchtitan_semantics(_config: ParallelConfig) -> dict[str, bool | str]:
-    """torchtitan: DDP/FSDP2 reduce during backward; DTensor TP's backward collectives are synchronous; selective
-    recompute is its per-op SAC (the export's selective_ac_option "op")."""
+    """torchtitan: DDP/FSDP2 reduce during backward (FSDP2 gathers per wrapped block, prefetched); DTensor TP's
+    backward collectives are synchronous; selective recompute is its per-op SAC (the export's selective_ac_option
+    "op")."""
     return {"p2p_scatter_gather": True, "overlap_grad_reduce": True, "overlap_tp_backward": False,
-            "selective_recompute": "op"}
+            "selective_recompute": "op", "zero3_collectives": "per-unit"}
 
 
 @dataclass(frozen=True)

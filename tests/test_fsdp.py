@@ -145,3 +145,14 @@ def test_narayanan_zero3_rows_are_no_longer_free():
     modern = estimate(run.model, run.cluster, run.training, modern_config).iteration_time_s
     assert abs(legacy / run.iteration_s - 1) < 0.25
     assert modern < 0.3 * run.iteration_s
+
+
+def test_deepspeed_and_torchtitan_targets_run_zero3_per_unit():
+    """The 2021 per-tensor gathers are for reproducing old runs: today's DeepSpeed (coalesced since v0.5.5) and
+    FSDP2 gather per module, so their execution semantics say so; the catch-all target keeps what was asked."""
+    from planner.frameworks import FRAMEWORKS
+
+    legacy = _per_tensor(64)
+    assert FRAMEWORKS["deepspeed"].runs(legacy).zero3_collectives == "per-unit"
+    assert FRAMEWORKS["torchtitan"].runs(legacy).zero3_collectives == "per-unit"
+    assert FRAMEWORKS["any"].runs(legacy).zero3_collectives == "per-tensor"
