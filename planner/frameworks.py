@@ -96,6 +96,7 @@ class Framework:
     # Training.optimizer_states it runs, each with the sharding it needs (None: any), e.g. offload's
     optimizer_states: tuple[tuple[str, frozenset[tuple[int, bool]] | None], ...] = (("fp32", None),)
     pipelines: bool = True  # pipeline parallelism (pp > 1)
+    flex_with_etp: bool = True  # the flex (DeepEP) dispatcher with expert tensor parallelism (etp > 1)
     # what it runs of a given model, narrowed from the above (None: every model alike); see `for_model`
     model_limits: Callable[[Framework, ModelSpec], dict[str, object]] | None = None
 
@@ -179,6 +180,8 @@ class Framework:
             return f"{self.version} has no expert parallelism"
         if config.ep > 1 and config.moe_dispatcher not in self.moe_dispatchers:
             return f"{self.version} has no {config.moe_dispatcher} MoE token dispatcher"
+        if config.ep > 1 and config.moe_dispatcher == "flex" and config.etp > 1 and not self.flex_with_etp:
+            return f"{self.version} runs DeepEP only without expert tensor parallelism (etp={config.etp})"
         if config.moe_ep_overlap and not self.moe_ep_overlap:
             return f"{self.version} cannot overlap EP communication with compute"
         if config.moe_ep_overlap and not self.overlaps_ep(config):
@@ -221,7 +224,8 @@ def _torchtitan_model_limits(framework: Framework, model: ModelSpec) -> dict[str
     if flavor is None:
         return {}
     return {"version": f"{framework.version}'s {flavor.name}", "pipelines": flavor.pipelines,
-            "moe_dispatchers": framework.moe_dispatchers & flavor.dispatchers}
+            "moe_dispatchers": framework.moe_dispatchers & flavor.dispatchers,
+            "cp_comms": framework.cp_comms if flavor.context_parallel else frozenset()}
 
 
 def _sharding_name(sharding: tuple[int, bool]) -> str:
@@ -281,6 +285,7 @@ FRAMEWORKS: dict[str, Framework] = {
         False, True, frozenset({"p2p", "all-gather"}), True, False, _DISPATCHERS, True, True, True,
         _torchtitan_semantics, None,
         tp_overlap_with_split_backward=False, ep_overlap_schedules=frozenset({Schedule.DUALPIPE_V}),
+        flex_with_etp=False,  # deepseek_v3's parallelize refuses DeepEP with expert TP
         # the LoRA converter landed after 0.2.2 (pytorch/torchtitan#2484, 2026-03); training.enable_cpu_offload
         # offloads parameters too, which planner does not price
         no_adapters="0.2.2 has no LoRA model converter (pytorch/torchtitan#2484 adds one after the release)",

@@ -22,6 +22,9 @@ class Flavor:
     ffn_dim_multiplier/multiple_of rule (8B: 1.3, 1024 → 14336). qwen3's are the same decoder with QK-norm
     and head_dim 128 (weights tied up to 4B); its MoE flavors put routed experts (`moe_ffn_hidden_size` each,
     top-k, no shared expert) in every block. qwen3's TrainSpec has no pipelining function (`pipelines`).
+    deepseek_v3's 671B is DeepSeek-V3: MLA (`mla`: q_lora, kv_lora, RoPE and value head widths), its first
+    `first_dense_layers` blocks dense, then routed and shared experts with group-limited routing; its FlexAttention
+    has no context parallelism (`context_parallel`), and only it runs DeepEP, without expert TP (`flex_with_etp`).
     """
 
     name: str
@@ -41,18 +44,28 @@ class Flavor:
     moe_ffn_hidden_size: int | None = None
     pipelines: bool = True  # its TrainSpec has a pipelining function
     dispatchers: frozenset[str] = frozenset(MOE_DISPATCHERS)  # how its MoE blocks move tokens (MOE_DISPATCHERS)
+    first_dense_layers: int = 0
+    shared_expert_ffn_hidden_size: int | None = None
+    mla: tuple[int | None, int, int, int] | None = None  # q_lora_rank, kv_lora_rank, qk_rope_head_dim, v_head_dim
+    router_groups: tuple[int, int] | None = None  # expert groups, groups a token may use
+    context_parallel: bool = True
 
     def matches(self, model: ModelSpec) -> bool:
         """Whether `model` has exactly this flavor's shapes (the RoPE base is a weights matter: `flavor_notes`)."""
         moe = self.num_experts > 1
-        return (_plain_decoder(model) and model.num_moe_layers == (model.num_layers if moe else 0)
+        mla = ((model.q_lora_rank, model.kv_lora_rank, model.qk_rope_head_dim, model.v_head_dim)
+               if model.is_mla else None)
+        groups = (model.moe_router_groups, model.moe_router_group_topk) if model.moe_router_groups else None
+        return (_swiglu_decoder(model)
+                and model.num_moe_layers == (model.num_layers - self.first_dense_layers if moe else 0)
                 and (model.num_layers, model.hidden_size, model.num_attention_heads, model.num_key_value_heads,
                      model.head_dim, model.ffn_hidden_size, model.vocab_size, model.qk_norm, model.tie_embeddings,
-                     model.num_experts, model.moe_top_k, model.expert_ffn_hidden_size if moe else None)
+                     model.num_experts, model.moe_top_k, model.expert_ffn_hidden_size if moe else None,
+                     model.shared_expert_ffn_hidden_size if moe else None, mla, groups)
                 == (self.num_layers, self.hidden_size, self.num_attention_heads, self.num_key_value_heads,
                     self.head_dim or self.hidden_size // self.num_attention_heads, self.ffn_hidden_size,
                     self.vocab_size, self.qk_norm, self.tie_embeddings, self.num_experts, self.moe_top_k,
-                    self.moe_ffn_hidden_size))
+                    self.moe_ffn_hidden_size, self.shared_expert_ffn_hidden_size, self.mla, self.router_groups))
 
 
 def _qwen3(flavor: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, tied: bool = False,
@@ -70,17 +83,22 @@ FLAVORS = (Flavor("llama3", "8B", 32, 4096, 32, 8, 14336), Flavor("llama3", "70B
            _qwen3("30B-A3B", 48, 2048, 32, 4, 6144, experts=128, moe_ffn=768),
            # torchtitan's 235B flavor sets rope_theta 5e6 where the released model has 1e6
            _qwen3("235B-A22B", 94, 4096, 64, 4, 12288, experts=128, moe_ffn=1536, rope_theta=5e6))
-# The rest of 0.2.2's language models have blocks the planner does not map onto them yet.
-_OTHER_MODELS = "llama4, deepseek_v3, gpt_oss"
+# DeepSeek-V3 (deepseek_v3's "671B"): 128 heads of 128 (+64 RoPE) over MLA latents, 3 dense blocks then 256
+# routed experts of 2048 (top-8 of 8 groups, 4 used) and one shared expert; FlexAttention (no CP in 0.2.2)
+FLAVORS += (Flavor("deepseek_v3", "671B", 61, 7168, 128, 128, 18432, 129280, 10000.0, 128, num_experts=256,
+                   moe_top_k=8, moe_ffn_hidden_size=2048, first_dense_layers=3, shared_expert_ffn_hidden_size=2048,
+                   mla=(1536, 512, 64, 128), router_groups=(8, 4), context_parallel=False),)
+# The rest of 0.2.2's language models have blocks the planner does not map onto them yet (deepseek_v3's 16B and
+# 236B are DeepSeek-V2-Lite and DeepSeek-V2, not in the catalog).
+_OTHER_MODELS = "llama4, gpt_oss"
 
 
-def _plain_decoder(model: ModelSpec) -> bool:
-    """Whether the model's blocks are llama3/qwen3's: SwiGLU, RMSNorm, RoPE, no biases, one block type, full
-    attention, no MLA and no shared experts."""
+def _swiglu_decoder(model: ModelSpec) -> bool:
+    """Whether the model is a stack of torchtitan's SwiGLU/RMSNorm/RoPE decoder blocks without biases, with full
+    attention, all alike or dense-then-MoE (the scalar fields' stack, not a model stated layer by layer)."""
     return (model.activation == "swiglu" and model.normalization == "rmsnorm" and model.position_embedding == "rope"
-            and len(model.block_types()) == 1 and not (model.linear_bias or model.qkv_bias or model.moe_bias
-                                                        or model.sliding_window or model.is_mla
-                                                        or model.shared_expert_ffn_hidden_size))
+            and model.layers is None and not (model.linear_bias or model.qkv_bias or model.moe_bias
+                                               or model.sliding_window))
 
 
 def find_flavor(model: ModelSpec) -> Flavor | None:

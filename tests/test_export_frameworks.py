@@ -28,12 +28,13 @@ SHARDED_WITH_PP = {"megatron": dict(distributed_optimizer=True), "deepspeed": di
 VARIANTS = (lambda _t: dict(pp=2), lambda t: dict(pp=2, micro_batch=2, **SHARDED_WITH_PP[t]),
             lambda _t: dict(pp=1, zero_stage=3))
 # What each target refuses: ALiBi and vision encoders (LLaVA's, the ViT classifiers) in both Megatron parsers, Mamba
-# layers in Megatron-DeepSpeed; torchtitan 0.2.2 has only llama3's and qwen3's architectures, and qwen3 without
-# pipelines (qwen3-235b-a22b's variant below has pp=2).
+# layers in Megatron-DeepSpeed; torchtitan 0.2.2 has only llama3's, qwen3's and DeepSeek-V3's architectures, and
+# qwen3 without pipelines (qwen3-235b-a22b's variant below has pp=2).
 VITS = {"vit-b-16", "vit-l-16", "vit-h-14"}
 REFUSED = {"megatron": {"bloom-176b", "llava-1.5-7b", *VITS},
            "deepspeed": {"bloom-176b", "llava-1.5-7b", "nemotron-h-8b", *VITS},
-           "torchtitan": set(catalog_model_names()) - {"llama3-8b", "llama3-70b", "llama3-405b", "qwen3-30b-a3b"}}
+           "torchtitan": set(catalog_model_names()) - {"llama3-8b", "llama3-70b", "llama3-405b", "qwen3-30b-a3b",
+                                                       "deepseek-v3"}}
 
 
 def catalog_plan(index: int, name: str, target: str) -> Plan:
@@ -123,7 +124,7 @@ def test_torchtitans_own_config_manager_and_parallel_dims_read_the_plans_degrees
             assert parsed["blocks"] == list(plan.blocks_per_stage)
         else:
             assert parsed["local"] * config.dp * m == plan.training.global_batch
-        assert parsed["model"][0] in ("llama3", "qwen3")
+        assert parsed["model"][0] in ("llama3", "qwen3", "deepseek_v3")
         assert (parsed["ep"], parsed["etp"]) == (config.ep, config.etp)
 
 

@@ -161,3 +161,50 @@ def test_planning_qwen3_for_torchtitan_with_a_pipeline_says_why_nothing_runs():
                     "--seq-len", "4096", "--framework", "torchtitan", "--pp", "2")
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
     assert "torchtitan 0.2.2's qwen3 has no pipeline parallelism (pp=2)" in result.output
+
+
+# ---- MoE: DeepSeek-V3 as torchtitan's deepseek_v3 671B -----------------------------------------------------
+
+_DEEPSEEK = dict(model="deepseek-v3", cluster="32x8xH800", blocks=(16, 15, 15, 15), global_batch=256, seq_len=4096,
+                 tp=1, pp=4, ep=32, etp=1, zero_stage=3)
+
+
+def test_deepseek_v3_exports_torchtitans_671b_flavor_with_deepep():
+    plan = make_plan(**_DEEPSEEK, moe_dispatcher="flex")
+    text = export_torchtitan(plan).files["torchtitan.toml"]
+    config = check_torchtitan_rules(plan, text)
+    assert (config["model"]["name"], config["model"]["flavor"]) == ("deepseek_v3", "671B")
+    parallelism = config["parallelism"]
+    assert (parallelism["expert_parallel_degree"], parallelism["expert_tensor_parallel_degree"]) == (32, 1)
+    assert parallelism["expert_parallel_comm_backend"] == "deepep"
+    standard = export_torchtitan(make_plan(**_DEEPSEEK)).files["torchtitan.toml"]
+    assert "expert_parallel_comm_backend" not in standard  # torchtitan's default, "standard", is the all-to-all
+    assert "torchtitan" in runs_on(plan.parallel, plan.model)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None or importlib.util.find_spec("tyro") is None,
+                    reason="torchtitan 0.2.2 not installed (pip install --no-deps torchtitan==0.2.2 tyro)")
+def test_torchtitan_own_config_parser_accepts_the_deepseek_export(tmp_path):
+    plan = make_plan(**_DEEPSEEK, moe_dispatcher="flex")
+    path = tmp_path / "torchtitan.toml"
+    path.write_text(export_torchtitan(plan).files["torchtitan.toml"])
+    run = subprocess.run([sys.executable, "-c", _TORCHTITAN_CHECK, str(path), str(plan.parallel.num_gpus)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "'layers.60', 'norm', 'output']]" in run.stdout
+
+
+@pytest.mark.parametrize(("changes", "named"), [
+    (dict(cp=2, cp_comm="all-gather", dp=32), "no all-gather context parallelism (cp=2)"),
+    (dict(tp=2, etp=2, ep=8, moe_dispatcher="flex"), "runs DeepEP only without expert tensor parallelism (etp=2)")])
+def test_what_torchtitans_deepseek_v3_cannot_run_is_refused_and_never_searched(changes, named):
+    plan = make_plan(**{**_DEEPSEEK, **changes})
+    with pytest.raises(PlannerError) as error:
+        export_plan(plan, "torchtitan")
+    assert named in str(error.value) and "torchtitan 0.2.2's deepseek_v3" in str(error.value)
+    model, cluster = load_model("deepseek-v3"), parse_shorthand("32x8xH800")
+    space = list(enumerate_configs(model, cluster, Training(global_batch=256, seq_len=4096),
+                                   FixedOptions(framework="torchtitan", pp=4)))
+    assert space and all(config.cp == 1 for config in space)
+    assert not any(config.moe_dispatcher == "flex" and config.etp > 1 for config in space)
+    assert any(config.moe_dispatcher == "flex" for config in space)

@@ -120,6 +120,8 @@ def torchtitan_toml(plan: Plan, notes: tuple[str, ...] = ()) -> str:
     if plan.model.is_moe:
         lines += ["# routed experts over ep ranks carved from dp_shard·cp (·tp when etp = 1); etp is 1 or tp",
                   f"expert_parallel_degree = {config.ep}", f"expert_tensor_parallel_degree = {config.etp}"]
+        if config.ep > 1 and config.moe_dispatcher == "flex":
+            lines.append('expert_parallel_comm_backend = "deepep"  # the flex dispatcher (needs DeepEP installed)')
     if config.pp > 1:
         lines += [f"pipeline_parallel_schedule = {_value(SCHEDULE_NAMES[config.schedule])}",
                   f"pipeline_parallel_microbatch_size = {config.micro_batch}  # n_microbatches = {m}",
