@@ -12,7 +12,9 @@ framework's own order with the event simulator, whose cost does not grow with m:
 prefix the schedule is periodic, so the rest is extrapolated (and checked) in whole periods.
 Zero-bubble schedules (Qi et al., ICLR 2024: ZB-H1, ZB-H2, PyTorch's interleaved zero bubble) split
 each backward into B (input gradient) and W (weight gradient) passes; the simulator runs W as a pass
-of its own kind, and their closed forms keep the share of 1F1B's fill they leave at F = B = W.
+of its own kind, and their closed forms keep the share of 1F1B's fill they leave at F = B = W. The paper's
+automatic ZB-1p / ZB-2p order depends on the pass times themselves, so a schedule gives the simulator every
+rank's order from those times (`PipelineSchedule.orders`).
 """
 
 from __future__ import annotations
