@@ -147,10 +147,12 @@ def parallel_options(command: Callable[..., Any]) -> Callable[..., Any]:
                           "dualpipe-v: 2)."),
         click.option("--recompute", type=click.Choice(["none", "selective", "full"])),
         click.option("--schedule", type=click.Choice([schedule.value for schedule in Schedule]),
-                     help="Pipeline schedule; zb-h1, zb-h2, interleaved-zb, zb-v and dualpipe-v split each "
-                          "backward into input- and weight-gradient passes (zero bubble, Qi et al. 2024; "
-                          "DeepSeek-V3's DualPipeV); searched only where the --framework runs them (torchtitan: "
-                          "interleaved-zb, zb-v, dualpipe-v) or when named here. local: local learning (PPLL), "
+                     help="Pipeline schedule; zb-h1, zb-h2, zb-1p, zb-2p, interleaved-zb, zb-v and dualpipe-v "
+                          "split each backward into input- and weight-gradient passes (zero bubble, Qi et al. 2024; "
+                          "zb-1p/zb-2p: its automatic schedule, ordered from the stage times under 1F1B's or twice "
+                          "its activation memory; DeepSeek-V3's DualPipeV); searched only where the --framework runs "
+                          "them (torchtitan: interleaved-zb, zb-v, dualpipe-v) or when named here. local: local "
+                          "learning (PPLL), "
                           "each stage trains on its own auxiliary loss, no end-to-end backward; it changes the "
                           "training algorithm and is used only when named."),
         click.option("--local-queue-depth", type=int, metavar="N",

@@ -130,7 +130,7 @@ class Framework:
             runs = ", ".join(s.value for s in Schedule if s in self.schedules)
             where = ", ".join(name for name in TARGET_NAMES if schedule in FRAMEWORKS[name].schedules)
             hint = (f"; --framework {where} runs it" if where
-                    else "; no export target runs it (plan with --framework any)")
+                    else f"; {_no_target(schedule)} (plan with --framework any)")
             raise PlannerError(f"--schedule {schedule.value}: {self.version} has no such pipeline schedule "
                                f"(it runs {runs}){hint}")
 
@@ -211,10 +211,16 @@ class Framework:
         why = (self if model is None else self.for_model(model)).why_not(config)
         if why:
             others = runs_on(config, model)
-            where = f"it runs on {', '.join(others)}" if others else "no target runs it"
+            where = f"it runs on {', '.join(others)}" if others else _no_target(config.schedule)
             raise PlannerError(f"{why} ({config.describe()}); {where}; plan with --framework {self.name} "
                                f"for a plan {self.version} runs")
         return self.runs(config)
+
+
+def _no_target(schedule: Schedule) -> str:
+    """What to say of a schedule no export target runs: what runs it outside them, where something does."""
+    elsewhere = schedule_of(schedule).runs_elsewhere
+    return f"no export target runs it, {elsewhere} does" if elsewhere else "no export target runs it"
 
 
 def _torchtitan_model_limits(framework: Framework, model: ModelSpec) -> dict[str, object]:

@@ -337,7 +337,7 @@ def _all_splits(layers: int, stages: int):
 @given(
     pp=st.sampled_from([2, 3, 4]),
     schedule=st.sampled_from([Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.ZB_H1, Schedule.ZB_H2,
-                              Schedule.ZB_V, Schedule.DUALPIPE_V]),
+                              Schedule.ZB_V, Schedule.DUALPIPE_V, Schedule.ZB_1P, Schedule.ZB_2P]),
     microbatches=st.sampled_from([1, 3, 8]),
     pair_gbps=st.lists(st.floats(0.5, 50.0), min_size=6, max_size=6),
     slow=st.sampled_from([None, "node1=2", "node2:0=3"]),
@@ -345,6 +345,7 @@ def _all_splits(layers: int, stages: int):
 @example(pp=2, schedule=Schedule.ZB_V, microbatches=8, pair_gbps=[1.0, 20.0, 5.0, 50.0, 0.5, 8.0], slow="node1=2")
 @example(pp=2, schedule=Schedule.DUALPIPE_V, microbatches=8, pair_gbps=[2.0, 20.0, 5.0, 50.0, 0.5, 8.0], slow=None)
 @example(pp=4, schedule=Schedule.ZB_H1, microbatches=3, pair_gbps=[1.0, 20.0, 5.0, 50.0, 0.5, 8.0], slow=None)
+@example(pp=4, schedule=Schedule.ZB_2P, microbatches=8, pair_gbps=[1.0, 20.0, 5.0, 50.0, 0.5, 8.0], slow="node1=2")
 def test_the_split_called_optimal_is_the_best_split_by_brute_force_over_estimate(
         pp, schedule, microbatches, pair_gbps, slow) -> None:
     """One cost accounting: on uneven links and slow devices, a split the search calls optimal is

@@ -32,6 +32,9 @@ CASES = {
               "--tp", "2", "--pp", "4", "--schedule", "zb-h1"],
     "zb-h2": ["--model", "gpt3-1.3b", "--cluster", "1x8xA100-80GB", "--global-batch", "32", "--seq-len", "2048",
               "--tp", "2", "--pp", "4", "--schedule", "zb-h2"],
+    # the order built from the plan's stage times (Qi et al.'s automatic ZB-2p)
+    "zb-2p": ["--model", "gpt3-1.3b", "--cluster", "1x8xA100-80GB", "--global-batch", "32", "--seq-len", "2048",
+              "--tp", "2", "--pp", "4", "--schedule", "zb-2p"],
     # V layout: rank r draws stages r and 2pp − 1 − r
     "zb-v": ["--model", "gpt3-1.3b", "--cluster", "1x8xA100-80GB", "--global-batch", "16", "--seq-len", "2048",
              "--tp", "2", "--pp", "4", "--schedule", "zb-v"],
@@ -142,7 +145,7 @@ def test_a_missing_plan_or_a_directory_out_is_one_line_exit_2(tmp_path: Path) ->
     assert directory.exit_code == 2 and directory.output.startswith("error:")
 
 
-@pytest.mark.parametrize("name", ["zb-h1", "zb-h2", "zb-v", "dualpipe-v"])
+@pytest.mark.parametrize("name", ["zb-h1", "zb-h2", "zb-2p", "zb-v", "dualpipe-v"])
 def test_zero_bubble_draws_one_w_pass_per_microbatch_and_stage(tmp_path: Path, name: str) -> None:
     problem = problem_of(load_plan(plan_file(tmp_path, name)))
     result = problem.estimate()

@@ -23,6 +23,7 @@ from planner.cost.schedule import (
     BACKWARD,
     FORWARD,
     WEIGHT,
+    PassTimes,
     RankTerms,
     pipeline_time,
     schedule_of,
@@ -40,7 +41,8 @@ from planner.profile.analytic import AnalyticProfile, unit_setting, weight_gradi
 from planner.profile.calibration import default_calibration
 from planner.search.space import FixedOptions, enumerate_configs
 
-ZERO_BUBBLE = (Schedule.ZB_H1, Schedule.ZB_H2, Schedule.INTERLEAVED_ZB, Schedule.ZB_V, Schedule.DUALPIPE_V)
+ZERO_BUBBLE = (Schedule.ZB_H1, Schedule.ZB_H2, Schedule.INTERLEAVED_ZB, Schedule.ZB_V, Schedule.DUALPIPE_V,
+               Schedule.ZB_1P, Schedule.ZB_2P)  # the last two: orders built from the stage times (Qi et al. §3)
 
 
 def _layouts():
@@ -142,6 +144,44 @@ def test_ten_million_microbatches_cost_what_a_few_hundred_do(schedule, bubble) -
     total = simulated_pipeline_time([1.0] * pp, [2.0] * pp, pp, m, schedule, [1.0] * pp).total_s
     assert total == pytest.approx(3.0 * m + bubble, rel=1e-12)
     assert schedule_of(schedule).in_flight(0, pp, 1, m) == (pp if schedule is Schedule.ZB_H1 else 2 * pp - 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([(Schedule.ZB_1P, Schedule.ZB_H1), (Schedule.ZB_2P, Schedule.ZB_H2)]), st.integers(2, 5),
+       st.integers(1, 12), st.data())
+def test_adaptive_zero_bubble_never_slower_than_the_handcrafted_order_and_within_its_limit(pair, pp, m, data) -> None:
+    """Qi et al. §3's automatic schedule keeps the handcrafted order of its memory among its candidates, so on any
+    stage and transfer times it is no slower than ZB-H1 (ZB-1p) or ZB-H2 (ZB-2p), and every rank's order holds at
+    most the limit in flight (p micro-batches, 1F1B's peak; 2p)."""
+    adaptive, handcrafted = pair
+    forward = data.draw(st.lists(st.floats(0.1, 2.0), min_size=pp, max_size=pp))
+    backward = [f * data.draw(st.floats(1.0, 3.0)) for f in forward]
+    weight = [b * data.draw(st.floats(0.0, 0.7)) for b in backward]
+    p2p = data.draw(st.lists(st.floats(0.0, 0.3), min_size=pp, max_size=pp))
+
+    def simulated(schedule: Schedule) -> float:
+        return simulate(forward, backward, p2p, pp, m, schedule, record=False, weight_s=weight).iteration_s
+
+    assert simulated(adaptive) <= simulated(handcrafted) * (1 + 1e-12)
+    behaviour = schedule_of(adaptive)
+    times = PassTimes(tuple(forward), tuple(b - w for b, w in zip(backward, weight, strict=True)), tuple(weight),
+                      tuple(p2p))
+    for r, order in enumerate(behaviour.orders(pp, 1, m, times)):
+        live = [Counter(kind for kind, _, _ in order[:i + 1]) for i in range(len(order))]
+        assert max(c[FORWARD] - c[WEIGHT] for c in live) <= behaviour.in_flight(r, pp, 1, m)
+
+
+def test_adaptive_zero_bubble_holds_the_limit_and_uses_the_stage_times() -> None:
+    pp, m = 4, 16
+    one_f_one_b = schedule_of(Schedule.ONE_F_ONE_B).in_flight(0, pp, 1, m)
+    assert [schedule_of(Schedule.ZB_1P).in_flight(r, pp, 1, m) for r in range(pp)] == [one_f_one_b] * pp
+    assert [schedule_of(Schedule.ZB_2P).in_flight(r, pp, 1, m) for r in range(pp)] == [2 * one_f_one_b] * pp
+    # W lighter than F and B: ZB-H2 keeps a bubble of (p − 1)(F + B − 2W), the time-aware order less of it
+    forward, backward, weight = [1.0] * pp, [2.0] * pp, [0.6] * pp
+    h2, adaptive = (simulated_pipeline_time(forward, backward, pp, m, s, weight).bubble_s
+                    for s in (Schedule.ZB_H2, Schedule.ZB_2P))
+    assert h2 == pytest.approx((pp - 1) * (1.0 + 1.4 - 1.2))
+    assert adaptive < h2
 
 
 def test_interleaved_zb_below_interleaved_and_without_split_like_it() -> None:
@@ -306,8 +346,11 @@ def test_export_names_the_framework_schedule_or_refuses() -> None:
     with pytest.raises(PlannerError, match="DualPipeV needs at least 2·pp = 8 micro-batches, the plan has 4"):
         export_torchtitan(make_plan(blocks=(3, 4, 4, 4, 4, 4, 5, 4), vpp=2, schedule="dualpipe-v", global_batch=16,
                                     micro_batch=2))
-    with pytest.raises(PlannerError, match="no target runs it"):
+    with pytest.raises(PlannerError, match="no export target runs it"):
         export_plan(make_plan(schedule="zb-h1"), "torchtitan")
+    for target in ("megatron", "torchtitan"):  # the authors' Megatron-LM fork runs ZB-2p, no export target does
+        with pytest.raises(PlannerError, match="no export target runs it, sail-sg/zero-bubble-pipeline-parallelism"):
+            export_plan(make_plan(schedule="zb-2p"), target)
 
 
 def _estimate_cli(*extra: str):
@@ -317,18 +360,20 @@ def _estimate_cli(*extra: str):
 
 def test_cli_schedules_and_bad_values() -> None:
     times = {}
-    for schedule in ("1f1b", "zb-h1", "zb-h2"):
+    for schedule in ("1f1b", "zb-h1", "zb-h2", "zb-1p", "zb-2p"):
         result = _estimate_cli("--schedule", schedule)
         assert result.exit_code == 0, result.output
         times[schedule] = json.loads(result.output)["estimate"]["iteration_time_s"]
     assert times["zb-h2"] < times["zb-h1"] < times["1f1b"]
+    assert times["zb-1p"] <= times["zb-h1"] and times["zb-2p"] <= times["zb-h2"]
     assert _estimate_cli("--schedule", "interleaved-zb", "--vpp", "2").exit_code == 0
     zb_v = _estimate_cli("--schedule", "zb-v")  # two chunks per rank without --vpp
     assert zb_v.exit_code == 0 and json.loads(zb_v.output)["parallelism"]["vpp"] == 2
     for bad in (("--schedule", "zb-h3"), ("--schedule", "interleaved-zb"), ("--schedule", "zb-h1", "--vpp", "2"),
                 ("--schedule", "zb-v", "--vpp", "3"), ("--schedule", "zb-v", "--pp", "1"),
                 ("--schedule", "zb-v", "--framework", "megatron"), ("--schedule", "dualpipe-v", "--vpp", "4"),
-                ("--schedule", "dualpipe-v", "--framework", "deepspeed")):
+                ("--schedule", "dualpipe-v", "--framework", "deepspeed"), ("--schedule", "zb-2p", "--pp", "1"),
+                ("--schedule", "zb-1p", "--vpp", "2"), ("--schedule", "zb-2p", "--framework", "torchtitan")):
         result = _estimate_cli(*bad)
         assert result.exit_code == 2 and "Traceback" not in result.output, (bad, result.output)
         assert result.output.count("\n") == 1 and bad[1] in result.output, (bad, result.output)
@@ -362,9 +407,10 @@ def test_plan_searches_zero_bubble_only_where_the_framework_runs_it() -> None:
 
 @pytest.mark.parametrize("row", published_rows(), ids=lambda row: f"{row['model']}-m{row['microbatches']}")
 def test_published_zero_bubble_speedups_within_five_points(row) -> None:
-    """ZB-1p's bubble is ZB-H1's (the paper's Table 5), so zb-h1 reproduces its ratio within 5 points; ZB-2p,
-    the paper's time-aware automatic schedule, beats the handcrafted ZB-H2 by up to 4.6 points in the paper's
-    own Table 5, so zb-h2 may fall short of it by that much more (benchmarks/zero_bubble.py: 1 of 12 does)."""
+    """zb-1p and zb-2p, the paper's automatic schedule by its heuristic (without its ILP refinement), reproduce
+    ZB-1p's ratio within 5 points on every row and ZB-2p's on all but 28.3B at 128 micro-batches, 5.3 under
+    (benchmarks/zero_bubble.py; the handcrafted ZB-H2 5.6 under there), never below ZB-H2's estimate."""
     ratio = ratios(row)
     assert abs(ratio.error_1p) <= 5
-    assert -5 - 4.6 <= ratio.error_2p <= 5
+    assert (-5.35 if (row["model"], row["microbatches"]) == ("28.3B", "128") else -5) <= ratio.error_2p <= 5
+    assert ratio.estimated_2p >= ratio.handcrafted_2p
