@@ -171,7 +171,8 @@ def test_torchtitan_names_its_flavor_or_refuses_for_every_catalog_model():
             continue
         named[name] = (flavor.name, flavor.flavor)
     assert named == {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B"),
-                     "qwen3-30b-a3b": ("qwen3", "30B-A3B"), "qwen3-235b-a22b": ("qwen3", "235B-A22B")}
+                     "qwen3-30b-a3b": ("qwen3", "30B-A3B"), "qwen3-235b-a22b": ("qwen3", "235B-A22B"),
+                     "deepseek-v3": ("deepseek_v3", "671B")}
 
 
 @pytest.mark.parametrize("model", ["mixtral-8x7b", "llama2-7b", "gpt3-1.3b", "qwen2.5-7b", "tiny-llama"])
