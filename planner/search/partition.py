@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -24,7 +25,7 @@ import numpy as np
 import pulp
 
 from planner.config import Partition, Schedule
-from planner.cost.schedule import pipeline_time, relaxed_rank_counts, schedule_of, stage_ranks
+from planner.cost.schedule import RankTerms, costlier_sets, least_linear, pipeline_time, schedule_of, stage_ranks
 from planner.cost.time import stage_boundary_s
 
 __all__ = [
@@ -130,12 +131,13 @@ def within_budget(used: float | np.ndarray, budget: float) -> bool | np.ndarray:
 
 # ---- rank-load relaxation: a lower bound that usually closes the problem -------------------------
 # The objective depends on the stages only through the rank loads R_r; relaxed to "how many blocks
-# does each rank hold" (cost/schedule.py `relaxed_rank_counts`), its optimum is a valid lower bound,
+# does each rank hold" (cost/schedule.py `least_linear`), its optimum is a valid lower bound,
 # attained when the blocks on each rank are alike — then proven without a solver.
 
 
-def _rank_terms(problem: PartitionProblem) -> tuple[list[float], list[float], list[int], list[float]]:
-    """Per rank: fixed time (first/last unit, boundaries), cheapest block time, least and most blocks."""
+def _rank_terms(problem: PartitionProblem) -> RankTerms:
+    """Per rank: fixed time (first/last unit, boundaries), cheapest block time, least and most blocks; the blocks
+    grouped into types by their times on every rank (`costlier_sets`). The forward terms are not used here."""
     n, pp, v = problem.num_units, problem.pp, problem.vpp
     fixed, block, lower, upper = [], [], [], []
     ranks, boundaries = problem.stage_ranks, problem.boundaries()
@@ -149,7 +151,15 @@ def _rank_terms(problem: PartitionProblem) -> tuple[list[float], list[float], li
         room = problem.memory_budget_bytes[r] - memory[0] * first - memory[n - 1] * last
         least_memory = min(memory[1:n - 1], default=0.0)
         upper.append(-1.0 if room < 0 else math.inf if least_memory <= 0 else math.floor(room / least_memory + 1e-9))
-    return fixed, block, lower, upper
+    types = Counter(_block_times(problem))
+    zeros = (0.0,) * pp
+    return RankTerms(tuple(fixed), tuple(block), tuple(lower), zeros, zeros, zeros, tuple(upper),
+                     costlier_sets(list(types), list(types.values())))
+
+
+def _block_times(problem: PartitionProblem) -> list[tuple[float, ...]]:
+    """Each block's times on every rank: blocks alike in them are one type to the bounds and the ILP."""
+    return [tuple(times[u] for times in problem.unit_time_s) for u in range(1, problem.num_units - 1)]
 
 
 def _stage_counts(problem: PartitionProblem, rank_blocks: Sequence[int]) -> list[int]:
@@ -182,10 +192,10 @@ def bound_partition(problem: PartitionProblem) -> tuple[float, PartitionResult |
         result = PartitionResult(Partition((problem.num_units,)), objective_s(problem, whole), True, "single stage")
         return result.objective_s, result if fits(problem, whole) else None
     a, b = linear_form(problem)
-    relaxed = relaxed_rank_counts(*_rank_terms(problem), problem.num_units - 2, a, b)
-    if relaxed is None:
+    terms = _rank_terms(problem)
+    bound, rank_blocks = least_linear(terms.fixed_s, terms, problem.num_units - 2, a, b)
+    if rank_blocks is None:
         return math.inf, None
-    bound, rank_blocks = relaxed
     found: PartitionResult | None = None
     # Megatron-LM's even split first: where it meets the bound too, it needs no custom layout.
     even = ([list(Partition.uniform(problem.num_units - 2, problem.num_stages).unit_counts)]

@@ -27,7 +27,7 @@ from planner.cluster import Cluster, Link
 from planner.config import ParallelConfig, Partition, Training
 from planner.cost.estimate import Estimate, estimate, fit_advice
 from planner.cost.memory import RankMemoryModel, in_flight_microbatches, rank_memory_model, sharded_state_bytes
-from planner.cost.schedule import RankTerms, schedule_of
+from planner.cost.schedule import RankTerms, costlier_sets, schedule_of
 from planner.cost.time import (
     CostKey,
     UnitCost,
@@ -264,7 +264,8 @@ class _Context:
         `stage_boundary_s`'s rule over the rank's stages in the schedule's layout), the cheapest block type's time and
         the largest block forward time (with mixed block types every bound term stays a lower bound: a rank's
         load grows by at least the cheapest block, and 1F1B's bound subtracts forward work), the fewest blocks
-        (every stage needs a unit) and its least stage; one array computation over the ranks."""
+        (every stage needs a unit), its least stage and, with mixed block types, the costlier types' least times
+        (`costlier_sets`); one array computation over the ranks."""
         ranks = config.stage_ranks
         key = (ranks, id(costs), id(boundary_s))  # both are this context's cached tuples
         if key not in self.terms:
@@ -279,9 +280,11 @@ class _Context:
             # a pass carries half of each boundary its first chunk's stage touches
             forward_fixed = embedding_forward * first + head_forward * last + stage_p2p[first_stage] / 2
             least_stage = np.where(first, embedding, block) + np.asarray(boundary_s, dtype=float)
+            costlier = costlier_sets([[cost[b].total_s for cost in costs] for b, _ in self.block_types],
+                                     [count for _, count in self.block_types])
             self.terms[key] = RankTerms(tuple(fixed.tolist()), tuple(block.tolist()),
                                         tuple(np.maximum(v - first - last, 0).tolist()), tuple(forward_fixed.tolist()),
-                                        tuple(forward_block.tolist()), tuple(least_stage.tolist()))
+                                        tuple(forward_block.tolist()), tuple(least_stage.tolist()), costlier=costlier)
         return self.terms[key]
 
     def unit_terms(self, cost: dict[CostKey, UnitCost]) -> tuple[float, ...]:
