@@ -93,8 +93,9 @@ class RankTerms:
     forward_block_s: tuple[float, ...]
     least_stage_s: tuple[float, ...]  # the least work a stage on the rank can have (its first unit, boundary)
     upper: tuple[float, ...] | None = None  # most blocks the rank's memory holds (None: no limit known)
-    # mixed block types: per nested set of the costlier types, (each rank's least time of a block in it, its blocks)
-    costlier: tuple[tuple[tuple[float, ...], int], ...] = ()
+    # mixed block types: per nested set of the costlier types, (each rank's least time of a block in it, its
+    # blocks, the most of them each rank's memory holds)
+    costlier: tuple[tuple[tuple[float, ...], int, tuple[float, ...]], ...] = ()
 
     @property
     def pp(self) -> int:
@@ -103,26 +104,29 @@ class RankTerms:
     def most_blocks(self) -> tuple[float, ...]:
         return (math.inf,) * self.pp if self.upper is None else self.upper
 
-    def views(self, blocks: int) -> tuple[tuple[tuple[float, ...], tuple[int, ...], int, int], ...]:
-        """The block-count relaxations a bound takes the largest of, as (per-rank block time, fewest blocks per
-        rank, blocks counted, blocks left out): every block at its rank's cheapest type's time; then, per set of
-        the costlier types (`costlier`), only that set's blocks, each at the set's least time on its rank — the
-        others may sit anywhere (at least the cheapest time each), so a bound over the set stays a bound. With
-        dense and MoE blocks the first alone sees every block as dense; the second sees where the MoE ones go."""
+    def views(self, blocks: int) -> tuple[tuple[tuple[float, ...], tuple[int, ...], tuple[float, ...], int, int], ...]:
+        """The block-count relaxations a bound takes the largest of, as (per-rank block time, fewest and most
+        blocks per rank, blocks counted, blocks left out): every block at its rank's cheapest type's time; then,
+        per set of the costlier types (`costlier`), only that set's blocks, each at the set's least time and
+        bytes on its rank — the others may sit anywhere (at least the cheapest time each), so a bound over the
+        set stays a bound. With dense and MoE blocks the first alone sees every block as a dense one; the
+        second sees where the MoE ones must go."""
         none = (0,) * self.pp
-        return ((self.block_s, self.lower, blocks, 0),
-                *((times, none, count, blocks - count) for times, count in self.costlier))
+        return ((self.block_s, self.lower, self.most_blocks(), blocks, 0),
+                *((times, none, most, count, blocks - count) for times, count, most in self.costlier))
 
 
-def costlier_sets(type_times: Sequence[Sequence[float]],
-                  type_counts: Sequence[int]) -> tuple[tuple[tuple[float, ...], int], ...]:
-    """`RankTerms.costlier` from each block type's time on each rank (`type_times[t][r]`) and its blocks: the
-    types by their time summed over the ranks, costliest first; for each leading set short of all of them, its
-    least time on each rank and its blocks (empty for one type: the cheapest-type view is then exact)."""
+def costlier_sets(type_times: Sequence[Sequence[float]], type_counts: Sequence[int],
+                  type_most: Sequence[Sequence[float]]) -> tuple[tuple[tuple[float, ...], int, tuple[float, ...]], ...]:
+    """`RankTerms.costlier` from each block type's time on each rank (`type_times[t][r]`), its blocks and the
+    most of them each rank's memory holds (`type_most[t][r]`): the types by their time summed over the ranks,
+    costliest first; for each leading set short of all of them, its least time on each rank, its blocks and the
+    most of its blocks each rank holds (those of its smallest type's bytes). Empty for one type."""
     order = sorted(range(len(type_counts)), key=lambda t: (-sum(type_times[t]), t))
     ranks = range(len(type_times[0])) if type_times else range(0)
     return tuple((tuple(min(type_times[t][r] for t in order[:j]) for r in ranks),
-                  sum(type_counts[t] for t in order[:j])) for j in range(1, len(order)))
+                  sum(type_counts[t] for t in order[:j]),
+                  tuple(max(type_most[t][r] for t in order[:j]) for r in ranks)) for j in range(1, len(order)))
 
 
 FORWARD, BACKWARD, WEIGHT = "F", "B", "W"  # W: the weight-gradient half of a split backward
@@ -249,10 +253,11 @@ class OneFOneB(PipelineSchedule):
         minimised over blocks per rank with Σ R at its least."""
         return max(self._view_bound(terms, num_microbatches, view) for view in terms.views(blocks))
 
-    def _view_bound(self, terms: RankTerms, m: int, view: tuple[tuple[float, ...], tuple[int, ...], int, int]) -> float:
+    def _view_bound(self, terms: RankTerms, m: int,
+                    view: tuple[tuple[float, ...], tuple[int, ...], tuple[float, ...], int, int]) -> float:
         """`lower_bound` over one of `RankTerms.views`: the blocks left out sit anywhere at the cheapest time, so
         each rank's term takes as many of them as it holds where they lower it, and none elsewhere."""
-        block_s, lower, counted, left_out = view
+        block_s, lower, upper, counted, left_out = view
         pp, cheapest = terms.pp, min(terms.block_s)
         least_sum = sum(terms.fixed_s) + counted * min(block_s) + left_out * cheapest
         if m == 1:
@@ -265,9 +270,9 @@ class OneFOneB(PipelineSchedule):
             # a non-positive slope: the term is least with as many blocks as the rank can hold
             most = terms.most_blocks()[r]
             shifted.append(terms.fixed_s[r] - warmup * terms.forward_fixed_s[r] / (m - 1)
-                           + min(counted, most) * min(slope, 0.0) + min(left_out, most) * min(other, 0.0))
+                           + min(counted, upper[r]) * min(slope, 0.0) + min(left_out, most) * min(other, 0.0))
             per_block.append(max(slope, 0.0))
-        relaxed = relaxed_rank_counts(shifted, per_block, lower, terms.most_blocks(), counted, 1.0, 0.0)
+        relaxed = relaxed_rank_counts(shifted, per_block, lower, upper, counted, 1.0, 0.0)
         return math.inf if relaxed is None else (m - 1) * relaxed[0] + least_sum
 
 
@@ -656,8 +661,8 @@ def least_linear(fixed_s: Sequence[float], terms: RankTerms, blocks: int, a: flo
     least over block counts per rank, each view's left-out blocks at the cheapest time in Σ; the first view's
     counts, which realise it when blocks are alike), or (math.inf, None) when no count vector exists."""
     best, counts, cheapest = -math.inf, None, min(terms.block_s)
-    for block_s, lower, counted, left_out in terms.views(blocks):
-        relaxed = relaxed_rank_counts(fixed_s, block_s, lower, terms.most_blocks(), counted, a, b)
+    for block_s, lower, upper, counted, left_out in terms.views(blocks):
+        relaxed = relaxed_rank_counts(fixed_s, block_s, lower, upper, counted, a, b)
         if relaxed is None:
             return math.inf, None
         loads = [f + n * t for f, n, t in zip(fixed_s, relaxed[1], block_s, strict=True)]

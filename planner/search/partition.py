@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -139,7 +138,7 @@ def _rank_terms(problem: PartitionProblem) -> RankTerms:
     """Per rank: fixed time (first/last unit, boundaries), cheapest block time, least and most blocks; the blocks
     grouped into types by their times on every rank (`costlier_sets`). The forward terms are not used here."""
     n, pp, v = problem.num_units, problem.pp, problem.vpp
-    fixed, block, lower, upper = [], [], [], []
+    fixed, block, lower, rooms = [], [], [], []
     ranks, boundaries = problem.stage_ranks, problem.boundaries()
     for r in range(pp):
         first, last = ranks[0] == r, ranks[-1] == r
@@ -148,13 +147,21 @@ def _rank_terms(problem: PartitionProblem) -> RankTerms:
                      + sum(b for b, rank in zip(boundaries, ranks, strict=True) if rank == r))
         block.append(min(times[1:n - 1], default=0.0))
         lower.append(max(v - first - last, 0))
-        room = problem.memory_budget_bytes[r] - memory[0] * first - memory[n - 1] * last
-        least_memory = min(memory[1:n - 1], default=0.0)
-        upper.append(-1.0 if room < 0 else math.inf if least_memory <= 0 else math.floor(room / least_memory + 1e-9))
-    types = Counter(_block_times(problem))
+        rooms.append(problem.memory_budget_bytes[r] - memory[0] * first - memory[n - 1] * last)
+    types: dict[tuple[float, ...], list[int]] = {}
+    for u, times in enumerate(_block_times(problem), start=1):
+        types.setdefault(times, []).append(u)
+
+    def most(r: int, units: Sequence[int]) -> float:
+        """Most blocks rank r's memory holds, each at the least bytes of `units` on it."""
+        least = min((problem.unit_memory_bytes[r][u] for u in units), default=0.0)
+        return -1.0 if rooms[r] < 0 else math.inf if least <= 0 else math.floor(rooms[r] / least + 1e-9)
+
     zeros = (0.0,) * pp
-    return RankTerms(tuple(fixed), tuple(block), tuple(lower), zeros, zeros, zeros, tuple(upper),
-                     costlier_sets(list(types), list(types.values())))
+    return RankTerms(tuple(fixed), tuple(block), tuple(lower), zeros, zeros, zeros,
+                     tuple(most(r, range(1, n - 1)) for r in range(pp)),
+                     costlier_sets(list(types), [len(units) for units in types.values()],
+                                   [[most(r, units) for r in range(pp)] for units in types.values()]))
 
 
 def _block_times(problem: PartitionProblem) -> list[tuple[float, ...]]:

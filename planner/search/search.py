@@ -122,12 +122,18 @@ class _Candidate:
     pipeline_s: float = 0.0  # the pipeline part of the bound once refined
     memory_need_bytes: float = 0.0  # the memory bound (`_with_memory`), computed when first examined
     memory_available_bytes: float = math.inf
-    most_blocks: tuple[float, ...] | None = None  # most blocks each rank's memory holds (`_most_blocks`)
+    most_by_type: tuple[tuple[float, ...], ...] | None = None  # per block type, most each rank holds (`_most_blocks`)
 
     @property
     def fits_bound(self) -> bool:
         """Whether some split may fit: the ranks' memory together, and each rank's own, hold the model."""
-        return self.memory_need_bytes <= self.memory_available_bytes and self.most_blocks is not None
+        return self.memory_need_bytes <= self.memory_available_bytes and self.most_by_type is not None
+
+    @property
+    def most_blocks(self) -> tuple[float, ...]:
+        """Most blocks each rank's memory holds, each at the smallest block type's bytes."""
+        assert self.most_by_type is not None
+        return tuple(map(max, zip(*self.most_by_type, strict=True)))
 
 
 class _Context:
@@ -264,8 +270,7 @@ class _Context:
         `stage_boundary_s`'s rule over the rank's stages in the schedule's layout), the cheapest block type's time and
         the largest block forward time (with mixed block types every bound term stays a lower bound: a rank's
         load grows by at least the cheapest block, and 1F1B's bound subtracts forward work), the fewest blocks
-        (every stage needs a unit), its least stage and, with mixed block types, the costlier types' least times
-        (`costlier_sets`); one array computation over the ranks."""
+        (every stage needs a unit) and its least stage; one array computation over the ranks."""
         ranks = config.stage_ranks
         key = (ranks, id(costs), id(boundary_s))  # both are this context's cached tuples
         if key not in self.terms:
@@ -280,11 +285,9 @@ class _Context:
             # a pass carries half of each boundary its first chunk's stage touches
             forward_fixed = embedding_forward * first + head_forward * last + stage_p2p[first_stage] / 2
             least_stage = np.where(first, embedding, block) + np.asarray(boundary_s, dtype=float)
-            costlier = costlier_sets([[cost[b].total_s for cost in costs] for b, _ in self.block_types],
-                                     [count for _, count in self.block_types])
             self.terms[key] = RankTerms(tuple(fixed.tolist()), tuple(block.tolist()),
                                         tuple(np.maximum(v - first - last, 0).tolist()), tuple(forward_fixed.tolist()),
-                                        tuple(forward_block.tolist()), tuple(least_stage.tolist()), costlier=costlier)
+                                        tuple(forward_block.tolist()), tuple(least_stage.tolist()))
         return self.terms[key]
 
     def unit_terms(self, cost: dict[CostKey, UnitCost]) -> tuple[float, ...]:
@@ -341,7 +344,8 @@ def _with_memory(ctx: _Context, candidate: _Candidate) -> _Candidate:
     per-parameter cost; every rank holds at least the fewest in-flight micro-batches of any rank; each rank's
     fixed bytes are its own). Then, when that holds, each rank's own: the most blocks its memory holds
     (`_most_blocks`) must reach its fewest, and all ranks together every block — 1F1B's first rank keeps pp
-    micro-batches in flight, so the total alone misses most layouts that cannot fit."""
+    micro-batches in flight, so the total alone misses most layouts that cannot fit —, and all ranks together
+    every block of each type at its own bytes (an MoE block can hold many times a dense one's)."""
     config, costs = candidate.config, candidate.rank_costs
     _, links = ctx.placed(config)
     activations = _model_total(ctx, costs[0], "activation_bytes")
@@ -354,10 +358,16 @@ def _with_memory(ctx: _Context, candidate: _Candidate) -> _Candidate:
     most = _most_blocks(ctx, candidate) if need <= available else None
     if most is not None:
         fewest_blocks, blocks = ctx.rank_terms(config, costs, candidate.boundary_s).lower, ctx.model.num_layers
-        if (any(cap < low for cap, low in zip(most, fewest_blocks, strict=True))
-                or sum(min(cap, blocks) for cap in most) < blocks):
+        caps, counts = tuple(map(max, zip(*most, strict=True))), [count for _, count in ctx.block_types]
+        if (any(cap < low for cap, low in zip(caps, fewest_blocks, strict=True)) or not _room_for(caps, blocks)
+                or not all(_room_for(type_caps, count) for type_caps, count in zip(most, counts, strict=True))):
             most = None
-    return replace(candidate, memory_need_bytes=need, memory_available_bytes=available, most_blocks=most)
+    return replace(candidate, memory_need_bytes=need, memory_available_bytes=available, most_by_type=most)
+
+
+def _room_for(most: tuple[float, ...], blocks: int) -> bool:
+    """Whether ranks holding at most `most` blocks each hold `blocks` together."""
+    return sum(min(cap, blocks) for cap in most) >= blocks
 
 
 def _memory_key(config: ParallelConfig) -> tuple:
@@ -403,24 +413,28 @@ def _tighten(ctx: _Context, candidate: _Candidate) -> _Candidate:
         exposed = _least_dp_exposure(ctx, config, m, costs, links)
         bound = candidate.pipeline_s + exposed + candidate.split_free_s
         return replace(candidate, time_bound_s=max(bound, candidate.time_bound_s), dp_exposed_s=exposed, refined=2)
-    terms = replace(ctx.rank_terms(config, costs, candidate.boundary_s), upper=candidate.most_blocks)
+    assert candidate.most_by_type is not None
+    costlier = costlier_sets([[cost[b].total_s for cost in costs] for b, _ in ctx.block_types],
+                             [count for _, count in ctx.block_types], candidate.most_by_type)
+    terms = replace(ctx.rank_terms(config, costs, candidate.boundary_s), upper=candidate.most_blocks,
+                    costlier=costlier)
     key = (config.schedule, terms, m)
     if key not in ctx.rank_bounds:
         ctx.rank_bounds[key] = schedule_of(config.schedule).lower_bound(terms, m, ctx.model.num_layers)
     return _refined(candidate, ctx.rank_bounds[key])
 
 
-def _most_blocks(ctx: _Context, candidate: _Candidate) -> tuple[float, ...]:
-    """Most blocks each pipeline rank's memory holds beside its end units (the accounting of `estimate`,
-    with the partitioner's float tolerance; each block at the smallest block type's bytes; -1 when not even
-    its end units fit): no split that fits gives a rank more, so the rank-load bound may cap them — the
-    fastest layouts are the memory-tight ones, where this bound matters. Ranks alike in memory kind and
-    costs differ only in their in-flight micro-batches, so each such group's terms are computed once."""
+def _most_blocks(ctx: _Context, candidate: _Candidate) -> tuple[tuple[float, ...], ...]:
+    """Per block type (`ctx.block_types`), the most blocks of its bytes each pipeline rank's memory holds beside
+    its end units (the accounting of `estimate`, with the partitioner's float tolerance; -1 when not even its end
+    units fit): no split that fits gives a rank more, so the rank-load bound may cap them — the fastest layouts
+    are the memory-tight ones, where this bound matters. Ranks alike in memory kind and costs differ only in
+    their in-flight micro-batches, so each such group's terms are computed once."""
     config, m, costs = candidate.config, candidate.num_microbatches, candidate.rank_costs
     _, links = ctx.placed(config)
     models, _ = ctx.memory_models(config, links, m)
     in_flight = ctx.in_flight(config, m)
-    most = [0.0] * config.pp
+    most = [[0.0] * config.pp for _ in ctx.block_types]
     for kind, first, last, ranks in _memory_groups(ctx, config, links, costs):
         memory, cost = models[kind], costs[ranks[0]]
         ends = [cost[unit] for unit, held in ((UnitKind.EMBEDDING, first), (UnitKind.HEAD, last)) if held]
@@ -429,10 +443,11 @@ def _most_blocks(ctx: _Context, candidate: _Candidate) -> tuple[float, ...]:
         for r in ranks:
             per_activation = (1 + memory.fragmentation) * in_flight[r]
             held = memory.param_bytes * end_params + per_activation * end_activations + memory.fixed_bytes
-            block = min([params + per_activation * activations for params, activations in blocks])  # the smallest
             room = links.capacity_bytes[r] * (1 + MEMORY_TOLERANCE) - held
-            most[r] = max(math.floor(room / block + 1e-9), -1) if block > 0 else math.inf
-    return tuple(most)
+            for t, (params, activations) in enumerate(blocks):
+                block = params + per_activation * activations
+                most[t][r] = max(math.floor(room / block + 1e-9), -1) if block > 0 else math.inf
+    return tuple(map(tuple, most))
 
 
 def _memory_groups(ctx: _Context, config: ParallelConfig, links: GroupLinks,
