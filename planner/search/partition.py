@@ -425,6 +425,10 @@ def ilp_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
     rank_memory: list[tuple[dict, list[float]]] = [({}, [0.0]) for _ in range(pp)]
     total: tuple[dict, list[float]] = ({}, [0.0])
     rank_units: list[tuple[dict, list[float]]] = [({}, [0.0]) for _ in range(pp)]
+    block_times = _block_times(problem)
+    kinds = list(dict.fromkeys(block_times))
+    kind_of = [-1, *(kinds.index(times) for times in block_times), -1] if len(kinds) > 1 else [-1] * n
+    rank_kind_units: list[list[tuple[dict, list[float]]]] = [[({}, [0.0]) for _ in kinds] for _ in range(pp)]
     for s in range(stages):
         r = problem.stage_ranks[s]
         count: tuple[dict, list[float]] = ({}, [0.0])
@@ -433,6 +437,8 @@ def ilp_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
             for term, sign in ((in_prefix(u, s), 1.0), (in_prefix(u, s - 1), -1.0)):
                 add(*count, term, sign)
                 add(*rank_units[r], term, sign)
+                if kind_of[u] >= 0:
+                    add(*rank_kind_units[r][kind_of[u]], term, sign)
                 add(*rank_time[r], term, sign * problem.unit_time_s[r][u] / unit)
                 add(*rank_memory[r], term, sign * problem.unit_memory_bytes[r][u] / budgets[r])
         rank_time[r][1][0] += boundaries[s] / unit
@@ -448,6 +454,11 @@ def ilp_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
         # (e.g. 32 equal blocks on 8 ranks) that the binaries' LP relaxation cannot see.
         units_on_rank = model.add_variable(f"units_{r}", lowBound=0, upBound=n, cat=pulp.LpInteger)
         model += pulp.LpAffineExpression(rank_units[r][0], constant=rank_units[r][1][0]) == units_on_rank
+        # with mixed block types, one per type: the rounding of the costlier blocks sets the bottleneck
+        for k, (terms, const) in enumerate(rank_kind_units[r]):
+            if terms:
+                kind_on_rank = model.add_variable(f"kind_{k}_{r}", lowBound=0, upBound=n, cat=pulp.LpInteger)
+                model += pulp.LpAffineExpression(terms, constant=const[0]) == kind_on_rank
     objective = a * bottleneck + b * pulp.LpAffineExpression(total[0], constant=total[1][0])
     model += objective
     if lower_bound_s is not None and math.isfinite(lower_bound_s):
