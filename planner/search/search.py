@@ -37,6 +37,7 @@ from planner.cost.time import (
     embedding_sync_time,
     optimizer_step_time,
     p2p_boundary_time,
+    resharded_costs,
     stage_boundary_s,
     unit_costs,
 )
@@ -173,10 +174,10 @@ class _Context:
 
     def rank_costs(self, config: ParallelConfig, links: GroupLinks) -> tuple[dict[CostKey, UnitCost], ...]:
         setting = (config.tp, config.micro_batch, config.sequence_parallel, config.recompute, config.tp_comm_overlap,
-                   config.cp, config.cp_comm, config.ep, config.etp, config.moe_dispatcher, config.moe_ep_overlap,
-                   # an MoE block's state weighting (`_block_state_parameters`) depends on the sharding
-                   *((config.dp, config.distributed_optimizer, config.zero_stage) if self.model.is_moe else ()))
-        whole = (id(links), *setting)
+                   config.cp, config.cp_comm, config.ep, config.etp, config.moe_dispatcher, config.moe_ep_overlap)
+        # an MoE block's state weighting (`_block_state_parameters`) depends on the sharding, nothing else does
+        sharding = (config.dp, config.distributed_optimizer, config.zero_stage) if self.model.is_moe else ()
+        whole = (id(links), *setting, *sharding)
         if whole not in self.per_config:
             out = []
             for gpu, tp_link, cp_link, ep_link in zip(links.gpu, links.tp, links.cp, links.ep, strict=True):
@@ -185,7 +186,9 @@ class _Context:
                 if key not in self.costs:
                     self.costs[key] = unit_costs(self.model, self.training, config, gpu, tp_link, self.timer,
                                                  self.calibration, cp_link, ep_link)
-                out.append(self.costs[key])
+                if sharding and (*key, *sharding) not in self.costs:
+                    self.costs[(*key, *sharding)] = resharded_costs(self.model, self.training, config, self.costs[key])
+                out.append(self.costs[(*key, *sharding)])
             self.per_config[whole] = tuple(out)
         return self.per_config[whole]
 
