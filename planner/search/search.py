@@ -418,7 +418,8 @@ def _tighten(ctx: _Context, candidate: _Candidate) -> _Candidate:
         return replace(candidate, time_bound_s=max(bound, candidate.time_bound_s), dp_exposed_s=exposed, refined=2)
     assert candidate.most_by_type is not None
     costlier = costlier_sets([[cost[b].total_s for cost in costs] for b, _ in ctx.block_types],
-                             [count for _, count in ctx.block_types], candidate.most_by_type)
+                             [count for _, count in ctx.block_types], candidate.most_by_type
+                             ) if len(ctx.block_types) > 1 else ()  # one type: no costlier set (no block hashing)
     terms = replace(ctx.rank_terms(config, costs, candidate.boundary_s), upper=candidate.most_blocks,
                     costlier=costlier)
     key = (config.schedule, terms, m)
