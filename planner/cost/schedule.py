@@ -222,7 +222,7 @@ class PipelineSchedule:
     def lower_bound(self, terms: RankTerms, num_microbatches: int, blocks: int) -> float:
         """A lower bound on the simulated pipeline time over every split of `blocks` alike blocks."""
         a, b = self.bound_form(num_microbatches)
-        return _least_linear(terms.fixed_s, terms, blocks, a, b)
+        return least_linear(terms.fixed_s, terms, blocks, a, b)[0]
 
 
 class GPipe(PipelineSchedule):
@@ -323,7 +323,7 @@ class Interleaved(PipelineSchedule):
         m = num_microbatches
         prefix = np.concatenate(([0.0], np.cumsum(terms.least_stage_s)[:-1]))
         fixed = tuple(f + p / m for f, p in zip(terms.fixed_s, prefix, strict=True))
-        return _least_linear(fixed, terms, blocks, m, 0.0)
+        return least_linear(fixed, terms, blocks, m, 0.0)[0]
 
 
 class ZeroBubble(PipelineSchedule):
@@ -387,7 +387,7 @@ class ZeroBubble(PipelineSchedule):
                                                           strict=True)]
             prefix = np.concatenate(([0.0], np.cumsum(least_forward)[:-1]))
             fixed = tuple(f + p / m for f, p in zip(fixed, prefix, strict=True))
-        return _least_linear(fixed, terms, blocks, m, 0.0)
+        return least_linear(fixed, terms, blocks, m, 0.0)[0]
 
 
 class ZeroBubbleH1(ZeroBubble):
@@ -648,11 +648,6 @@ class LocalLearning(PipelineSchedule):
             fill += forward
         bottleneck = max(range(len(loads)), key=lambda r: (loads[r], -r))
         return PipelineTime(max(ends), bottleneck, num_microbatches * loads[bottleneck])
-
-
-def _least_linear(fixed_s: Sequence[float], terms: RankTerms, blocks: int, a: float, b: float) -> float:
-    """Least a·max R + b·Σ R over block counts per rank (math.inf when no count vector exists)."""
-    return least_linear(fixed_s, terms, blocks, a, b)[0]
 
 
 def least_linear(fixed_s: Sequence[float], terms: RankTerms, blocks: int, a: float,
