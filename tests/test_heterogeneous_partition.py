@@ -15,7 +15,7 @@ from planner.cluster import load_cluster, parse_shorthand, uniform_cluster
 from planner.config import ParallelConfig, Partition, Recompute, Schedule, Training
 from planner.cost.comm import all_reduce_time
 from planner.cost.estimate import estimate, model_flops_per_iteration
-from planner.cost.time import expert_all_to_all_s, unit_costs
+from planner.cost.time import expert_all_to_all_s, resharded_costs, unit_costs
 from planner.gpu import lookup_gpu
 from planner.model import ModelSpec, UnitKind, load_model, model_from_dict
 from planner.placement import GroupLinks, default_placement
@@ -132,6 +132,25 @@ def test_deepseek_v3_costs_dense_and_moe_blocks_apart() -> None:
     result = estimate(model, load_cluster("deepseek-v3-h800"), training, config, split)
     assert result.breakdown_detail_s["ep_alltoall"] == pytest.approx(
         result.num_microbatches * 10 * costs[moe].ep_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("sharding", [{"zero_stage": 3}, {"distributed_optimizer": True},
+                                      {"dp": 256, "distributed_optimizer": True}])
+def test_costs_resharded_equal_costs_computed_under_that_sharding(sharding) -> None:
+    """The search computes an MoE model's unit costs once per setting and reshards them (`resharded_costs`): only
+    the MoE blocks' state-weighted parameters depend on dp and the ZeRO stage (on the same links: the search keys
+    its tables by them), so the result is `unit_costs`'s."""
+    model, cluster = load_model("deepseek-v3"), load_cluster("deepseek-v3-h800")
+    config = ParallelConfig(dp=128, tp=1, pp=16, ep=64, micro_batch=1)
+    training = Training(global_batch=4096, seq_len=4096)
+    links = GroupLinks.from_placement(cluster, config, default_placement(cluster, config))
+
+    def costs(under: ParallelConfig) -> dict:
+        return unit_costs(model, training, under, links.gpu[0], links.tp[0], AnalyticProfile(model, CALIBRATION),
+                          CALIBRATION, links.cp[0], links.ep[0])
+
+    other = replace(config, **sharding)
+    assert resharded_costs(model, training, other, costs(config)) == costs(other) != costs(config)
 
 
 def test_tp_and_cp_communication_follow_each_block_types_sub_layers() -> None:

@@ -4,6 +4,7 @@ options, determinism and the infeasible message (small models and clusters, so i
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import replace
 
 import pytest
@@ -300,6 +301,22 @@ def test_unlike_units_fall_back_to_the_ilp_and_reach_the_optimum(schedule, vpp) 
     found, how = _partition(problem, 5.0)
     assert how == "ilp" and found is not None and found.optimal
     assert found.objective_s == pytest.approx(_brute_force(problem), rel=1e-9)
+
+
+def test_the_bound_counts_each_block_type_at_its_own_time_and_bytes() -> None:
+    """A dense block, then three MoE blocks of three times its time and bytes, on two ranks: at the cheapest type
+    alone the bound sees two blocks of one unit per rank; counted per type, one rank holds two MoE blocks, which
+    is the optimum — proven without a solver. Where memory holds one MoE block per rank, nothing fits."""
+    times, memory = (0.0, 1.0, 3.0, 3.0, 3.0, 0.0), (0.0, 1e9, 3e9, 3e9, 3e9, 0.0)
+
+    def problem(budget: float) -> PartitionProblem:
+        return PartitionProblem((times, times), (0.0, 0.0), (memory, memory), (budget, budget), 1, 4,
+                                Schedule.GPIPE)
+
+    bound, found = bound_partition(problem(8e9))
+    assert bound == pytest.approx(3 * 6.0 + 10.0) == _brute_force(problem(8e9))
+    assert found is not None and found.optimal and found.method == "bound"
+    assert bound_partition(problem(5e9)) == (math.inf, None) and _brute_force(problem(5e9)) is None
 
 
 @pytest.mark.parametrize("schedule, vpp", [(Schedule.ONE_F_ONE_B, 1), (Schedule.INTERLEAVED, 2)])

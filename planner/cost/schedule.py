@@ -41,6 +41,8 @@ __all__ = [
     "RankTerms",
     "Schedule",
     "Timeline",
+    "costlier_sets",
+    "least_linear",
     "pipeline_time",
     "rank_order",
     "rank_times",
@@ -96,6 +98,9 @@ class RankTerms:
     forward_block_s: tuple[float, ...]
     least_stage_s: tuple[float, ...]  # the least work a stage on the rank can have (its first unit, boundary)
     upper: tuple[float, ...] | None = None  # most blocks the rank's memory holds (None: no limit known)
+    # mixed block types: per nested set of the costlier types, (each rank's least time of a block in it, its
+    # blocks, the most of them each rank's memory holds)
+    costlier: tuple[tuple[tuple[float, ...], int, tuple[float, ...]], ...] = ()
 
     @property
     def pp(self) -> int:
@@ -103,6 +108,30 @@ class RankTerms:
 
     def most_blocks(self) -> tuple[float, ...]:
         return (math.inf,) * self.pp if self.upper is None else self.upper
+
+    def views(self, blocks: int) -> tuple[tuple[tuple[float, ...], tuple[int, ...], tuple[float, ...], int, int], ...]:
+        """The block-count relaxations a bound takes the largest of, as (per-rank block time, fewest and most
+        blocks per rank, blocks counted, blocks left out): every block at its rank's cheapest type's time; then,
+        per set of the costlier types (`costlier`), only that set's blocks, each at the set's least time and
+        bytes on its rank — the others may sit anywhere (at least the cheapest time each), so a bound over the
+        set stays a bound. With dense and MoE blocks the first alone sees every block as a dense one; the
+        second sees where the MoE ones must go."""
+        none = (0,) * self.pp
+        return ((self.block_s, self.lower, self.most_blocks(), blocks, 0),
+                *((times, none, most, count, blocks - count) for times, count, most in self.costlier))
+
+
+def costlier_sets(type_times: Sequence[Sequence[float]], type_counts: Sequence[int],
+                  type_most: Sequence[Sequence[float]]) -> tuple[tuple[tuple[float, ...], int, tuple[float, ...]], ...]:
+    """`RankTerms.costlier` from each block type's time on each rank (`type_times[t][r]`), its blocks and the
+    most of them each rank's memory holds (`type_most[t][r]`): the types by their time summed over the ranks,
+    costliest first; for each leading set short of all of them, its least time on each rank, its blocks and the
+    most of its blocks each rank holds (those of its smallest type's bytes). Empty for one type."""
+    order = sorted(range(len(type_counts)), key=lambda t: (-sum(type_times[t]), t))
+    ranks = range(len(type_times[0])) if type_times else range(0)
+    return tuple((tuple(min(type_times[t][r] for t in order[:j]) for r in ranks),
+                  sum(type_counts[t] for t in order[:j]),
+                  tuple(max(type_most[t][r] for t in order[:j]) for r in ranks)) for j in range(1, len(order)))
 
 
 FORWARD, BACKWARD, WEIGHT = "F", "B", "W"  # W: the weight-gradient half of a split backward
@@ -214,7 +243,7 @@ class PipelineSchedule:
     def lower_bound(self, terms: RankTerms, num_microbatches: int, blocks: int) -> float:
         """A lower bound on the simulated pipeline time over every split of `blocks` alike blocks."""
         a, b = self.bound_form(num_microbatches)
-        return _least_linear(terms.fixed_s, terms, blocks, a, b)
+        return least_linear(terms.fixed_s, terms, blocks, a, b)[0]
 
 
 class GPipe(PipelineSchedule):
@@ -243,19 +272,28 @@ class OneFOneB(PipelineSchedule):
         backward, the earlier ranks' backward follows. So T ≥ (m − 1)·R_r + Σ R − w_r·F_r for every
         rank (the closed form for the last rank, where w = 0; F_r: the rank's forward work),
         minimised over blocks per rank with Σ R at its least."""
-        m, pp = num_microbatches, terms.pp
-        least_sum = sum(terms.fixed_s) + blocks * min(terms.block_s)
+        return max(self._view_bound(terms, num_microbatches, view) for view in terms.views(blocks))
+
+    def _view_bound(self, terms: RankTerms, m: int,
+                    view: tuple[tuple[float, ...], tuple[int, ...], tuple[float, ...], int, int]) -> float:
+        """`lower_bound` over one of `RankTerms.views`: the blocks left out sit anywhere at the cheapest time, so
+        each rank's term takes as many of them as it holds where they lower it, and none elsewhere."""
+        block_s, lower, upper, counted, left_out = view
+        pp, cheapest = terms.pp, min(terms.block_s)
+        least_sum = sum(terms.fixed_s) + counted * min(block_s) + left_out * cheapest
         if m == 1:
             return least_sum
         shifted, per_block = [], []
         for r in range(pp):
             warmup = self.warmup(r, pp, 1, m)
-            slope = terms.block_s[r] - warmup * terms.forward_block_s[r] / (m - 1)
+            forward = warmup * terms.forward_block_s[r] / (m - 1)
+            slope, other = block_s[r] - forward, terms.block_s[r] - forward
             # a non-positive slope: the term is least with as many blocks as the rank can hold
-            most = min(blocks, terms.most_blocks()[r])
-            shifted.append(terms.fixed_s[r] - warmup * terms.forward_fixed_s[r] / (m - 1) + most * min(slope, 0.0))
+            most = terms.most_blocks()[r]
+            shifted.append(terms.fixed_s[r] - warmup * terms.forward_fixed_s[r] / (m - 1)
+                           + min(counted, upper[r]) * min(slope, 0.0) + min(left_out, most) * min(other, 0.0))
             per_block.append(max(slope, 0.0))
-        relaxed = relaxed_rank_counts(shifted, per_block, terms.lower, terms.most_blocks(), blocks, 1.0, 0.0)
+        relaxed = relaxed_rank_counts(shifted, per_block, lower, upper, counted, 1.0, 0.0)
         return math.inf if relaxed is None else (m - 1) * relaxed[0] + least_sum
 
 
@@ -306,7 +344,7 @@ class Interleaved(PipelineSchedule):
         m = num_microbatches
         prefix = np.concatenate(([0.0], np.cumsum(terms.least_stage_s)[:-1]))
         fixed = tuple(f + p / m for f, p in zip(terms.fixed_s, prefix, strict=True))
-        return _least_linear(fixed, terms, blocks, m, 0.0)
+        return least_linear(fixed, terms, blocks, m, 0.0)[0]
 
 
 class ZeroBubble(PipelineSchedule):
@@ -370,7 +408,7 @@ class ZeroBubble(PipelineSchedule):
                                                           strict=True)]
             prefix = np.concatenate(([0.0], np.cumsum(least_forward)[:-1]))
             fixed = tuple(f + p / m for f, p in zip(fixed, prefix, strict=True))
-        return _least_linear(fixed, terms, blocks, m, 0.0)
+        return least_linear(fixed, terms, blocks, m, 0.0)[0]
 
 
 class ZeroBubbleH1(ZeroBubble):
@@ -824,13 +862,21 @@ class LocalLearning(PipelineSchedule):
         return PipelineTime(max(ends), bottleneck, num_microbatches * loads[bottleneck])
 
 
-def _least_linear(fixed_s: Sequence[float], terms: RankTerms, blocks: int, a: float, b: float) -> float:
-    """Least a·max R + b·Σ R over block counts per rank (math.inf when no count vector exists)."""
-    relaxed = relaxed_rank_counts(fixed_s, terms.block_s, terms.lower, terms.most_blocks(), blocks, a, b)
-    if relaxed is None:
-        return math.inf
-    loads = [f + n * t for f, n, t in zip(fixed_s, relaxed[1], terms.block_s, strict=True)]
-    return a * max(loads) + b * sum(loads)
+def least_linear(fixed_s: Sequence[float], terms: RankTerms, blocks: int, a: float,
+                 b: float) -> tuple[float, list[int] | None]:
+    """(A lower bound on a·max R + b·Σ R over every split, a, b ≥ 0: the largest over `RankTerms.views` of the
+    least over block counts per rank, each view's left-out blocks at the cheapest time in Σ; the first view's
+    counts, which realise it when blocks are alike), or (math.inf, None) when no count vector exists."""
+    best, counts, cheapest = -math.inf, None, min(terms.block_s)
+    for block_s, lower, upper, counted, left_out in terms.views(blocks):
+        relaxed = relaxed_rank_counts(fixed_s, block_s, lower, upper, counted, a, b)
+        if relaxed is None:
+            return math.inf, None
+        loads = [f + n * t for f, n, t in zip(fixed_s, relaxed[1], block_s, strict=True)]
+        best = max(best, a * max(loads) + b * (sum(loads) + left_out * cheapest))
+        if counts is None:
+            counts = relaxed[1]
+    return best, counts
 
 
 SCHEDULES: dict[Schedule, PipelineSchedule] = {s.kind: s for s in (

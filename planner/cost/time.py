@@ -62,6 +62,7 @@ __all__ = [
     "flex_fabric_bytes",
     "optimizer_step_time",
     "p2p_boundary_time",
+    "resharded_costs",
     "stage_boundary_s",
     "unit_costs",
     "unit_runs",
@@ -257,6 +258,20 @@ def _block_cost(model: ModelSpec, block: BlockSpec, times: UnitTimes, training: 
         weight_grad_s=weight_gradient_s(UnitKind.BLOCK, times),
         **_block_tensor_counts(block),
     )
+
+
+def resharded_costs(model: ModelSpec, training: Training, config: ParallelConfig,
+                    costs: dict[CostKey, UnitCost]) -> dict[CostKey, UnitCost]:
+    """`unit_costs` of the same setting under `config`'s data-parallel sharding (dp, ZeRO stage, distributed
+    optimizer), from a table computed under another: only an MoE block's state-weighted parameters
+    (`_block_state_parameters`) depend on it, so the search computes each setting's times once."""
+    out = dict(costs)
+    for block in model.block_types():
+        if block.mlp is not None and block.mlp.is_moe:
+            out[block] = replace(costs[block], params=_block_state_parameters(model, block, training, config))
+    if len(model.block_types()) == 1:
+        out[UnitKind.BLOCK] = out[next(iter(model.block_types()))]
+    return out
 
 
 def _op_sac_recompute_s(block: BlockSpec, times: UnitTimes) -> float:

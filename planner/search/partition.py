@@ -24,7 +24,7 @@ import numpy as np
 import pulp
 
 from planner.config import Partition, Schedule
-from planner.cost.schedule import pipeline_time, relaxed_rank_counts, schedule_of, stage_ranks
+from planner.cost.schedule import RankTerms, costlier_sets, least_linear, pipeline_time, schedule_of, stage_ranks
 from planner.cost.time import stage_boundary_s
 
 __all__ = [
@@ -130,14 +130,15 @@ def within_budget(used: float | np.ndarray, budget: float) -> bool | np.ndarray:
 
 # ---- rank-load relaxation: a lower bound that usually closes the problem -------------------------
 # The objective depends on the stages only through the rank loads R_r; relaxed to "how many blocks
-# does each rank hold" (cost/schedule.py `relaxed_rank_counts`), its optimum is a valid lower bound,
+# does each rank hold" (cost/schedule.py `least_linear`), its optimum is a valid lower bound,
 # attained when the blocks on each rank are alike — then proven without a solver.
 
 
-def _rank_terms(problem: PartitionProblem) -> tuple[list[float], list[float], list[int], list[float]]:
-    """Per rank: fixed time (first/last unit, boundaries), cheapest block time, least and most blocks."""
+def _rank_terms(problem: PartitionProblem) -> RankTerms:
+    """Per rank: fixed time (first/last unit, boundaries), cheapest block time, least and most blocks; the blocks
+    grouped into types by their times on every rank (`costlier_sets`). The forward terms are not used here."""
     n, pp, v = problem.num_units, problem.pp, problem.vpp
-    fixed, block, lower, upper = [], [], [], []
+    fixed, block, lower, rooms = [], [], [], []
     ranks, boundaries = problem.stage_ranks, problem.boundaries()
     for r in range(pp):
         first, last = ranks[0] == r, ranks[-1] == r
@@ -146,10 +147,26 @@ def _rank_terms(problem: PartitionProblem) -> tuple[list[float], list[float], li
                      + sum(b for b, rank in zip(boundaries, ranks, strict=True) if rank == r))
         block.append(min(times[1:n - 1], default=0.0))
         lower.append(max(v - first - last, 0))
-        room = problem.memory_budget_bytes[r] - memory[0] * first - memory[n - 1] * last
-        least_memory = min(memory[1:n - 1], default=0.0)
-        upper.append(-1.0 if room < 0 else math.inf if least_memory <= 0 else math.floor(room / least_memory + 1e-9))
-    return fixed, block, lower, upper
+        rooms.append(problem.memory_budget_bytes[r] - memory[0] * first - memory[n - 1] * last)
+    types: dict[tuple[float, ...], list[int]] = {}
+    for u, times in enumerate(_block_times(problem), start=1):
+        types.setdefault(times, []).append(u)
+
+    def most(r: int, units: Sequence[int]) -> float:
+        """Most blocks rank r's memory holds, each at the least bytes of `units` on it."""
+        least = min((problem.unit_memory_bytes[r][u] for u in units), default=0.0)
+        return -1.0 if rooms[r] < 0 else math.inf if least <= 0 else math.floor(rooms[r] / least + 1e-9)
+
+    zeros = (0.0,) * pp
+    return RankTerms(tuple(fixed), tuple(block), tuple(lower), zeros, zeros, zeros,
+                     tuple(most(r, range(1, n - 1)) for r in range(pp)),
+                     costlier_sets(list(types), [len(units) for units in types.values()],
+                                   [[most(r, units) for r in range(pp)] for units in types.values()]))
+
+
+def _block_times(problem: PartitionProblem) -> list[tuple[float, ...]]:
+    """Each block's times on every rank: blocks alike in them are one type to the bounds and the ILP."""
+    return [tuple(times[u] for times in problem.unit_time_s) for u in range(1, problem.num_units - 1)]
 
 
 def _stage_counts(problem: PartitionProblem, rank_blocks: Sequence[int]) -> list[int]:
@@ -182,10 +199,10 @@ def bound_partition(problem: PartitionProblem) -> tuple[float, PartitionResult |
         result = PartitionResult(Partition((problem.num_units,)), objective_s(problem, whole), True, "single stage")
         return result.objective_s, result if fits(problem, whole) else None
     a, b = linear_form(problem)
-    relaxed = relaxed_rank_counts(*_rank_terms(problem), problem.num_units - 2, a, b)
-    if relaxed is None:
+    terms = _rank_terms(problem)
+    bound, rank_blocks = least_linear(terms.fixed_s, terms, problem.num_units - 2, a, b)
+    if rank_blocks is None:
         return math.inf, None
-    bound, rank_blocks = relaxed
     found: PartitionResult | None = None
     # Megatron-LM's even split first: where it meets the bound too, it needs no custom layout.
     even = ([list(Partition.uniform(problem.num_units - 2, problem.num_stages).unit_counts)]
@@ -408,6 +425,10 @@ def ilp_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
     rank_memory: list[tuple[dict, list[float]]] = [({}, [0.0]) for _ in range(pp)]
     total: tuple[dict, list[float]] = ({}, [0.0])
     rank_units: list[tuple[dict, list[float]]] = [({}, [0.0]) for _ in range(pp)]
+    block_times = _block_times(problem)
+    kinds = list(dict.fromkeys(block_times))
+    kind_of = [-1, *(kinds.index(times) for times in block_times), -1] if len(kinds) > 1 else [-1] * n
+    rank_kind_units: list[list[tuple[dict, list[float]]]] = [[({}, [0.0]) for _ in kinds] for _ in range(pp)]
     for s in range(stages):
         r = problem.stage_ranks[s]
         count: tuple[dict, list[float]] = ({}, [0.0])
@@ -416,6 +437,8 @@ def ilp_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
             for term, sign in ((in_prefix(u, s), 1.0), (in_prefix(u, s - 1), -1.0)):
                 add(*count, term, sign)
                 add(*rank_units[r], term, sign)
+                if kind_of[u] >= 0:
+                    add(*rank_kind_units[r][kind_of[u]], term, sign)
                 add(*rank_time[r], term, sign * problem.unit_time_s[r][u] / unit)
                 add(*rank_memory[r], term, sign * problem.unit_memory_bytes[r][u] / budgets[r])
         rank_time[r][1][0] += boundaries[s] / unit
@@ -431,6 +454,11 @@ def ilp_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
         # (e.g. 32 equal blocks on 8 ranks) that the binaries' LP relaxation cannot see.
         units_on_rank = model.add_variable(f"units_{r}", lowBound=0, upBound=n, cat=pulp.LpInteger)
         model += pulp.LpAffineExpression(rank_units[r][0], constant=rank_units[r][1][0]) == units_on_rank
+        # with mixed block types, one per type: the rounding of the costlier blocks sets the bottleneck
+        for k, (terms, const) in enumerate(rank_kind_units[r]):
+            if terms:
+                kind_on_rank = model.add_variable(f"kind_{k}_{r}", lowBound=0, upBound=n, cat=pulp.LpInteger)
+                model += pulp.LpAffineExpression(terms, constant=const[0]) == kind_on_rank
     objective = a * bottleneck + b * pulp.LpAffineExpression(total[0], constant=total[1][0])
     model += objective
     if lower_bound_s is not None and math.isfinite(lower_bound_s):

@@ -27,7 +27,7 @@ from planner.cluster import Cluster, Link
 from planner.config import ParallelConfig, Partition, Training
 from planner.cost.estimate import Estimate, estimate, fit_advice
 from planner.cost.memory import RankMemoryModel, in_flight_microbatches, rank_memory_model, sharded_state_bytes
-from planner.cost.schedule import RankTerms, schedule_of
+from planner.cost.schedule import RankTerms, costlier_sets, schedule_of
 from planner.cost.time import (
     CostKey,
     UnitCost,
@@ -37,6 +37,7 @@ from planner.cost.time import (
     embedding_sync_time,
     optimizer_step_time,
     p2p_boundary_time,
+    resharded_costs,
     stage_boundary_s,
     unit_costs,
 )
@@ -122,12 +123,18 @@ class _Candidate:
     pipeline_s: float = 0.0  # the pipeline part of the bound once refined
     memory_need_bytes: float = 0.0  # the memory bound (`_with_memory`), computed when first examined
     memory_available_bytes: float = math.inf
-    most_blocks: tuple[float, ...] | None = None  # most blocks each rank's memory holds (`_most_blocks`)
+    most_by_type: tuple[tuple[float, ...], ...] | None = None  # per block type, most each rank holds (`_most_blocks`)
 
     @property
     def fits_bound(self) -> bool:
         """Whether some split may fit: the ranks' memory together, and each rank's own, hold the model."""
-        return self.memory_need_bytes <= self.memory_available_bytes and self.most_blocks is not None
+        return self.memory_need_bytes <= self.memory_available_bytes and self.most_by_type is not None
+
+    @property
+    def most_blocks(self) -> tuple[float, ...]:
+        """Most blocks each rank's memory holds, each at the smallest block type's bytes."""
+        assert self.most_by_type is not None
+        return tuple(map(max, zip(*self.most_by_type, strict=True)))
 
 
 class _Context:
@@ -167,10 +174,10 @@ class _Context:
 
     def rank_costs(self, config: ParallelConfig, links: GroupLinks) -> tuple[dict[CostKey, UnitCost], ...]:
         setting = (config.tp, config.micro_batch, config.sequence_parallel, config.recompute, config.tp_comm_overlap,
-                   config.cp, config.cp_comm, config.ep, config.etp, config.moe_dispatcher, config.moe_ep_overlap,
-                   # an MoE block's state weighting (`_block_state_parameters`) depends on the sharding
-                   *((config.dp, config.distributed_optimizer, config.zero_stage) if self.model.is_moe else ()))
-        whole = (id(links), *setting)
+                   config.cp, config.cp_comm, config.ep, config.etp, config.moe_dispatcher, config.moe_ep_overlap)
+        # an MoE block's state weighting (`_block_state_parameters`) depends on the sharding, nothing else does
+        sharding = (config.dp, config.distributed_optimizer, config.zero_stage) if self.model.is_moe else ()
+        whole = (id(links), *setting, *sharding)
         if whole not in self.per_config:
             out = []
             for gpu, tp_link, cp_link, ep_link in zip(links.gpu, links.tp, links.cp, links.ep, strict=True):
@@ -179,7 +186,9 @@ class _Context:
                 if key not in self.costs:
                     self.costs[key] = unit_costs(self.model, self.training, config, gpu, tp_link, self.timer,
                                                  self.calibration, cp_link, ep_link)
-                out.append(self.costs[key])
+                if sharding and (*key, *sharding) not in self.costs:
+                    self.costs[(*key, *sharding)] = resharded_costs(self.model, self.training, config, self.costs[key])
+                out.append(self.costs[(*key, *sharding)])
             self.per_config[whole] = tuple(out)
         return self.per_config[whole]
 
@@ -338,7 +347,8 @@ def _with_memory(ctx: _Context, candidate: _Candidate) -> _Candidate:
     per-parameter cost; every rank holds at least the fewest in-flight micro-batches of any rank; each rank's
     fixed bytes are its own). Then, when that holds, each rank's own: the most blocks its memory holds
     (`_most_blocks`) must reach its fewest, and all ranks together every block — 1F1B's first rank keeps pp
-    micro-batches in flight, so the total alone misses most layouts that cannot fit."""
+    micro-batches in flight, so the total alone misses most layouts that cannot fit —, and all ranks together
+    every block of each type at its own bytes (an MoE block can hold many times a dense one's)."""
     config, costs = candidate.config, candidate.rank_costs
     _, links = ctx.placed(config)
     activations = _model_total(ctx, costs[0], "activation_bytes")
@@ -351,10 +361,16 @@ def _with_memory(ctx: _Context, candidate: _Candidate) -> _Candidate:
     most = _most_blocks(ctx, candidate) if need <= available else None
     if most is not None:
         fewest_blocks, blocks = ctx.rank_terms(config, costs, candidate.boundary_s).lower, ctx.model.num_layers
-        if (any(cap < low for cap, low in zip(most, fewest_blocks, strict=True))
-                or sum(min(cap, blocks) for cap in most) < blocks):
+        caps, counts = tuple(map(max, zip(*most, strict=True))), [count for _, count in ctx.block_types]
+        if (any(cap < low for cap, low in zip(caps, fewest_blocks, strict=True)) or not _room_for(caps, blocks)
+                or not all(_room_for(type_caps, count) for type_caps, count in zip(most, counts, strict=True))):
             most = None
-    return replace(candidate, memory_need_bytes=need, memory_available_bytes=available, most_blocks=most)
+    return replace(candidate, memory_need_bytes=need, memory_available_bytes=available, most_by_type=most)
+
+
+def _room_for(most: tuple[float, ...], blocks: int) -> bool:
+    """Whether ranks holding at most `most` blocks each hold `blocks` together."""
+    return sum(min(cap, blocks) for cap in most) >= blocks
 
 
 def _memory_key(config: ParallelConfig) -> tuple:
@@ -400,24 +416,29 @@ def _tighten(ctx: _Context, candidate: _Candidate) -> _Candidate:
         exposed = _least_dp_exposure(ctx, config, m, costs, links)
         bound = candidate.pipeline_s + exposed + candidate.split_free_s
         return replace(candidate, time_bound_s=max(bound, candidate.time_bound_s), dp_exposed_s=exposed, refined=2)
-    terms = replace(ctx.rank_terms(config, costs, candidate.boundary_s), upper=candidate.most_blocks)
+    assert candidate.most_by_type is not None
+    costlier = costlier_sets([[cost[b].total_s for cost in costs] for b, _ in ctx.block_types],
+                             [count for _, count in ctx.block_types], candidate.most_by_type
+                             ) if len(ctx.block_types) > 1 else ()  # one type: no costlier set (no block hashing)
+    terms = replace(ctx.rank_terms(config, costs, candidate.boundary_s), upper=candidate.most_blocks,
+                    costlier=costlier)
     key = (config.schedule, terms, m)
     if key not in ctx.rank_bounds:
         ctx.rank_bounds[key] = schedule_of(config.schedule).lower_bound(terms, m, ctx.model.num_layers)
     return _refined(candidate, ctx.rank_bounds[key])
 
 
-def _most_blocks(ctx: _Context, candidate: _Candidate) -> tuple[float, ...]:
-    """Most blocks each pipeline rank's memory holds beside its end units (the accounting of `estimate`,
-    with the partitioner's float tolerance; each block at the smallest block type's bytes; -1 when not even
-    its end units fit): no split that fits gives a rank more, so the rank-load bound may cap them — the
-    fastest layouts are the memory-tight ones, where this bound matters. Ranks alike in memory kind and
-    costs differ only in their in-flight micro-batches, so each such group's terms are computed once."""
+def _most_blocks(ctx: _Context, candidate: _Candidate) -> tuple[tuple[float, ...], ...]:
+    """Per block type (`ctx.block_types`), the most blocks of its bytes each pipeline rank's memory holds beside
+    its end units (the accounting of `estimate`, with the partitioner's float tolerance; -1 when not even its end
+    units fit): no split that fits gives a rank more, so the rank-load bound may cap them — the fastest layouts
+    are the memory-tight ones, where this bound matters. Ranks alike in memory kind and costs differ only in
+    their in-flight micro-batches, so each such group's terms are computed once."""
     config, m, costs = candidate.config, candidate.num_microbatches, candidate.rank_costs
     _, links = ctx.placed(config)
     models, _ = ctx.memory_models(config, links, m)
     in_flight = ctx.in_flight(config, m)
-    most = [0.0] * config.pp
+    most = [[0.0] * config.pp for _ in ctx.block_types]
     for kind, first, last, ranks in _memory_groups(ctx, config, links, costs):
         memory, cost = models[kind], costs[ranks[0]]
         ends = [cost[unit] for unit, held in ((UnitKind.EMBEDDING, first), (UnitKind.HEAD, last)) if held]
@@ -426,10 +447,11 @@ def _most_blocks(ctx: _Context, candidate: _Candidate) -> tuple[float, ...]:
         for r in ranks:
             per_activation = (1 + memory.fragmentation) * in_flight[r]
             held = memory.param_bytes * end_params + per_activation * end_activations + memory.fixed_bytes
-            block = min([params + per_activation * activations for params, activations in blocks])  # the smallest
             room = links.capacity_bytes[r] * (1 + MEMORY_TOLERANCE) - held
-            most[r] = max(math.floor(room / block + 1e-9), -1) if block > 0 else math.inf
-    return tuple(most)
+            for t, (params, activations) in enumerate(blocks):
+                block = params + per_activation * activations
+                most[t][r] = max(math.floor(room / block + 1e-9), -1) if block > 0 else math.inf
+    return tuple(map(tuple, most))
 
 
 def _memory_groups(ctx: _Context, config: ParallelConfig, links: GroupLinks,
