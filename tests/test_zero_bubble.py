@@ -414,3 +414,20 @@ def test_published_zero_bubble_speedups_within_five_points(row) -> None:
     assert abs(ratio.error_1p) <= 5
     assert (-5.35 if (row["model"], row["microbatches"]) == ("28.3B", "128") else -5) <= ratio.error_2p <= 5
     assert ratio.estimated_2p >= ratio.handcrafted_2p
+
+
+def test_zero_bubble_bound_adds_the_least_block_forward_when_blocks_differ() -> None:
+    """ZB-H1's bound adds the forward work micro-batch 0 needs to reach each rank; with mixed block types that
+    work is the *least* block's (the largest block's, as 1F1B's bound subtracts, overstated it: 18 s against a
+    real 11 s for three ranks of one small block each, F = 1, B = 2 with W = 1, in a model whose large blocks
+    sit elsewhere)."""
+    from dataclasses import replace
+
+    from planner.cost.schedule import RankTerms
+
+    terms = RankTerms((0.0,) * 3, (3.0,) * 3, (0, 1, 0), (0.0,) * 3, (10.0,) * 3, (3.0,) * 3,
+                      least_forward_block_s=(1.0,) * 3)
+    real = simulated_pipeline_time([1.0] * 3, [2.0] * 3, 3, 3, Schedule.ZB_H1, [1.0] * 3).total_s
+    bound = schedule_of(Schedule.ZB_H1).lower_bound(terms, 3, 3)
+    assert bound <= real == pytest.approx(11.0)
+    assert schedule_of(Schedule.ZB_H1).lower_bound(replace(terms, least_forward_block_s=None), 3, 3) > real

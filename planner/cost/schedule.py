@@ -89,7 +89,9 @@ class PipelineTime:
 class RankTerms:
     """What a lower bound over stage splits needs to know of each pipeline rank, when the split
     changes only how many (alike) blocks each rank holds: rank r's load per micro-batch is
-    fixed_s[r] + n_r·block_s[r], its forward work forward_fixed_s[r] + n_r·forward_block_s[r]."""
+    fixed_s[r] + n_r·block_s[r], its forward work forward_fixed_s[r] + n_r·forward_block_s[r] — with mixed
+    block types forward_block_s is the largest block's (bounds that subtract forward work) and
+    least_forward_block_s the least (bounds that add it)."""
 
     fixed_s: tuple[float, ...]  # its end units (embedding/head) and stage boundaries
     block_s: tuple[float, ...]
@@ -101,6 +103,8 @@ class RankTerms:
     # mixed block types: per nested set of the costlier types, (each rank's least time of a block in it, its
     # blocks, the most of them each rank's memory holds)
     costlier: tuple[tuple[tuple[float, ...], int, tuple[float, ...]], ...] = ()
+    # the least block forward pass per rank, where a bound adds forward work (None: blocks alike, forward_block_s)
+    least_forward_block_s: tuple[float, ...] | None = None
 
     @property
     def pp(self) -> int:
@@ -404,7 +408,8 @@ class ZeroBubble(PipelineSchedule):
         busiest rank's work plus the smallest fill, folded into each rank's fixed load as /m."""
         m, fixed = num_microbatches, terms.fixed_s
         if not self.chunked and not self.tiles_iterations:  # a tiled iteration starts at each rank's first pass
-            least_forward = [f + n * b for f, n, b in zip(terms.forward_fixed_s, terms.lower, terms.forward_block_s,
+            blocks_forward = terms.least_forward_block_s or terms.forward_block_s  # added work: the least block's
+            least_forward = [f + n * b for f, n, b in zip(terms.forward_fixed_s, terms.lower, blocks_forward,
                                                           strict=True)]
             prefix = np.concatenate(([0.0], np.cumsum(least_forward)[:-1]))
             fixed = tuple(f + p / m for f, p in zip(fixed, prefix, strict=True))

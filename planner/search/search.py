@@ -271,14 +271,15 @@ class _Context:
                    boundary_s: tuple[float, ...]) -> RankTerms:
         """Per rank: what a split cannot change (its end units, its stages' boundaries at both ends —
         `stage_boundary_s`'s rule over the rank's stages in the schedule's layout), the cheapest block type's time and
-        the largest block forward time (with mixed block types every bound term stays a lower bound: a rank's
-        load grows by at least the cheapest block, and 1F1B's bound subtracts forward work), the fewest blocks
+        the largest and least block forward times (with mixed block types every bound term stays a lower bound: a
+        rank's load grows by at least the cheapest block, 1F1B's bound subtracts forward work, the zero-bubble
+        ones add the least), the fewest blocks
         (every stage needs a unit) and its least stage; one array computation over the ranks."""
         ranks = config.stage_ranks
         key = (ranks, id(costs), id(boundary_s))  # both are this context's cached tuples
         if key not in self.terms:
             pp, v = config.pp, config.vpp
-            embedding, head, embedding_forward, head_forward, block, forward_block = np.array(
+            embedding, head, embedding_forward, head_forward, block, forward_block, least_forward_block = np.array(
                 [self.unit_terms(cost) for cost in costs]).T
             rank = np.arange(pp)
             first, last = rank == ranks[0], rank == ranks[-1]
@@ -290,18 +291,19 @@ class _Context:
             least_stage = np.where(first, embedding, block) + np.asarray(boundary_s, dtype=float)
             self.terms[key] = RankTerms(tuple(fixed.tolist()), tuple(block.tolist()),
                                         tuple(np.maximum(v - first - last, 0).tolist()), tuple(forward_fixed.tolist()),
-                                        tuple(forward_block.tolist()), tuple(least_stage.tolist()))
+                                        tuple(forward_block.tolist()), tuple(least_stage.tolist()),
+                                        least_forward_block_s=tuple(least_forward_block.tolist()))
         return self.terms[key]
 
     def unit_terms(self, cost: dict[CostKey, UnitCost]) -> tuple[float, ...]:
         """Of one rank's cost table: (embedding and head time, their forward passes, the cheapest block type's
-        time, the largest block forward pass)."""
+        time, the largest and the least block forward pass)."""
         key = (id(cost), "unit terms")
         if key not in self.per_config:
             embedding, head = cost[UnitKind.EMBEDDING], cost[UnitKind.HEAD]
+            forwards = [cost[b].forward_pass_s for b, _ in self.block_types]
             self.per_config[key] = (embedding.total_s, head.total_s, embedding.forward_pass_s, head.forward_pass_s,
-                                    min(cost[b].total_s for b, _ in self.block_types),
-                                    max(cost[b].forward_pass_s for b, _ in self.block_types))
+                                    min(cost[b].total_s for b, _ in self.block_types), max(forwards), min(forwards))
         return self.per_config[key]
 
 
