@@ -54,6 +54,7 @@ class _Row:
     seq_len: int
     checkpointing: str
     fp8: bool
+    fp8_gather: bool  # FSDP all-gathers the float8 weights (torchao's enable_fsdp_float8_all_gather)
     tokens_per_s_per_gpu: float
     memory_gib: float | None
     async_tp: bool  # torchtitan's async tensor parallelism (the row's async_tp column says "yes")
@@ -74,6 +75,11 @@ def _int(value: object, default: int) -> int:
     return default if pd.isna(value) else int(float(str(value).split()[0]))
 
 
+# How the rows say the FSDP all-gather runs in float8: torchao's table ("with float8 FSDP all-gather") and the
+# torchtitan docs' 405B preset (llama3_405b.toml: enable_fsdp_float8_all_gather); a row that does not say gathers bf16
+_FP8_GATHER_NOTES = ("float8 fsdp all-gather", "enable_fsdp_float8_all_gather")
+
+
 def _parse(row: pd.Series) -> _Row:
     dp_shard, micro_batch = _int(row["dp_shard_degree"], 1), _int(row["micro_batch"], 1)
     recipe = f"{row['low_precision_recipe']} {row['precision']}".lower()
@@ -81,7 +87,8 @@ def _parse(row: pd.Series) -> _Row:
                 _int(row["dp_replicate_degree"], 1), _int(row["tp"], 1), _int(row["pp"], 1), _int(row["cp"], 1),
                 _int(row["ep"], 1), micro_batch, _int(row["global_batch_seqs"], micro_batch * dp_shard),
                 int(row["seq_len"]), str(row["activation_checkpointing"]).lower(),
-                "float8" in recipe or "fp8" in recipe, float(row["tokens_per_sec_per_gpu"]),
+                "float8" in recipe or "fp8" in recipe, _FP8_GATHER_NOTES[0] in recipe or _FP8_GATHER_NOTES[1] in recipe,
+                float(row["tokens_per_sec_per_gpu"]),
                 None if pd.isna(row["peak_memory_gib"]) else float(row["peak_memory_gib"]),
                 str(row["async_tp"]).strip().lower() == "yes", "interleaved" in str(row["pp_schedule"]).lower())
 
@@ -128,6 +135,7 @@ def _run(file: str, frame_row: pd.Series, row: _Row) -> Run:
         schedule=Schedule.INTERLEAVED if row.interleaved else Schedule.ONE_F_ONE_B,
         hsdp_replicas=row.dp_replicate if sharded else 1, sequence_parallel=row.tp > 1,
         zero_stage=3 if sharded else 0, recompute=_recompute(row.checkpointing),
+        fp8_param_gather=row.fp8_gather and sharded,
         tp_comm_overlap=row.async_tp and row.tp > 1))
     iteration = training.tokens_per_iteration / (row.tokens_per_s_per_gpu * row.gpus)
     memory = None if row.memory_gib is None else row.memory_gib * GIB
@@ -139,7 +147,11 @@ def _run(file: str, frame_row: pd.Series, row: _Row) -> Run:
 def titan_runs(file: str) -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
     """Runs of one common-schema file planner can express, and the rows it cannot (with why)."""
     runs, skipped = [], []
-    for _, frame_row in pd.read_csv(DATA / file).iterrows():
+    frame = pd.read_csv(DATA / file)
+    # a recipe given as "(as above)" is the previous row's (the torchtitan docs' Float8 + Async TP row)
+    recipes = frame["low_precision_recipe"].where(~frame["low_precision_recipe"].astype(str).str.contains("as above"))
+    frame["low_precision_recipe"] = recipes.ffill().where(frame["low_precision_recipe"].notna())
+    for _, frame_row in frame.iterrows():
         row = _parse(frame_row)
         why = _unsupported(row)
         if why:

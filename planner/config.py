@@ -206,6 +206,8 @@ class ParallelConfig:
     `zero3_collectives` (one of ZERO3_COLLECTIVES): per unit and prefetched, or per tensor and synchronous.
     `selective_recompute` (one of SELECTIVE_RECOMPUTES): what `Recompute.SELECTIVE` keeps, Megatron-LM's or
     torchtitan's policy.
+    `fp8_param_gather` (FP8 training with sharded weights): the linear weights are gathered in FP8, one byte each
+    (torchao's enable_fsdp_float8_all_gather under FSDP2, Megatron-LM's --fp8-param-gather).
     """
 
     dp: int
@@ -223,6 +225,7 @@ class ParallelConfig:
     reshard_after_forward: bool | None = None
     zero3_collectives: str = "per-unit"
     selective_recompute: str = "attention"
+    fp8_param_gather: bool = False
     sequence_parallel: bool = False
     recompute: Recompute = Recompute.NONE
     zero_stage: int = 0
@@ -252,6 +255,9 @@ class ParallelConfig:
         if self.selective_recompute not in SELECTIVE_RECOMPUTES:
             raise PlannerError(f"parallel config: selective_recompute must be one of {', '.join(SELECTIVE_RECOMPUTES)}"
                                f", got {self.selective_recompute!r}")
+        if self.fp8_param_gather and self.optimizer_sharding == 0:
+            raise PlannerError("parallel config: fp8_param_gather gathers sharded weights and needs ZeRO-1/2/3 or the "
+                               "distributed optimizer, got neither")
         if self.zero3_collectives not in ZERO3_COLLECTIVES:
             raise PlannerError(f"parallel config: zero3_collectives must be one of {', '.join(ZERO3_COLLECTIVES)}, "
                                f"got {self.zero3_collectives!r}")
@@ -391,6 +397,16 @@ class ParallelConfig:
         if schedule_of(self.schedule).local_losses:
             parts.append(f"queue={self.local_queue_depth} head={self.local_head}")
         return " ".join(parts)
+
+
+def fp8_param_gather_why_not(training: Training) -> str | None:
+    """None when `training` can gather its weights in FP8 (`ParallelConfig.fp8_param_gather`), else what it needs:
+    FP8 training, every parameter trained (adapters' frozen base weights are gathered as stored)."""
+    if training.dtype != "fp8":
+        return f"needs FP8 training (--dtype fp8), got {training.dtype}"
+    if training.finetune != "full":
+        return f"needs every parameter trained (--finetune full), got {training.finetune}"
+    return None
 
 
 @dataclass(frozen=True)

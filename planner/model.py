@@ -432,6 +432,19 @@ class BlockSpec:
         ffn = mlp.ffn_hidden_size
         return attention + ((h, ffn, False),) * (mlp.matrices - 1) + ((ffn, h, True),)
 
+    def linear_weight_parameters(self) -> int:
+        """Parameters of the block's linear-layer weight matrices (attention or Mamba projections, MLP and expert
+        matrices, further linears; no biases, norms or router): what FP8 training runs in FP8 and can gather
+        in FP8."""
+        h = self.hidden_size
+        mixer = sum(a * b for a, b in self.mixer_linears)
+        mlp = 0
+        if self.mlp is not None:
+            shared = self.mlp.shared_expert_ffn_hidden_size if self.mlp.is_moe else None
+            experts = self.mlp.num_experts if self.mlp.is_moe else 1
+            mlp = self.mlp.matrices * h * (experts * self.mlp.ffn_hidden_size + (shared or 0))
+        return mixer + mlp + sum(a * b for a, b, _ in self.linears)
+
     def tensor_sizes(self) -> tuple[int, ...]:
         """Elements of each parameter tensor of the block (what a framework that gathers or reduces tensor by
         tensor issues one collective for); they add up to `parameters()`."""

@@ -122,3 +122,16 @@ def test_estimate_per_tensor_zero3_is_slower_round_trips_and_refuses_other_stage
     refused = run(*base, "--zero", "2", "--zero3-collectives", "per-tensor")
     assert refused.exit_code == 2
     assert "zero3_collectives 'per-tensor'" in refused.output and "Traceback" not in refused.output
+
+
+def test_fp8_param_gather_from_the_cli_is_faster_kept_in_the_plan_and_exported(tmp_path) -> None:
+    base = ("estimate", "--model", "llama3-8b", "--cluster", "2x8xH100-80GB", "--global-batch", "64",
+            "--seq-len", "4096", "--tp", "2", "--dp", "8", "--zero", "3", "--dtype", "fp8", "--json")
+    out = tmp_path / "plan.json"
+    plain = json.loads(run(*base).output)["estimate"]["breakdown_s"]["dp_comm"]
+    result = run(*base, "--fp8-param-gather", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["estimate"]["breakdown_s"]["dp_comm"] < plain
+    assert load_plan(out).parallel.fp8_param_gather
+    refused = run(*base[:-3], "--fp8-param-gather")  # bf16
+    assert refused.exit_code == 2 and "--fp8-param-gather needs FP8 training (--dtype fp8), got bf16" in refused.output

@@ -77,6 +77,9 @@ def check_megatron_rules(plan: Plan, files: dict[str, str]) -> dict[str, list[st
         assert "--recompute-num-layers" not in args and "--recompute-method" not in args
     if "--overlap-param-gather" in args:
         assert "--use-distributed-optimizer" in args and "--overlap-grad-reduce" in args
+    if "--fp8-param-gather" in args:  # arguments.py: distributed optimizer or (Megatron/torch) FSDP only
+        assert "--use-distributed-optimizer" in args or "--use-megatron-fsdp" in args
+        assert "--fp8-format" in args
     launch = files["torchrun.sh"]
     assert ("export CUDA_DEVICE_MAX_CONNECTIONS=1" in launch) == (tp > 1)
     assert f"--nproc-per-node {plan.document['cluster']['gpus_per_node']}" in launch
@@ -99,6 +102,8 @@ PLANS = {
     "interleaved uniform": dict(blocks=(4,) * 8, vpp=2),
     "embedding-only first stage": dict(blocks=(0, 10, 11, 11)),
     "no pipeline": dict(blocks=(32,), tp=8, pp=1, dtype="fp8", sequence_parallel=True),
+    "fp8 weights gathered in fp8": dict(blocks=(8, 8, 8, 8), dtype="fp8", distributed_optimizer=True,
+                                        fp8_param_gather=True),
     "tp=1 gpt3 learned positions": dict(model="gpt3-1.3b", blocks=(6, 6, 6, 6), tp=1, dtype="fp16"),
     "qwen qkv bias": dict(model="qwen2.5-7b", blocks=(7, 7, 7, 7)),
 }
@@ -243,3 +248,11 @@ def test_megatrons_own_layout_parser_accepts_the_exports():
         expected = [[[plan.blocks_per_stage[v * pp + r], 0] for v in range(plan.parallel.vpp)] for r in range(pp)]
         assert per_rank == expected
     assert "must match num_layers 31" in rejected
+
+
+def test_fp8_param_gather_is_exported_as_megatrons_flag():
+    plan = make_plan(**PLANS["fp8 weights gathered in fp8"])
+    args = check_megatron_rules(plan, export_megatron(plan).files)
+    assert "--fp8-param-gather" in args
+    assert "--fp8-param-gather" not in check_megatron_rules(make_plan(**PLANS["no pipeline"]),
+                                                            export_megatron(make_plan(**PLANS["no pipeline"])).files)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from planner.cluster import Link
@@ -156,3 +158,43 @@ def test_deepspeed_and_torchtitan_targets_run_zero3_per_unit():
     assert FRAMEWORKS["deepspeed"].runs(legacy).zero3_collectives == "per-unit"
     assert FRAMEWORKS["torchtitan"].runs(legacy).zero3_collectives == "per-unit"
     assert FRAMEWORKS["any"].runs(legacy).zero3_collectives == "per-tensor"
+
+
+def test_fp8_param_gather_moves_the_linear_weights_in_one_byte():
+    """torchao's FSDP float8 all-gather / Megatron's --fp8-param-gather: each unit's gathered bytes drop by one
+    byte per linear weight (norms and the rest stay 16-bit); with no latency the gather time is exact."""
+    link = Link(100e9, 0.0, "inter")
+    fp8 = Training(global_batch=1024, seq_len=2048, dtype="fp8")
+    unit = UnitCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, PARAMS, linear_share=0.75)
+    config = ParallelConfig(dp=64, tp=1, pp=1, zero_stage=3)
+    plain, fp8_gather = (data_parallel_time([unit] * 4, fp8, replace(config, fp8_param_gather=on), link,
+                                            CALIBRATION, 1).total_s for on in (False, True))
+    bandwidth = link.bandwidth_bytes_per_s * CALIBRATION.collective_efficiency("inter")
+    saved_per_gather = PARAMS * 0.75 * 1 * 63 / 64 / bandwidth
+    assert plain - fp8_gather == pytest.approx(4 * 2 * saved_per_gather)  # two gathers per unit (reshard)
+    dist_opt = ParallelConfig(dp=64, tp=1, pp=1, distributed_optimizer=True)
+    plain, fp8_gather = (data_parallel_time([unit] * 4, fp8, replace(dist_opt, fp8_param_gather=on), link,
+                                            CALIBRATION, 1).total_s for on in (False, True))
+    assert plain - fp8_gather == pytest.approx(4 * saved_per_gather)  # the updated weights, once
+
+
+def test_fp8_param_gather_needs_sharded_weights_and_fp8_training():
+    from planner.cluster import load_cluster
+    from planner.cost.estimate import estimate
+    from planner.errors import PlannerError
+    from planner.model import load_model
+
+    with pytest.raises(PlannerError, match="needs ZeRO-1/2/3 or the distributed optimizer"):
+        ParallelConfig(dp=8, tp=1, pp=1, fp8_param_gather=True)
+    with pytest.raises(PlannerError, match=r"needs FP8 training \(--dtype fp8\), got bf16"):
+        estimate(load_model("tiny-llama"), load_cluster("1x8xH100-80GB"), Training(global_batch=8, seq_len=512),
+                 ParallelConfig(dp=8, tp=1, pp=1, zero_stage=3, fp8_param_gather=True))
+
+
+def test_linear_weights_are_nearly_all_of_a_transformer_block():
+    from planner.model import load_model
+
+    block = next(iter(load_model("llama3-8b").block_types()))
+    h, kv, ffn = 4096, 1024, 14336
+    assert block.linear_weight_parameters() == h * (h + 2 * kv) + h * h + 3 * h * ffn
+    assert block.parameters() - block.linear_weight_parameters() == 2 * h  # the two RMSNorm weights

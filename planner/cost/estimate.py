@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from planner.cluster import Cluster
-from planner.config import ParallelConfig, Partition, Recompute, Training
+from planner.config import ParallelConfig, Partition, Recompute, Training, fp8_param_gather_why_not
 from planner.cost.local import aux_head_cost, local_queue_bytes
 from planner.cost.memory import MemoryBreakdown, rank_memory_model
 from planner.cost.schedule import PipelineTime, pipeline_time, schedule_of, simulated_pipeline_time
@@ -199,6 +199,8 @@ def estimate(
             raise PlannerError(f"{training.dtype} is not supported by {gpu.name} (pipeline rank {rank})")
 
     config.check_experts(model.num_experts)
+    if config.fp8_param_gather and (why := fp8_param_gather_why_not(training)):
+        raise PlannerError(f"parallel config: fp8_param_gather {why}")
     rank_costs = rank_costs or [unit_costs(model, training, config, links.gpu[r], links.tp[r], timer, calibration,
                                            links.cp[r], links.ep[r]) for r in range(config.pp)]
     bounds = partition.bounds()

@@ -86,6 +86,7 @@ rank's share (ZeRO-Offload partitions the update over the data-parallel ranks)."
 # Bytes per parameter of the weights ZeRO / FSDP all-gathers: the 16-bit model copy (fp16/bf16; FSDP's
 # mixed-precision param_dtype, DeepSpeed's fp16 partitions).
 PARAM_BYTES = 2
+FP8_PARAM_BYTES = 1  # an FP8 (E4M3) weight; per-tensor scales add a few bytes per tensor, not counted
 # DeepSpeed ZeRO-3 keeps a parameter tensor with fewer elements than this whole on every rank and never gathers it
 # (`stage3_param_persistence_threshold`, default 1e5 since v0.3.x: deepspeed/runtime/zero/constants.py).
 ZERO3_PERSISTENT_ELEMENTS = 100_000
@@ -150,6 +151,7 @@ class UnitCost:
     # parameter tensors, and those ZeRO-3 gathers (not persistent), for collectives issued tensor by tensor
     tensors: int = 1
     gathered_tensors: int = 1
+    linear_share: float = 0.0  # share of `params` in linear weight matrices (FP8-gatherable)
 
     @property
     def compute_s(self) -> float:
@@ -257,6 +259,7 @@ def _block_cost(model: ModelSpec, block: BlockSpec, times: UnitTimes, training: 
         ep_s=ep_forward + ep_backward,
         weight_grad_s=weight_gradient_s(UnitKind.BLOCK, times),
         **_block_tensor_counts(block),
+        linear_share=block.linear_weight_parameters() / max(block.parameters(), 1),
     )
 
 
@@ -671,7 +674,8 @@ def data_parallel_time_of_runs(
     if sharding == 0:
         reduce_s = all_reduce_time(grads, group, link, calibration)
         return DataParallelTime(reduce_s, _exposed(reduce_s, last_backward, config.overlap_grad_reduce))
-    gather_s = all_gather_time(trainable * PARAM_BYTES, group, link, calibration) if sharding < 3 else 0.0
+    gathered = trainable * PARAM_BYTES - sum(_fp8_saved_bytes(unit, config) * count for unit, count in runs)
+    gather_s = all_gather_time(gathered, group, link, calibration) if sharding < 3 else 0.0
     forward = sum(unit.forward_s * count for unit, count in runs)
     gather_exposed = _exposed(gather_s, forward, config.overlap_param_gather)
     if sharding == 1:
@@ -726,12 +730,18 @@ def _run_collectives(runs: Sequence[UnitRun], training: Training, config: Parall
     `zero3_collectives` "per-tensor" one per gathered / trainable tensor, each paying the ring's latency."""
     group = config.shard_group
     per_tensor = config.zero3_collectives == "per-tensor"
-    return [(all_gather_time(unit.params * states.weight_bytes, group, link, calibration,
-                             messages=unit.gathered_tensors if per_tensor else 1)
+    return [(all_gather_time(unit.params * states.weight_bytes - _fp8_saved_bytes(unit, config), group, link,
+                             calibration, messages=unit.gathered_tensors if per_tensor else 1)
              if config.optimizer_sharding == 3 else 0.0,
              reduce_scatter_time(unit.params * states.trainable * training.grad_bytes, group, link, calibration,
                                  messages=unit.tensors if per_tensor else 1))
             for unit, _ in runs]
+
+
+def _fp8_saved_bytes(unit: UnitCost, config: ParallelConfig) -> float:
+    """Bytes a unit's weight all-gather saves when its linear weights travel in FP8 (`fp8_param_gather`): one of
+    their two bytes each."""
+    return unit.params * unit.linear_share * (PARAM_BYTES - FP8_PARAM_BYTES) if config.fp8_param_gather else 0.0
 
 
 def _sharded_microbatch_s(runs: Sequence[UnitRun], training: Training, config: ParallelConfig, link: Link,

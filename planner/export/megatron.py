@@ -150,6 +150,8 @@ def megatron_arguments(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
                      ("--no-gradient-accumulation-fusion",), ("--ckpt-format", "fsdp_dtensor")]
     if distributed_optimizer:
         parallel.append(("--use-distributed-optimizer",))
+    if config.fp8_param_gather:  # FP8 weights gathered by the distributed optimizer or Megatron-FSDP
+        parallel.append(("--fp8-param-gather",))
     if plan.training.optimizer_states == "cpu":  # HybridDeviceOptimizer: every state and the step on the host
         parallel += [("--optimizer-cpu-offload",), ("--optimizer-offload-fraction", "1.0"),
                      ("--use-precision-aware-optimizer",)]

@@ -95,6 +95,9 @@ def torchtitan_toml(plan: Plan, notes: tuple[str, ...] = ()) -> str:
               'mixed_precision_reduce = "float32"']
     if training.dtype == "fp8":
         lines.append('# fp8: add [model] converters = ["float8"] with a [float8] section (torchao)')
+        if config.fp8_param_gather:
+            lines.append("# and [quantize.linear.float8] enable_fsdp_float8_all_gather = true (the planned FP8 "
+                         "all-gather)")
     lines += ["", "[parallelism]",
               "# ZeRO-2/3 run as FSDP2 (data_parallel_shard_degree): FSDP shards",
               "# parameters, gradients and optimizer states; without sharding the plan's dp is plain DDP (replicate).",

@@ -33,6 +33,7 @@ from planner.config import (
     Recompute,
     Schedule,
     Training,
+    fp8_param_gather_why_not,
 )
 from planner.cost.schedule import schedule_of
 from planner.errors import PlannerError
@@ -74,6 +75,7 @@ class FixedOptions:
     moe_dispatcher: str | None = None
     moe_ep_overlap: bool | None = None
     zero3_collectives: str | None = None  # estimate only: the search keeps the default
+    fp8_param_gather: bool | None = None  # FP8 weight all-gathers wherever weights are sharded
     framework: str | None = None  # planner.frameworks name; None: any (every layout, Megatron-LM's semantics)
     local_queue_depth: int | None = None  # the local schedule's (config.DEFAULT_LOCAL_QUEUE_DEPTH when None)
     local_head: str | None = None  # the local schedule's auxiliary head ("linear" when None)
@@ -93,6 +95,7 @@ class FixedOptions:
             ep=options.get("ep"), etp=options.get("etp"), moe_dispatcher=options.get("moe_dispatcher"),
             moe_ep_overlap=options.get("moe_ep_overlap"), zero3_collectives=options.get("zero3_collectives"),
             local_queue_depth=options.get("local_queue_depth"), local_head=options.get("local_head"),
+            fp8_param_gather=options.get("fp8_param_gather"),
         )
 
     def local_options(self) -> dict[str, Any]:
@@ -143,6 +146,8 @@ def _check_fixed(model: ModelSpec, cluster: Cluster, training: Training, fixed: 
         if value is not None and value < 1:
             flag = "hsdp" if name == "hsdp_replicas" else name.replace("_", "-")
             raise PlannerError(f"--{flag} must be a positive integer, got {value}")
+    if fixed.fp8_param_gather and (why := fp8_param_gather_why_not(training)):
+        raise PlannerError(f"--fp8-param-gather {why}")
     if fixed.cp_comm is not None and fixed.cp_comm not in CP_COMMS:
         raise PlannerError(f"--cp-comm must be one of {', '.join(CP_COMMS)}, got {fixed.cp_comm!r}")
     if fixed.cp is not None and (why := _cp_allowed(fixed.cp, fixed.cp_comm, fixed.tp or 1, model, training)):
@@ -372,7 +377,7 @@ def complete_config(fixed: FixedOptions, model: ModelSpec, cluster: Cluster, tra
         dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, cp_comm=fixed.cp_comm or "p2p", hsdp_replicas=hsdp,
         ep=fixed.ep or 1, etp=etp, moe_dispatcher=fixed.moe_dispatcher or "alltoall",
         moe_ep_overlap=bool(fixed.moe_ep_overlap), zero3_collectives=fixed.zero3_collectives or "per-unit",
-        micro_batch=fixed.micro_batch or 1,
+        fp8_param_gather=bool(fixed.fp8_param_gather), micro_batch=fixed.micro_batch or 1,
         sequence_parallel=_sequence_parallel(fixed, tp), recompute=fixed.recompute or Recompute.NONE,
         tp_comm_overlap=bool(fixed.tp_comm_overlap), zero_stage=fixed.zero_stage or (3 if hsdp > 1 else 0),
         distributed_optimizer=bool(fixed.distributed_optimizer),
@@ -443,6 +448,7 @@ def _layouts(model: ModelSpec, cluster: Cluster, training: Training, fixed: Fixe
                             hsdp_replicas=hsdp, sequence_parallel=sp, recompute=recompute, zero_stage=zero_stage,
                             distributed_optimizer=dist_opt, schedule=schedule, tp_comm_overlap=overlap,
                             moe_dispatcher=fixed.moe_dispatcher or ("flex" if ep > 1 else "alltoall"),
+                            fp8_param_gather=bool(fixed.fp8_param_gather) and (zero_stage > 0 or dist_opt),
                             **fixed.local_options(),
                         )
                         ep_overlap = _ep_overlap(config, fixed)
