@@ -391,6 +391,8 @@ class ParallelConfig:
             parts.append("dist-opt")
         elif self.zero_stage:
             parts.append(f"zero{self.zero_stage}" + ("/per-tensor" if self.zero3_collectives == "per-tensor" else ""))
+        if self.fp8_param_gather:
+            parts.append("fp8-gather")
         if self.hsdp_replicas > 1:
             parts.append(f"hsdp{self.hsdp_replicas}")
         parts.append(self.schedule.value)
