@@ -87,7 +87,7 @@ def _parse(row: pd.Series) -> _Row:
                 _int(row["dp_replicate_degree"], 1), _int(row["tp"], 1), _int(row["pp"], 1), _int(row["cp"], 1),
                 _int(row["ep"], 1), micro_batch, _int(row["global_batch_seqs"], micro_batch * dp_shard),
                 int(row["seq_len"]), str(row["activation_checkpointing"]).lower(),
-                "float8" in recipe or "fp8" in recipe, _FP8_GATHER_NOTES[0] in recipe or _FP8_GATHER_NOTES[1] in recipe,
+                "float8" in recipe or "fp8" in recipe, any(note in recipe for note in _FP8_GATHER_NOTES),
                 float(row["tokens_per_sec_per_gpu"]),
                 None if pd.isna(row["peak_memory_gib"]) else float(row["peak_memory_gib"]),
                 str(row["async_tp"]).strip().lower() == "yes", "interleaved" in str(row["pp_schedule"]).lower())
@@ -149,8 +149,9 @@ def titan_runs(file: str) -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
     runs, skipped = [], []
     frame = pd.read_csv(DATA / file)
     # a recipe given as "(as above)" is the previous row's (the torchtitan docs' Float8 + Async TP row)
-    recipes = frame["low_precision_recipe"].where(~frame["low_precision_recipe"].astype(str).str.contains("as above"))
-    frame["low_precision_recipe"] = recipes.ffill().where(frame["low_precision_recipe"].notna())
+    recipe = frame["low_precision_recipe"]
+    as_above = recipe.str.contains("as above", na=False)
+    frame.loc[as_above, "low_precision_recipe"] = recipe.shift()[as_above]
     for _, frame_row in frame.iterrows():
         row = _parse(frame_row)
         why = _unsupported(row)

@@ -258,8 +258,7 @@ def _block_cost(model: ModelSpec, block: BlockSpec, times: UnitTimes, training: 
         cp_backward_s=cp_backward,
         ep_s=ep_forward + ep_backward,
         weight_grad_s=weight_gradient_s(UnitKind.BLOCK, times),
-        **_block_tensor_counts(block),
-        linear_share=block.linear_weight_parameters() / max(block.parameters(), 1),
+        **_block_parameter_layout(block),
     )
 
 
@@ -286,9 +285,11 @@ def _op_sac_recompute_s(block: BlockSpec, times: UnitTimes) -> float:
 
 
 @cache
-def _block_tensor_counts(block: BlockSpec) -> dict[str, int]:
-    """`_tensor_counts` of a block type, once per type (an MoE block has thousands of expert tensors)."""
-    return _tensor_counts(block.tensor_sizes())
+def _block_parameter_layout(block: BlockSpec) -> dict[str, float]:
+    """A block type's parameter tensors (`_tensor_counts`) and the share of its parameters in linear weights, once
+    per type (an MoE block has thousands of expert tensors; the search asks per configuration)."""
+    return {**_tensor_counts(block.tensor_sizes()),
+            "linear_share": block.linear_weight_parameters() / max(block.parameters(), 1)}
 
 
 def _tensor_counts(sizes: Sequence[int]) -> dict[str, int]:
