@@ -23,6 +23,7 @@ from planner import InfeasibleError, PlannerError, __version__
 from planner.cluster import Cluster, catalog_cluster_names, load_cluster
 from planner.compare import compare_plans
 from planner.config import (
+    ATTENTION_KERNELS,
     DEFAULT_LOCAL_QUEUE_DEPTH,
     DEFAULT_LORA_RANK,
     DEFAULT_LORA_TARGETS,
@@ -116,8 +117,10 @@ def problem_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--seq-len", type=click.IntRange(1, MAX_SEQ_LEN), default=DEFAULT_SEQ_LEN, show_default=True,
                      help="Tokens per sequence."),
         click.option("--dtype", type=click.Choice(DTYPES), default="bf16", show_default=True),
-        click.option("--attention", type=click.Choice(["flash", "unfused"]), default="flash", show_default=True,
-                     help="Attention kernel: FlashAttention, or unfused softmax (pre-2022 Megatron runs)."),
+        click.option("--attention", type=click.Choice(ATTENTION_KERNELS), default="flash", show_default=True,
+                     help="Attention kernel: the GPU's native fused attention (flash: cuDNN, FlashAttention-3 on "
+                          "Hopper), FlashAttention-2 (flash2: flash-attn 2, PyTorch SDPA's flash backend; slower "
+                          "on Hopper and Blackwell), or unfused softmax (pre-2022 Megatron runs)."),
         click.option("--finetune", type=click.Choice(FINETUNE_MODES), default="full", show_default=True,
                      help="What trains: every parameter (full), or LoRA adapters on frozen 16-bit (lora) or 4-bit "
                           "NF4 (qlora) base weights."),

@@ -4,7 +4,10 @@ Files (verbatim copies in benchmarks/data/, each row with its `source`): torchti
 benchmarks, torchtitan's 2024 docs (64 A100; 405B on 128 H100) and torchao's float8/MXFP8 runs.
 Settings a row does not state are torchtitan's defaults at the commits the rows name: FSDP2
 FULL_SHARD over `dp_shard_degree` (= ZeRO-3), bf16 parameters with fp32 gradient reduction,
-SDPA flash attention, TP with sequence parallelism, local batch = `micro_batch` per DP rank with
+SDPA attention (FlashAttention-2, `--attention flash2`: torchtitan called SDPA with PyTorch's default backend order,
+flash first, until it put cuDNN first on B200 in May 2025, pytorch/torchtitan 3b85aa31f, and on every GPU in October
+2025, 6a3a9da95; so the B200 rows, of August 2025, ran cuDNN, `flash`), TP with sequence parallelism,
+local batch = `micro_batch` per DP rank with
 no gradient accumulation, and any float8 / MXFP8 recipe = fp8 GEMMs. "selective" activation
 checkpointing is torchtitan's per-op SAC (`selective_recompute` "op"). The Dec-2024 H100s are 96 GB HBM2e
 parts at 500 W: their capacity is 96 GB here; their lower clocks are not modelled.
@@ -119,7 +122,7 @@ def _cluster(row: _Row, hardware: str) -> Cluster:
 
 def _run(file: str, frame_row: pd.Series, row: _Row) -> Run:
     training = Training(global_batch=row.global_batch, seq_len=row.seq_len, dtype="fp8" if row.fp8 else "bf16",
-                        attention="flash", grad_bytes=4)
+                        attention="flash" if row.gpu == "B200" else "flash2", grad_bytes=4)
     # torchtitan's execution semantics (planner.frameworks): its TP backward has no async all-reduce hidden behind
     # the wgrad GEMMs, and "selective" is its per-op SAC; async TP pipelines the sequence-parallel collectives.
     # With PP the row's micro_batch is torchtitan's local batch, run as micro-batches of one sequence

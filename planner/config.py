@@ -62,7 +62,11 @@ LOCAL_HEADS = ("linear", "mlp")
 # Boundary tensors a local-learning stage may send ahead of its consumer: 2 lets a stage run one micro-batch ahead
 # while the next one is taken, at two boundary tensors of memory.
 DEFAULT_LOCAL_QUEUE_DEPTH = 2
-ATTENTION_KERNELS = ("flash", "unfused")
+# Attention kernels: "flash", the GPU's native fused attention (cuDNN via Transformer Engine or PyTorch SDPA's cuDNN
+# backend, FlashAttention-3 on Hopper; FlashAttention-2 on Ampere); "flash2", FlashAttention-2's kernels on every GPU
+# (flash-attn 2, PyTorch SDPA's flash backend), slower where they are not native (`GPUSpec.flash_attention_2_share`);
+# "unfused", the score matrix materialised (Megatron-LM before FlashAttention).
+ATTENTION_KERNELS = ("flash", "flash2", "unfused")
 # What trains: every parameter ("full", pre-training's accounting), or low-rank adapters on frozen 16-bit ("lora",
 # Hu et al. 2021) or 4-bit NF4 ("qlora", Dettmers et al. 2023) base weights (planner/finetune.py owns the rules).
 FINETUNE_MODES = ("full", "lora", "qlora")
@@ -99,8 +103,9 @@ def _positive(owner: str, name: str, value: object) -> None:
 class Training:
     """The training job: global batch (sequences per iteration), sequence length, precision.
 
-    `attention` is the attention kernel: "flash" (fused, no s² activations, causal work halved)
-    or "unfused" (softmax/dropout materialised, as in Megatron-LM runs before FlashAttention).
+    `attention` is the attention kernel (ATTENTION_KERNELS): "flash" or "flash2" (fused, no s² activations, causal
+    work halved; the GPU's native kernel or FlashAttention-2's) or "unfused" (softmax/dropout materialised, as in
+    Megatron-LM runs before FlashAttention).
     `grad_bytes` is the per-parameter gradient size: 4 when gradients accumulate in fp32
     (Megatron-LM's default for bf16 and fp8), 2 when they stay 16-bit (its fp16 optimizer);
     None takes that dtype's default.

@@ -34,6 +34,9 @@ class GPUSpec:
     # GPUs per host (compute tray) where the usual NVLink domain spans several hosts (GB200 NVL72: 4 of 72);
     # None: the usual node is one host.
     gpus_per_host: int | None = None
+    # FlashAttention-2's attention rate over the architecture's native fused attention kernel (cuDNN, FA3): FA2's
+    # Ampere-era mma.sync kernels use neither Hopper's wgmma/TMA nor Blackwell's tcgen05; 1.0 where FA2 is native
+    flash_attention_2_share: float = 1.0
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak for a training dtype; fp16 stands in for bf16 on GPUs without bf16 (V100)."""
@@ -74,11 +77,15 @@ def gpu_from_dict(name: str, data: dict[str, Any], origin: str) -> GPUSpec:
             source=str(data.get("source", origin)),
             tdp_w=None if data.get("tdp_w") is None else float(data["tdp_w"]),
             gpus_per_host=None if data.get("gpus_per_host") is None else int(data["gpus_per_host"]),
+            flash_attention_2_share=float(data.get("flash_attention_2_share", 1.0)),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise PlannerError(f"{origin}: GPU {name!r} is missing or has a bad field ({exc})") from None
     if not 0 < efficiency <= 1:
         raise PlannerError(f"{origin}: GPU {name!r} matmul_efficiency must be in (0, 1], got {efficiency}")
+    if not 0 < spec.flash_attention_2_share <= 1:
+        raise PlannerError(f"{origin}: GPU {name!r} flash_attention_2_share must be in (0, 1], "
+                           f"got {spec.flash_attention_2_share}")
     if spec.tdp_w is not None and not 0 < spec.tdp_w < float("inf"):
         raise PlannerError(f"{origin}: GPU {name!r} tdp_w must be a positive number of watts, got {spec.tdp_w}")
     host = spec.gpus_per_host

@@ -287,13 +287,25 @@ def deepspeed_launcher_script(program: Program, header: list[str], environment: 
     return "\n".join(lines) + "\n"
 
 
+def _attention_notes(plan: Plan) -> tuple[str, ...]:
+    """Megatron-DeepSpeed's fused attention is FlashAttention-2, slower than the native kernel a "flash" plan was
+    costed with on GPUs where FA2 is not native (Hopper, Blackwell)."""
+    gpus = [node.gpu for node in plan.machines.nodes] if plan.machines else []
+    slower = sorted({gpu.name for gpu in gpus if gpu.flash_attention_2_share < 1})
+    if plan.training.attention != "flash" or not slower:
+        return ()
+    return (f"Megatron-DeepSpeed runs FlashAttention-2 (--use-flash-attn-v2), not the native fused attention the "
+            f"plan was costed with, which is faster on {', '.join(slower)}: estimate it with --attention flash2",)
+
+
 def export_deepspeed(plan: Plan) -> ExportResult:
     """ds_config.json, megatron_deepspeed_args.txt, deepspeed.sh, torchrun.sh, slurm.sbatch and (several nodes)
     hostfile, plus split/cost notes."""
     document = deepspeed_config(plan)
     groups, unsupported = megatron_deepspeed_arguments(plan, document["zero_optimization"]["stage"])
     order = host_order(plan)
-    notes = pipeline_notes(plan, partition_options(plan)) + unsupported + placement_notes(order)
+    notes = (pipeline_notes(plan, partition_options(plan)) + unsupported + _attention_notes(plan)
+             + placement_notes(order))
     if order.problem is None and any(order.device_order):
         notes += ("the plan uses GPUs in a non-default order on some hosts; the deepspeed launcher ignores "
                   "CUDA_VISIBLE_DEVICES from the hostfile comments (use --include host:gpus)",)

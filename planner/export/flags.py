@@ -43,6 +43,9 @@ FlagGroup = tuple[str, tuple[Flag, ...]]  # (title, flags)
 # The cost model's "full" recomputes every block: uniform chunks of one layer (also DeepSpeed's
 # pipeline activation_checkpoint_interval, which Megatron-DeepSpeed takes from --recompute-num-layers).
 FULL_RECOMPUTE_LAYERS = 1
+# Megatron-Core's --attention-backend per attention kernel: Transformer Engine's cuDNN fused attention is the native
+# kernel ("fused"), its "flash" backend runs the flash-attn package (FlashAttention-2 unless FA3 is installed).
+_MEGATRON_ATTENTION_BACKENDS = {"flash": "fused", "flash2": "flash", "unfused": "unfused"}
 
 
 class Dialect(str, Enum):
@@ -140,8 +143,8 @@ def model_flags(model: ModelSpec, training: Training, dialect: Dialect) -> Model
         unsupported.append(f"{dialect.value} and DeepSpeed have no fp8 switch; exported as bf16 (fp8 needs "
                            "Transformer Engine)")
     if lm:
-        flags.append(("--attention-backend", "flash" if training.attention == "flash" else "unfused"))
-    elif training.attention == "flash":
+        flags.append(("--attention-backend", _MEGATRON_ATTENTION_BACKENDS[training.attention]))
+    elif training.attention != "unfused":
         flags.append(("--use-flash-attn-v2",))
     return ModelFlags(tuple(flags), tuple(unsupported))
 

@@ -278,7 +278,7 @@ class AnalyticProfile:
         at the same shape. FlashAttention skips the key tiles outside a window or chunk, so a query tile runs
         over the keys it sees plus a partly masked tile at each edge: bidirectional s, sliding (mean keys) +
         tile, chunked c/2 · (1 + tile/c); unfused kernels compute the whole score matrix and mask it."""
-        if attention.kind == "full" or setting.attention != "flash":
+        if attention.kind == "full" or setting.attention == "unfused":
             return full
         s, tile, launch = setting.seq_len, _FLASH_TILE, self.calibration.kernel_launch_s
         causal = 0.5 * s * (1 + min(tile / s, 1.0))
@@ -354,12 +354,14 @@ class AnalyticProfile:
         m, s, b, cp = self.model, setting.seq_len, setting.micro_batch, setting.cp
         heads = _local_heads(m.num_attention_heads, setting.tp)
         attention_dtype = _gemm_dtype_outside_linears(setting.dtype, gpu)
-        if setting.attention == "flash":
+        if setting.attention != "unfused":
             # causal: masked blocks are skipped, the s/tile diagonal blocks run whole; context parallelism's
             # load balancing (2·cp chunks, rank i holding chunks i and 2cp−1−i) gives each rank 1/cp of the work
             width = heads * (m.qk_head_dim + m.value_head_dim)
             flops = 2 * b * s * s * width * 0.5 * (1 + min(_FLASH_TILE / s, 1.0)) / cp
             rate = gpu.peak_flops(attention_dtype) * self.calibration.flash_attention_efficiency
+            if setting.attention == "flash2":
+                rate *= gpu.flash_attention_2_share
             forward = flops / rate + self.calibration.kernel_launch_s
             return forward, _ATTENTION_BACKWARD_RATIO * forward
         batches, queries = b * heads, s / cp
@@ -404,7 +406,7 @@ class AnalyticProfile:
             gemms += 1 + (m.mlp_matrices if m.shared_expert_ffn_hidden_size else 0)
             elementwise += 4
         core = 1
-        if setting.attention != "flash":
+        if setting.attention == "unfused":
             gemms, core = gemms + 2, 0
             elementwise += _UNFUSED_ATTENTION_KERNELS - 2 + (1 if m.dropout else 0)
         collectives = (4 if setting.sequence_parallel else 2) if setting.tp > 1 else 0

@@ -1,0 +1,102 @@
+"""Attention kernels (issue 10 item 4): the GPU's native fused attention ("flash") against FlashAttention-2's
+kernels ("flash2"), which reach only part of a Hopper or Blackwell GPU's rate (Shah et al. 2024), and how each
+is exported."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from cli import main
+from planner.config import ParallelConfig, Training
+from planner.cost.memory import activation_bytes
+from planner.errors import PlannerError
+from planner.export.flags import Dialect, model_flags
+from planner.gpu import gpu_from_dict, lookup_gpu
+from planner.model import UnitKind, load_model
+from planner.profile.analytic import AnalyticProfile, UnitSetting
+from planner.profile.calibration import default_calibration
+
+MODEL = load_model("llama3-8b")
+
+
+def _core(gpu_name: str, attention: str) -> tuple[float, float]:
+    profile = AnalyticProfile(MODEL, default_calibration())
+    setting = UnitSetting(tp=1, micro_batch=1, seq_len=32768, sequence_parallel=False, dtype="bf16",
+                          attention=attention)
+    times = profile.times(UnitKind.BLOCK, setting, lookup_gpu(gpu_name))
+    return times.attention_core_forward_s, times.forward_s
+
+
+def test_flash2_attention_runs_at_the_gpus_share_of_the_native_rate() -> None:
+    """On an H100 FA2's attention core takes 1/0.57 of the native kernel's time (less its launch); the rest of
+    the block is the same."""
+    native_core, native_block = _core("H100-80GB", "flash")
+    fa2_core, fa2_block = _core("H100-80GB", "flash2")
+    launch = default_calibration().kernel_launch_s
+    share = lookup_gpu("H100-80GB").flash_attention_2_share
+    assert share == pytest.approx(0.57)
+    assert fa2_core - launch == pytest.approx((native_core - launch) / share)
+    assert fa2_block - fa2_core == pytest.approx(native_block - native_core)
+
+
+def test_flash2_is_the_native_kernel_on_ampere() -> None:
+    assert _core("A100-80GB", "flash2") == pytest.approx(_core("A100-80GB", "flash"))
+
+
+def test_flash2_keeps_flash_attentions_memory() -> None:
+    config = ParallelConfig(dp=1, tp=1, pp=1)
+    flash, fa2 = (activation_bytes(MODEL, UnitKind.BLOCK, Training(seq_len=8192, attention=kernel), config)
+                  for kernel in ("flash", "flash2"))
+    assert fa2 == flash < activation_bytes(MODEL, UnitKind.BLOCK, Training(seq_len=8192, attention="unfused"),
+                                           config)
+
+
+def test_a_gpu_file_share_outside_0_1_is_refused() -> None:
+    data = {"peak_tflops": {"bf16": 989}, "memory_gib": 80, "hbm_gbps": 3350, "matmul_efficiency": 0.8,
+            "intra_node": {"link": "nvlink4", "gbps": 450}, "gpus_per_node": 8, "nic_gbps": 50, "sm_count": 132}
+    assert gpu_from_dict("X", data | {"flash_attention_2_share": 0.5}, "test").flash_attention_2_share == 0.5
+    with pytest.raises(PlannerError, match=r"flash_attention_2_share must be in \(0, 1\], got 1.5"):
+        gpu_from_dict("X", data | {"flash_attention_2_share": 1.5}, "test")
+
+
+@pytest.mark.parametrize(("kernel", "backend"), [("flash", "fused"), ("flash2", "flash"), ("unfused", "unfused")])
+def test_megatron_attention_backend_per_kernel(kernel: str, backend: str) -> None:
+    """Transformer Engine's cuDNN fused attention is the native kernel; its "flash" backend runs flash-attn."""
+    flags = dict((flag[0], flag[1:]) for flag in
+                 model_flags(MODEL, Training(attention=kernel), Dialect.MEGATRON_LM).flags)
+    assert flags["--attention-backend"] == (backend,)
+
+
+def test_megatron_deepspeed_runs_flashattention_2_and_says_so_on_hopper(tmp_path) -> None:
+    """Both fused kernels export as --use-flash-attn-v2; a "flash" plan on H100 notes that FA2 is slower there."""
+    for kernel in ("flash", "flash2"):
+        flags = model_flags(MODEL, Training(attention=kernel), Dialect.MEGATRON_DEEPSPEED).flags
+        assert ("--use-flash-attn-v2",) in flags
+    runner = CliRunner()
+    notes = {}
+    for kernel, gpu in (("flash", "H100-80GB"), ("flash2", "H100-80GB"), ("flash", "A100-80GB")):
+        plan = tmp_path / f"{kernel}-{gpu}.json"
+        planned = runner.invoke(main, ["estimate", "--model", "llama3-8b", "--cluster", f"1x8x{gpu}", "--global-batch",
+                                       "16", "--seq-len", "4096", "--dp", "8", "--micro-batch", "1", "--zero", "1",
+                                       "--attention", kernel, "--out", str(plan)])
+        assert planned.exit_code == 0, planned.output
+        exported = runner.invoke(main, ["export", str(plan), "--to", "deepspeed", "--out", str(tmp_path / plan.stem)])
+        assert exported.exit_code == 0, exported.output
+        notes[kernel, gpu] = "--attention flash2" in exported.output
+    assert notes == {("flash", "H100-80GB"): True, ("flash2", "H100-80GB"): False, ("flash", "A100-80GB"): False}
+
+
+def test_cli_estimates_flash2_and_refuses_an_unknown_kernel() -> None:
+    runner = CliRunner()
+    common = ["estimate", "--model", "llama3-8b", "--cluster", "1x8xH100-80GB", "--global-batch", "8",
+              "--seq-len", "32768", "--dp", "8", "--micro-batch", "1", "--zero", "3", "--recompute", "full"]
+    times = {}
+    for kernel in ("flash", "flash2"):
+        result = runner.invoke(main, [*common, "--attention", kernel])
+        assert result.exit_code == 0, result.output
+        times[kernel] = float(result.output.split("iteration time")[1].split()[0])
+    assert times["flash2"] > 1.1 * times["flash"]  # 32K tokens: attention is most of the step
+    bad = runner.invoke(main, [*common, "--attention", "fa3"])
+    assert bad.exit_code == 2
+    assert "fa3" in bad.output and "flash2" in bad.output and "Traceback" not in bad.output
