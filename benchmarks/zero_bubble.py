@@ -3,8 +3,9 @@ against the planner's estimates of 1F1B vs zb-1p / zb-2p on the same setups (tes
 qi2024_table4_zero_bubble_throughput.csv: 1.5B-28.3B GPTs on 8-32 A100, pp = GPUs, tp = dp = 1, sequence 1024).
 
 zb-1p and zb-2p are the paper's automatic schedule (its greedy heuristic over the cost model's stage times,
-without the paper's ILP refinement) at 1F1B's and twice its activation memory; the handcrafted ZB-H2 at ZB-2p's
-memory, which the paper's own Table 5 puts up to 4.6 points below ZB-2p, is shown beside it.
+refined by a bounded local search in place of the paper's ILP) at 1F1B's and twice its activation memory; the
+handcrafted ZB-H2 at ZB-2p's memory, which the paper's own Table 5 puts up to 4.6 points below ZB-2p, is shown
+beside it.
 
     PYTHONPATH=. python -m benchmarks.zero_bubble
 """

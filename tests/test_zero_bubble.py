@@ -25,6 +25,11 @@ from planner.cost.schedule import (
     WEIGHT,
     PassTimes,
     RankTerms,
+    _refined,
+    _replay,
+    _tail_weight_at,
+    _tail_weight_fits,
+    _time_aware_orders,
     pipeline_time,
     schedule_of,
     simulate,
@@ -169,6 +174,62 @@ def test_adaptive_zero_bubble_never_slower_than_the_handcrafted_order_and_within
     for r, order in enumerate(behaviour.orders(pp, 1, m, times)):
         live = [Counter(kind for kind, _, _ in order[:i + 1]) for i in range(len(order))]
         assert max(c[FORWARD] - c[WEIGHT] for c in live) <= behaviour.in_flight(r, pp, 1, m)
+
+
+def _unrefined_orders(schedule: Schedule, times: PassTimes, m: int) -> list[list[list[tuple[str, int, int]]]]:
+    """The orders `AdaptiveZeroBubble.orders` chooses from before its refinement: the heuristic's variants and the
+    handcrafted order."""
+    behaviour, pp = schedule_of(schedule), len(times.forward_s)
+    found = [orders for flags in itertools.product((True, False), repeat=3)
+             if (orders := _time_aware_orders(times, m, behaviour.limit(pp), *flags)) is not None]
+    return [*found, schedule_of(behaviour.handcrafted).orders(pp, 1, m, times)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([Schedule.ZB_1P, Schedule.ZB_2P]), st.integers(2, 6), st.integers(1, 16), st.data())
+def test_refined_order_is_valid_within_the_limit_and_never_slower(schedule, pp, m, data) -> None:
+    """The local search standing in for Qi et al.'s ILP keeps every rank's order valid (each F, B and W of every
+    micro-batch once, B after its F, W after its B, at most the limit in flight) and never lengthens the replayed
+    iteration of the order it starts from, whichever candidate that is."""
+    behaviour = schedule_of(schedule)
+    forward = data.draw(st.lists(st.sampled_from([1.0, 1.1, 1.3]), min_size=pp, max_size=pp))
+    times = PassTimes(tuple(forward), tuple(f * data.draw(st.floats(1.0, 1.5)) for f in forward),
+                      tuple(f * data.draw(st.floats(0.2, 1.2)) for f in forward),
+                      tuple(data.draw(st.lists(st.sampled_from([0.0, 0.05]), min_size=pp, max_size=pp))))
+    for orders in _unrefined_orders(schedule, times, m):
+        refined = _refined(behaviour, orders, times, m)
+        assert _replay(behaviour, refined, times, m).iteration_s <= _replay(behaviour, orders, times, m).iteration_s
+        for order in refined:
+            position = {pass_: i for i, pass_ in enumerate(order)}
+            assert len(order) == len(position) == 3 * m
+            assert all(position[(FORWARD, 0, mb)] < position[(BACKWARD, 0, mb)] < position[(WEIGHT, 0, mb)]
+                       for mb in range(m))
+            live = itertools.accumulate({FORWARD: 1, WEIGHT: -1}.get(kind, 0) for kind, _, _ in order)
+            assert max(live) <= behaviour.limit(pp)
+
+
+def test_refinement_runs_a_held_back_w_in_a_critical_gap_and_gains() -> None:
+    """Five stages, two of them 10 % slower, W lighter than F and B: the best heuristic order (48.36) leaves gaps on
+    a slow stage that W passes it holds to the end can fill; the refinement finds 48.16, and `simulate` runs it."""
+    pp, m, forward = 5, 15, (1.0, 1.1, 1.0, 1.0, 1.1)
+    times = PassTimes(forward, tuple(1.1 * f for f in forward), (0.8,) * pp, (0.0,) * pp)
+    behaviour = schedule_of(Schedule.ZB_2P)
+    best = min(_unrefined_orders(Schedule.ZB_2P, times, m),
+               key=lambda orders: _replay(behaviour, orders, times, m).iteration_s)
+    assert _replay(behaviour, best, times, m).iteration_s == pytest.approx(48.36)
+    assert _replay(behaviour, _refined(behaviour, best, times, m), times, m).iteration_s == pytest.approx(48.16)
+    backward = [b + w for b, w in zip(times.input_grad_s, times.weight_s, strict=True)]
+    simulated = simulate(forward, backward, [0.0] * pp, pp, m, Schedule.ZB_2P, record=False, weight_s=times.weight_s)
+    assert simulated.iteration_s == pytest.approx(48.16)
+
+
+def test_a_w_held_to_the_end_moves_into_a_gap_only_after_a_b_without_its_w() -> None:
+    order = [(FORWARD, 0, 0), (FORWARD, 0, 1), (BACKWARD, 0, 0), (BACKWARD, 0, 1), (WEIGHT, 0, 0), (WEIGHT, 0, 1)]
+    assert not _tail_weight_fits(order, 2)  # no B done before position 2
+    assert _tail_weight_fits(order, 3)
+    assert _tail_weight_at(order, 3) == [(FORWARD, 0, 0), (FORWARD, 0, 1), (BACKWARD, 0, 0), (WEIGHT, 0, 0),
+                                         (BACKWARD, 0, 1), (WEIGHT, 0, 1)]
+    assert not _tail_weight_fits([*order[:5], (FORWARD, 0, 2)], 3)  # its last pass is no W
 
 
 def test_adaptive_zero_bubble_holds_the_limit_and_uses_the_stage_times() -> None:
@@ -407,12 +468,12 @@ def test_plan_searches_zero_bubble_only_where_the_framework_runs_it() -> None:
 
 @pytest.mark.parametrize("row", published_rows(), ids=lambda row: f"{row['model']}-m{row['microbatches']}")
 def test_published_zero_bubble_speedups_within_five_points(row) -> None:
-    """zb-1p and zb-2p, the paper's automatic schedule by its heuristic (without its ILP refinement), reproduce
-    ZB-1p's ratio within 5 points on every row and ZB-2p's on all but 28.3B at 128 micro-batches, 5.3 under
-    (benchmarks/zero_bubble.py; the handcrafted ZB-H2 5.6 under there), never below ZB-H2's estimate."""
+    """zb-1p and zb-2p, the paper's automatic schedule by its heuristic with a local search for its ILP refinement,
+    reproduce ZB-1p's and ZB-2p's ratios within 5 points on every row (benchmarks/zero_bubble.py; the handcrafted
+    ZB-H2 is 5.6 under on 28.3B at 128 micro-batches), never below ZB-H2's estimate."""
     ratio = ratios(row)
     assert abs(ratio.error_1p) <= 5
-    assert (-5.35 if (row["model"], row["microbatches"]) == ("28.3B", "128") else -5) <= ratio.error_2p <= 5
+    assert abs(ratio.error_2p) <= 5
     assert ratio.estimated_2p >= ratio.handcrafted_2p
 
 
