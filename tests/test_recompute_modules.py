@@ -180,3 +180,11 @@ def test_megatron_export_names_the_modules_and_others_refuse_them() -> None:
     for target in ("deepspeed", "torchtitan"):
         with pytest.raises(PlannerError, match=r"cannot recompute modules layernorm,mlp"):
             export_plan(plan, target)
+
+
+def test_moe_validation_rows_run_their_stated_modules() -> None:
+    from benchmarks.moe_runs import moe_runs
+    runs = {run.label.split()[0]: run.config for rack in (False, True) for run in moe_runs(rack)[0]}
+    assert runs["MB-065"].recompute_modules == ("moe_act", "layernorm")  # "selective [layernorm, moe_act] (...)"
+    assert runs["MB-057"].recompute_modules == ("mla_up_proj",)  # no recompute stated: its preset's
+    assert runs["MB-058"].recompute is Recompute.NONE

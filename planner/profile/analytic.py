@@ -254,9 +254,9 @@ class AnalyticProfile:
                 full_forward, full_backward = view._attention_core(setting, gpu)
                 forward, backward = self._typed_attention_core(block.attention, (full_forward, full_backward),
                                                                setting)
-                times = UnitTimes(times.forward_s - full_forward + forward,
-                                  times.backward_s - full_backward + backward, forward, times.linear_forward_s,
-                                  backward, times.weight_grad_s)
+                times = replace(times, forward_s=times.forward_s - full_forward + forward,
+                                backward_s=times.backward_s - full_backward + backward,
+                                attention_core_forward_s=forward, attention_core_backward_s=backward)
         elif block.attention is not None or block.mamba is not None or block.mlp is not None:
             times = self._composed_block(block, setting, gpu)
         else:
