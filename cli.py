@@ -33,6 +33,7 @@ from planner.config import (
     LORA_TARGETS,
     MOE_DISPATCHERS,
     OPTIMIZER_STATES,
+    RECOMPUTE_MODULES,
     ZERO3_COLLECTIVES,
     ParallelConfig,
     Partition,
@@ -149,6 +150,9 @@ def parallel_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Model chunks per pipeline rank (interleaved and interleaved-zb schedules; zb-v and "
                           "dualpipe-v: 2)."),
         click.option("--recompute", type=click.Choice(["none", "selective", "full"])),
+        click.option("--recompute-modules", metavar="M[,M...]",
+                     help=f"Megatron-LM's selective recompute targets, any of {', '.join(RECOMPUTE_MODULES)} "
+                          "(--recompute-modules; implies --recompute selective)  [default: core_attn]"),
         click.option("--schedule", type=click.Choice([schedule.value for schedule in Schedule]),
                      help="Pipeline schedule; zb-h1, zb-h2, zb-1p, zb-2p, interleaved-zb, zb-v and dualpipe-v "
                           "split each backward into input- and weight-gradient passes (zero bubble, Qi et al. 2024; "

@@ -11,9 +11,11 @@ scripts/performance have since they appeared in 2025-08), so Megatron-Core's gra
 reduce-scatter over it, holds the parameters' BF16, not fp32.
 
 Precision: FP8 (H100 current scaling or 128-blockwise), MXFP8 and "FP8-MX" all run the blocks' linear
-layers in 8-bit floats with higher-precision accumulation: planner's "fp8". Recompute: the modules these
-recipes recompute when they say "selective" (layernorm, moe_act) are elementwise kernels, not
-planner's selective recompute of the attention core; their time is small and they are taken as none.
+layers in 8-bit floats with higher-precision accumulation: planner's "fp8". Recompute: "full" is full; the
+modules a row names ("selective: mlp, moe_act", "selective [layernorm, moe_act]", the Megatron-MoE model zoo's
+"norm, act") are Megatron-LM's selective recompute of those modules (`ParallelConfig.recompute_modules`); a row
+that states nothing runs its preset's modules where `PRESET_RECOMPUTE_MODULES` knows them, else none; "none" and
+"selective []" recompute nothing.
 Dispatcher and EP overlap: the first dispatcher the row's dispatcher_routing names ("flex", "HybridEP" or
 "DeepEP": flex; "alltoall", "A2A": alltoall; the H100 rows quote the HEAD perf recipe there), its model's
 presets' dispatcher when it names none and they agree (`MODEL_DISPATCHERS`: DeepSeek-V3, flex), else alltoall
@@ -34,12 +36,12 @@ import pandas as pd
 
 from benchmarks.validation_runs import BRIDGE_PERF_GRAD_BYTES, DATA, Run, Skipped
 from planner.cluster import Cluster, load_cluster
-from planner.config import ParallelConfig, Recompute, Schedule, Training
+from planner.config import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES, ParallelConfig, Recompute, Schedule, Training
 from planner.errors import PlannerError
 from planner.gpu import GIB, lookup_gpu
 from planner.model import load_model
 
-__all__ = ["MOE_FILE", "moe_runs", "rack_segment_gpus"]
+__all__ = ["MOE_FILE", "PRESET_RECOMPUTE_MODULES", "moe_runs", "rack_segment_gpus"]
 
 MOE_FILE = "moe_ep_throughput.csv"
 _CATALOG = {"DeepSeek-V3": "deepseek-v3", "Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-235B-A22B": "qwen3-235b-a22b",
@@ -61,6 +63,12 @@ MODEL_DISPATCHERS = {"DeepSeek-V3": "flex"}
 # on too). The other recipes rows quote (Qwen3-30B-A3B FP8 on 16 H100, GPT-OSS-120B BF16 on 64 H100) leave it off.
 EP_OVERLAP_RECIPES = frozenset({"qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config",
                                 "qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config"})
+# Megatron-Bridge performance presets that set recompute modules, for rows that state no recompute but run the
+# preset's model, GPU, precision and layout (tp, pp, vpp, ep, micro-batch): DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V1
+# (= ..._GB300_V1) in scripts/performance/configs/deepseek/deepseek_workload_base_configs.py sets
+# recompute_modules ["mla_up_proj"] with exactly this layout from 941c0b23a (2026-02-09, before the 26.02 container)
+# through 8af195c0a (2026-06-06, after 26.04.01), the releases of the rows that run it.
+PRESET_RECOMPUTE_MODULES = {("DeepSeek-V3", "GB300", "MXFP8", (1, 2, 8, 32, 2)): ("mla_up_proj",)}
 _RECIPE_NAME = re.compile(r"\b\w+_pretrain_\w+_config\b")
 _DISPATCHER_WORDS = re.compile(r"flex|hybridep|deepep|alltoall|a2a", re.IGNORECASE)
 
@@ -129,9 +137,27 @@ def _why(row: pd.Series) -> str | None:
     return None
 
 
-def _recompute(text: str) -> Recompute:
-    """'full' → full; anything else (none, or elementwise layernorm / moe_act modules) → none."""
-    return Recompute.FULL if text.strip().lower().startswith("full") else Recompute.NONE
+# the short names rows use for Megatron-LM's recompute modules: the model zoo's RC column ("norm, act",
+# "shared_expert"), the DeepSeek-V3 guide's "up_proj (MLA)"
+_MODULE_ALIASES = {"norm": "layernorm", "act": "moe_act", "shared_expert": "shared_experts", "up_proj": "mla_up_proj"}
+_MODULE_WORDS = re.compile(r"\b(" + "|".join((*RECOMPUTE_MODULES, *_MODULE_ALIASES)) + r")\b")
+
+
+def _recompute(row: pd.Series) -> tuple[Recompute, tuple[str, ...]]:
+    """(recompute, recompute_modules) a row states: 'full' → full; the Megatron-LM modules it names (or their short
+    names) → selective recompute of those; nothing stated → its preset's modules (`PRESET_RECOMPUTE_MODULES`), else
+    none; anything else (none, 'selective []') → none."""
+    text = str(row["recompute"]).strip().lower()
+    layout = tuple(_int(row, key) for key in ("tp", "pp", "vpp", "ep", "micro_batch"))
+    preset = (str(row["model"]), str(row["hardware"]).split()[0], str(row["precision"]), layout)
+    if text in ("", "nan") and preset in PRESET_RECOMPUTE_MODULES:
+        return Recompute.SELECTIVE, PRESET_RECOMPUTE_MODULES[preset]
+    if text.startswith("full"):
+        return Recompute.FULL, DEFAULT_RECOMPUTE_MODULES
+    named = {_MODULE_ALIASES.get(word, word) for word in _MODULE_WORDS.findall(text)}
+    if not named or text.startswith("none"):
+        return Recompute.NONE, DEFAULT_RECOMPUTE_MODULES
+    return Recompute.SELECTIVE, tuple(name for name in RECOMPUTE_MODULES if name in named)
 
 
 def _int(row: pd.Series, key: str, default: int = 1) -> int:
@@ -144,11 +170,12 @@ def _run(row: pd.Series) -> Run:
     vpp = _int(row, "vpp")
     dp = gpus // (tp * pp * cp)
     dispatcher, ep_overlap = _dispatch(row)
+    recompute, modules = _recompute(row)
     config = ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=_int(row, "etp"), vpp=vpp,
                             moe_dispatcher=dispatcher, moe_ep_overlap=ep_overlap,
                             micro_batch=_int(row, "micro_batch"), sequence_parallel=tp > 1,
                             distributed_optimizer=dp * cp > 1, overlap_param_gather=True,
-                            recompute=_recompute(str(row["recompute"])),
+                            recompute=recompute, recompute_modules=modules,
                             schedule=Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B)
     training = Training(global_batch=_int(row, "global_batch"), seq_len=int(row["seq_len"]),
                         dtype=_DTYPES[str(row["precision"])], attention="flash", grad_bytes=BRIDGE_PERF_GRAD_BYTES)

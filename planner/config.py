@@ -20,12 +20,14 @@ __all__ = [
     "DEFAULT_LOCAL_QUEUE_DEPTH",
     "DEFAULT_LORA_RANK",
     "DEFAULT_LORA_TARGETS",
+    "DEFAULT_RECOMPUTE_MODULES",
     "DTYPES",
     "FINETUNE_MODES",
     "LOCAL_HEADS",
     "LORA_TARGETS",
     "MOE_DISPATCHERS",
     "OPTIMIZER_STATES",
+    "RECOMPUTE_MODULES",
     "SELECTIVE_RECOMPUTES",
     "ZERO3_COLLECTIVES",
     "ParallelConfig",
@@ -33,6 +35,7 @@ __all__ = [
     "Recompute",
     "Schedule",
     "Training",
+    "parse_recompute_modules",
 ]
 
 DTYPES = ("bf16", "fp16", "fp8")
@@ -51,6 +54,12 @@ ZERO3_COLLECTIVES = ("per-unit", "per-tensor")
 # (activation_checkpoint.selective_ac_option "op"): the outputs of every other matrix multiply (the 1st, 3rd, … of a
 # block) and of the attention kernel are kept, everything else, norms and activations included, is recomputed.
 SELECTIVE_RECOMPUTES = ("attention", "op")
+# What Megatron-Core's selective recompute re-runs (--recompute-modules, TransformerConfig.recompute_modules), in
+# its own order: the attention core, the routed experts' activation function, the norms that are modules of their
+# own, MLA's up projections and RoPE, a dense MLP, a whole MoE layer, its shared experts. Its further choices
+# (gdn_norm_out, gdp_in_proj, gdp_qkv, mhc) belong to layers planner does not model.
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)  # Megatron-Core's default, Korthikanti et al.'s selective recompute
 # How routed tokens reach their experts (Megatron-Core's --moe-token-dispatcher-type): "alltoall" sends one
 # copy per (token, expert) straight to the expert's rank; "flex" (DeepEP / HybridEP kernels) sends a token once
 # per destination node over the network and fans it out to that node's expert ranks over NVLink.
@@ -84,6 +93,17 @@ DEFAULT_LORA_RANK = 16
 # block-wise 8-bit Adam (m and v in 1 byte each, Dettmers et al. 2022), "cpu" ZeRO-Offload / FSDP CPU offload
 # (states and the update on the host, Ren et al. 2021).
 OPTIMIZER_STATES = ("fp32", "8bit", "cpu")
+
+
+def parse_recompute_modules(text: str) -> tuple[str, ...]:
+    """`--recompute-modules layernorm,moe_act`: the named modules in Megatron's order (PlannerError naming the first
+    unknown one)."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in RECOMPUTE_MODULES]
+    if unknown or not names:
+        raise PlannerError(f"--recompute-modules must be among {', '.join(RECOMPUTE_MODULES)} (comma-separated), "
+                           f"got {(unknown[0] if unknown else text)!r}")
+    return tuple(name for name in RECOMPUTE_MODULES if name in names)
 
 
 class Recompute(str, Enum):
@@ -211,6 +231,9 @@ class ParallelConfig:
     `zero3_collectives` (one of ZERO3_COLLECTIVES): per unit and prefetched, or per tensor and synchronous.
     `selective_recompute` (one of SELECTIVE_RECOMPUTES): what `Recompute.SELECTIVE` keeps, Megatron-LM's or
     torchtitan's policy.
+    `recompute_modules` (RECOMPUTE_MODULES, at least one): what Megatron-LM's selective recompute re-runs, stored
+    once each in Megatron's order; it means something only under `Recompute.SELECTIVE` (elsewhere it is reset to
+    the default) and only Megatron's policy has it (`selective_recompute` "attention").
     `fp8_param_gather` (FP8 training with sharded weights): the linear weights are gathered in FP8, one byte each
     (torchao's enable_fsdp_float8_all_gather under FSDP2, Megatron-LM's --fp8-param-gather).
     """
@@ -230,6 +253,7 @@ class ParallelConfig:
     reshard_after_forward: bool | None = None
     zero3_collectives: str = "per-unit"
     selective_recompute: str = "attention"
+    recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
     fp8_param_gather: bool = False
     sequence_parallel: bool = False
     recompute: Recompute = Recompute.NONE
@@ -274,6 +298,7 @@ class ParallelConfig:
             object.__setattr__(self, "reshard_after_forward", self.pp == 1)
         if not isinstance(self.recompute, Recompute):
             object.__setattr__(self, "recompute", Recompute(self.recompute))
+        self._check_recompute_modules()
         if not isinstance(self.schedule, Schedule):
             object.__setattr__(self, "schedule", Schedule(self.schedule))
         if self.zero_stage not in (0, 1, 2, 3):
@@ -297,6 +322,34 @@ class ParallelConfig:
         if self.replicas % self.hsdp_replicas:
             raise PlannerError(f"parallel config: hsdp_replicas {self.hsdp_replicas} must divide dp·cp = "
                                f"{self.replicas}")
+
+    def _check_recompute_modules(self) -> None:
+        """Known modules, at least one, in Megatron's order once each; the default outside selective recompute;
+        none but the default under torchtitan's per-op policy (one-line errors)."""
+        modules = self.recompute_modules
+        if isinstance(modules, str) or not isinstance(modules, (tuple, list)):
+            raise PlannerError(f"parallel config: recompute_modules must be a list of module names, got {modules!r}")
+        unknown = [name for name in modules if name not in RECOMPUTE_MODULES]
+        if unknown:
+            raise PlannerError(f"parallel config: recompute_modules must be among {', '.join(RECOMPUTE_MODULES)}, "
+                               f"got {unknown[0]!r}")
+        if not modules:
+            raise PlannerError("parallel config: recompute_modules must name at least one module (selective "
+                               "recompute of nothing is recompute none), got none")
+        ordered = tuple(name for name in RECOMPUTE_MODULES if name in modules)
+        if self.recompute is not Recompute.SELECTIVE:
+            ordered = DEFAULT_RECOMPUTE_MODULES
+        if ordered != DEFAULT_RECOMPUTE_MODULES and self.selective_recompute != "attention":
+            raise PlannerError(f"parallel config: recompute_modules {','.join(ordered)} are Megatron-LM's selective "
+                               f"recompute; selective_recompute {self.selective_recompute!r} has its own policy")
+        object.__setattr__(self, "recompute_modules", ordered)
+
+    @property
+    def selective_modules(self) -> frozenset[str]:
+        """The Megatron-Core modules the backward re-runs: `recompute_modules` under selective recompute, none
+        otherwise (full recompute re-runs whole blocks; torchtitan's per-op policy is costed apart and leaves its
+        other blocks with the default, the attention core)."""
+        return frozenset(self.recompute_modules) if self.recompute is Recompute.SELECTIVE else frozenset()
 
     def check_experts(self, num_experts: int) -> None:
         """EP must divide the routed experts and ep·etp the tp·cp·dp ranks of a stage (one-line errors)."""
@@ -387,7 +440,8 @@ class ParallelConfig:
                          + ("/overlap" if self.moe_ep_overlap else ""))
         if self.vpp > 1:
             parts.append(f"vpp={self.vpp}")
-        parts += [f"mb={self.micro_batch}", f"recompute={self.recompute.value}"]
+        modules = "" if self.recompute_modules == DEFAULT_RECOMPUTE_MODULES else f"[{','.join(self.recompute_modules)}]"
+        parts += [f"mb={self.micro_batch}", f"recompute={self.recompute.value}{modules}"]
         if self.sequence_parallel:
             parts.append("sp")
         if self.tp_comm_overlap:

@@ -28,7 +28,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from planner.config import CP_COMMS, MOE_DISPATCHERS, OPTIMIZER_STATES, ParallelConfig, Recompute, Schedule, Training
+from planner.config import (
+    CP_COMMS,
+    DEFAULT_RECOMPUTE_MODULES,
+    MOE_DISPATCHERS,
+    OPTIMIZER_STATES,
+    ParallelConfig,
+    Recompute,
+    Schedule,
+    Training,
+)
 from planner.cost.schedule import schedule_of
 from planner.errors import PlannerError
 from planner.model import ModelSpec
@@ -97,6 +106,8 @@ class Framework:
     optimizer_states: tuple[tuple[str, frozenset[tuple[int, bool]] | None], ...] = (("fp32", None),)
     pipelines: bool = True  # pipeline parallelism (pp > 1)
     flex_with_etp: bool = True  # the flex (DeepEP) dispatcher with expert tensor parallelism (etp > 1)
+    # what its selective recompute re-runs when it takes no Megatron-LM --recompute-modules list (None: it takes one)
+    fixed_selective_recompute: str | None = None
     # what it runs of a given model, narrowed from the above (None: every model alike); see `for_model`
     model_limits: Callable[[Framework, ModelSpec], dict[str, object]] | None = None
 
@@ -196,7 +207,14 @@ class Framework:
             return f"{self.version} has no HSDP (hsdp_replicas={config.hsdp_replicas})"
         if config.zero_stage == 3 and not config.reshard_after_forward and not self.keeps_gathered_weights:
             return f"{self.version} re-shards ZeRO-3 weights after every forward"
-        return None
+        return self.recompute_modules_why_not(config.recompute_modules)
+
+    def recompute_modules_why_not(self, modules: tuple[str, ...]) -> str | None:
+        """None if it runs selective recompute of `modules` (Megatron-LM's --recompute-modules), else why not."""
+        if modules == DEFAULT_RECOMPUTE_MODULES or self.fixed_selective_recompute is None:
+            return None
+        return (f"{self.version} cannot recompute modules {','.join(modules)} (Megatron-LM's --recompute-modules): "
+                f"its selective recompute is {self.fixed_selective_recompute}")
 
     def runs(self, config: ParallelConfig) -> ParallelConfig:
         """`config` with this framework's execution semantics (what the cost model reads of the engine)."""
@@ -275,6 +293,7 @@ FRAMEWORKS: dict[str, Framework] = {
         # ZeRO-Offload (offload_optimizer device cpu) with ZeRO stage 1-3 (REFERENCE.md, offload_config.py)
         no_adapters="Megatron-DeepSpeed's pretrain_gpt.py has no LoRA/PEFT (Hugging Face PEFT runs under "
                     "transformers' Trainer, not this launcher)",
+        fixed_selective_recompute="the attention core's (Megatron-DeepSpeed has no --recompute-modules)",
         optimizer_states=(("fp32", None), ("cpu", frozenset({(1, False), (2, False), (3, False)})))),
     # FSDP2 (reshard_after_forward never: ZeRO-2; default: ZeRO-3) or DDP, with PP too; CP rotates KV by
     # all-gather or a ring of exchanges; etp in {1, tp} (ParallelDims v0.2.2)
@@ -295,6 +314,7 @@ FRAMEWORKS: dict[str, Framework] = {
         # the LoRA converter landed after 0.2.2 (pytorch/torchtitan#2484, 2026-03); training.enable_cpu_offload
         # offloads parameters too, which planner does not price
         no_adapters="0.2.2 has no LoRA model converter (pytorch/torchtitan#2484 adds one after the release)",
+        fixed_selective_recompute='per-op SAC (activation_checkpoint.selective_ac_option "op") or every k-th block',
         model_limits=_torchtitan_model_limits),
 }
 FRAMEWORK_NAMES = tuple(FRAMEWORKS)

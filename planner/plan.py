@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from planner.cluster import Cluster
-from planner.config import DEFAULT_LOCAL_QUEUE_DEPTH, ParallelConfig, Partition, Recompute, Schedule, Training
+from planner.config import (
+    DEFAULT_LOCAL_QUEUE_DEPTH,
+    DEFAULT_RECOMPUTE_MODULES,
+    ParallelConfig,
+    Partition,
+    Recompute,
+    Schedule,
+    Training,
+)
 from planner.cost.estimate import Estimate
 from planner.cost.schedule import schedule_of
 from planner.errors import PlannerError
@@ -94,7 +102,7 @@ def build_plan_document(
             "selective_recompute": config.selective_recompute, "fp8_param_gather": config.fp8_param_gather,
             "micro_batch": config.micro_batch, "num_microbatches": m,
             "sequence_parallel": config.sequence_parallel, "tp_comm_overlap": config.tp_comm_overlap,
-            "recompute": config.recompute.value,
+            "recompute": config.recompute.value, "recompute_modules": list(config.recompute_modules),
             "zero_stage": config.zero_stage, "distributed_optimizer": config.distributed_optimizer,
             "schedule": config.schedule.value,
             **({"local_queue_depth": config.local_queue_depth, "local_head": config.local_head}
@@ -187,6 +195,7 @@ def parse_plan_document(document: Any, origin: str = "plan file") -> Plan:
             sequence_parallel=_flag(par, "sequence_parallel", False, origin),
             tp_comm_overlap=_flag(par, "tp_comm_overlap", False, origin),
             recompute=Recompute(par.get("recompute", "none")),
+            recompute_modules=par.get("recompute_modules", DEFAULT_RECOMPUTE_MODULES),
             zero_stage=par.get("zero_stage", 0),
             distributed_optimizer=_flag(par, "distributed_optimizer", False, origin),
             schedule=Schedule(par.get("schedule", "1f1b")),

@@ -60,6 +60,11 @@ def megatron_split(args: dict[str, list[str]], num_layers: int) -> list[int]:
     return [num_layers // (pp * vpp)] * (pp * vpp)
 
 
+# TransformerConfig.recompute_modules' allowed choices (core 0.16+)
+MEGATRON_RECOMPUTE_MODULES = {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts",
+                              "gdn_norm_out", "gdp_in_proj", "gdp_qkv", "mhc"}
+
+
 def check_megatron_rules(plan: Plan, files: dict[str, str]) -> dict[str, list[str]]:
     args = parse_flags(files["megatron_args.txt"])
     tp, pp = int(args["--tensor-model-parallel-size"][0]), int(args["--pipeline-model-parallel-size"][0])
@@ -71,6 +76,9 @@ def check_megatron_rules(plan: Plan, files: dict[str, str]) -> dict[str, list[st
     if "--sequence-parallel" in args:
         assert tp > 1
     granularity = args.get("--recompute-granularity", [None])[0]
+    if "--recompute-modules" in args:  # TransformerConfig: a non-empty list of its allowed modules, read if selective
+        assert granularity == "selective" and args["--recompute-modules"]
+        assert set(args["--recompute-modules"]) <= MEGATRON_RECOMPUTE_MODULES
     if granularity == "full":
         assert args["--recompute-method"][0] in ("uniform", "block")
     else:
@@ -96,6 +104,7 @@ PLANS = {
     "first/last": dict(blocks=(6, 9, 9, 8)),
     "last only": dict(blocks=(9, 9, 9, 5)),
     "uniform": dict(blocks=(8, 8, 8, 8), recompute="selective"),
+    "selective modules": dict(blocks=(8, 8, 8, 8), recompute="selective", recompute_modules=("layernorm", "mlp")),
     "pp=2 first": dict(blocks=(15, 17), tp=4, pp=2),
     "interleaved uneven": dict(blocks=(3, 4, 4, 4, 4, 4, 5, 4), vpp=2, recompute="full", distributed_optimizer=True,
                                overlap_param_gather=True),

@@ -23,18 +23,24 @@ __all__ = [
     "MemoryBreakdown",
     "ModelStateBytes",
     "RankMemoryModel",
+    "SavedTensor",
     "activation_bytes",
+    "attention_tensors",
     "block_activation_bytes",
     "block_type_activation_bytes",
     "framework_buffer_bytes",
     "in_flight_microbatches",
     "largest_transient_bytes",
+    "megatron_saved_tensors",
+    "mlp_tensors",
     "model_state_bytes",
     "nccl_communicators",
+    "normed_input_tensors",
     "op_sac_applies",
     "op_sac_kept_matmuls",
     "parameter_model_states",
     "rank_memory_model",
+    "recompute_module_bytes",
     "recompute_working_bytes",
     "sharded_state_bytes",
 ]
@@ -181,7 +187,9 @@ def block_type_activation_bytes(model: ModelSpec, block: BlockSpec, training: Tr
     the head keeps (`activation_bytes` of the head). In FP8 training the linear layers' saved inputs take
     `FP8_SAVED_INPUT_BYTES`: the normed input of a sub-layer whose first linear is FP8 (not an MoE sub-layer's,
     which the BF16 router keeps), the routed copies, the second MLP matrix's input; the attention output keeps
-    its 16-bit copy for the fused attention backward (unless that is recomputed) and adds the projection's FP8 one."""
+    its 16-bit copy for the fused attention backward (unless that is recomputed) and adds the projection's FP8 one.
+    Under selective recompute the tensors Megatron-Core's `recompute_modules` discard are not kept
+    (`megatron_saved_tensors`)."""
     seq_len, cp = (block.tokens, 1) if block.tokens is not None else (training.seq_len, config.cp)
     s, b, t, h = seq_len / cp, config.micro_batch, config.tp, block.hidden_size
     sbh, divisor = s * b * h, (t if config.sequence_parallel else 1)
@@ -194,50 +202,136 @@ def block_type_activation_bytes(model: ModelSpec, block: BlockSpec, training: Tr
                    for _, width, row_parallel in op_sac_kept_matmuls(block))
         attention = s * b * (2 * a.value_width + 4 * a.num_attention_heads) / t
         return 2 * sbh / divisor + kept + attention + head
-    fp8 = training.dtype == "fp8"
-    saved = FP8_SAVED_INPUT_BYTES if fp8 else 2  # per element of an input a linear layer keeps for its wgrad
-    moe = block.mlp is not None and block.mlp.is_moe
-    replicated = block.sublayers * ((2 + saved) * sbh + (sbh if block.dropout else 0))
-    if moe:  # the MoE sub-layer's normed input feeds the BF16 router, and in FP8 the shared experts' copy besides
-        replicated += (2 - saved) * sbh + (saved * sbh if fp8 and block.mlp.shared_expert_ffn_hidden_size else 0.0)
+    saved = _saved_input_bytes(training)
+    replicated = block.sublayers * (2 * sbh + (sbh if block.dropout else 0))  # each norm's input, dropout masks
     replicated += sum(saved * s * b * k for k, _, _ in block.linears)
     sharded = 0.0
-    if block.attention is not None:
+    if block.attention is not None:  # the projection's input and MLA's latents
         a = block.attention
-        heads, kv_heads = max(a.num_attention_heads / t, 1.0), max(a.num_key_value_heads / t, 1.0)
-        sharded += 2 * s * b * (heads * a.qk_head_dim + kv_heads * (a.qk_head_dim + a.value_head_dim))
-        # the projection's input; in FP8 its 16-bit original stays too while the fused core's backward needs it
-        kept_for_core = fp8 and config.recompute is Recompute.NONE and training.attention != "unfused"
-        sharded += (saved + (2 if kept_for_core else 0)) * s * b * heads * a.value_head_dim
+        sharded += saved * s * b * max(a.num_attention_heads / t, 1.0) * a.value_head_dim
         if a.is_mla:
             sharded += 2 * s * b * ((a.q_lora_rank or 0) + a.kv_lora_rank + a.qk_rope_head_dim)
-        if config.recompute is Recompute.NONE:
-            if training.attention == "unfused":
-                sharded += (5 if block.dropout else 2) * heads * s * seq_len * b
-            else:
-                sharded += 4 * s * b * heads
-    if block.mlp is not None:
-        mlp = block.mlp
-        ffn = mlp.moe_top_k * mlp.ffn_hidden_size + (mlp.shared_expert_ffn_hidden_size or 0) if mlp.is_moe else (
-            mlp.ffn_hidden_size)
-        sharded += s * b * ffn / t * ((4 if mlp.gated else 2) + saved)  # first matrix's output, second's input
-        if mlp.is_moe:  # the routed copies of the MLP input
-            sharded += saved * s * b * mlp.moe_top_k * h / t
     if block.mamba is not None:
         mamba = block.mamba
         sharded += s * b * (2 * 2 * mamba.conv_channels + 3 * 2 * mamba.inner_size + 8 * mamba.num_heads) / t
     if training.finetune != "full":  # each adapter a token runs through keeps x·A (r wide, 16-bit) for B's wgrad
         sharded += 2 * s * b * training.lora_rank * sum(
             copies for _, _, copies in adapter_linears(block, training.lora_targets, active=True)) / t
-    return replicated / divisor + sharded + head
+    modules = config.selective_modules
+    kept = sum(tensor.bytes for tensor in megatron_saved_tensors(block, training, config)
+               if not tensor.freed_by & modules)
+    return replicated / divisor + sharded + kept + head
+
+
+def _saved_input_bytes(training: Training) -> int:
+    """Bytes per element of an input a linear layer keeps for its weight gradient (`FP8_SAVED_INPUT_BYTES` in FP8)."""
+    return FP8_SAVED_INPUT_BYTES if training.dtype == "fp8" else 2
+
+
+@dataclass(frozen=True)
+class SavedTensor:
+    """Bytes one block keeps of a tensor for backward per micro-batch on one rank, and the Megatron-Core recompute
+    modules (config.RECOMPUTE_MODULES) any one of which discards it and recomputes it in the backward."""
+
+    bytes: float
+    freed_by: frozenset[str] = frozenset()
+
+
+def _tensor(num_bytes: float, *freed_by: str) -> SavedTensor:
+    return SavedTensor(num_bytes, frozenset(freed_by))
+
+
+def megatron_saved_tensors(block: BlockSpec, training: Training, config: ParallelConfig) -> tuple[SavedTensor, ...]:
+    """The tensors of `block_type_activation_bytes` that some Megatron-Core recompute module can discard (a module
+    not listed by any keeps nothing apart), at the block's per-rank shapes."""
+    seq_len, cp = (block.tokens, 1) if block.tokens is not None else (training.seq_len, config.cp)
+    s, b, t = seq_len / cp, config.micro_batch, config.tp
+    tokens, sbh = s * b, s * b * block.hidden_size / (t if config.sequence_parallel else 1)
+    return (*normed_input_tensors(block, training, sbh), *attention_tensors(block, training, tokens, t, seq_len),
+            *mlp_tensors(block, training, tokens, t))
+
+
+def normed_input_tensors(block: BlockSpec, training: Training, sbh: float) -> tuple[SavedTensor, ...]:
+    """Each sub-layer's norm output as it is kept (`sbh`: one hidden-wide 16-bit-less tensor's elements on this
+    rank). Attention and a dense MLP fuse their norm into the first linear (Transformer Engine's LayerNormLinear
+    keeps its normed output for the wgrad); MLA's input norm and an MoE layer's pre-MLP norm are modules of their
+    own (gpt_layer_specs.py: `backend.layer_norm()`), whose output the down projections, or the router and the
+    dispatcher, read in 16 bits (and the shared experts keep their FP8 copy in FP8 training). The `layernorm`
+    module discards the outputs of the norms of their own (transformer_layer.py: CheckpointWithoutOutput around
+    input_layernorm / pre_mlp_layernorm, skipped for fused ones); `mlp` discards the dense MLP's, since its
+    checkpoint keeps only the MLP's input, the residual stream; `moe` keeps its input, the norm's output."""
+    saved = _saved_input_bytes(training)
+    tensors = []
+    if block.attention is not None or block.mamba is not None:
+        separate = block.attention is not None and block.attention.is_mla
+        tensors.append(_tensor(saved * sbh, *(("layernorm",) if separate else ())))
+    if block.mlp is not None and block.mlp.is_moe:
+        tensors.append(_tensor(2 * sbh, "layernorm"))
+        if training.dtype == "fp8" and block.mlp.shared_expert_ffn_hidden_size:
+            tensors.append(_tensor(saved * sbh, "layernorm", "moe", "shared_experts"))
+    elif block.mlp is not None:
+        tensors.append(_tensor(saved * sbh, "mlp"))
+    return tuple(tensors)
+
+
+def attention_tensors(block: BlockSpec, training: Training, tokens: float, tp: int,
+                      seq_len: float) -> tuple[SavedTensor, ...]:
+    """The attention core's inputs Q, K, V (heads × query/key and value width; MLA's are its up projections'
+    outputs after RoPE, which `mla_up_proj` discards: multi_latent_attention.py's qkv_up_checkpoint) and what the
+    core keeps of its own, which `core_attn` discards (Korthikanti's selective recompute): the unfused scores,
+    softmax and dropout mask, or FlashAttention's fp32 log-sum-exp, and in FP8 the 16-bit output the fused
+    backward reads besides the projection's FP8 copy of it."""
+    a = block.attention
+    if a is None:
+        return ()
+    heads, kv_heads = max(a.num_attention_heads / tp, 1.0), max(a.num_key_value_heads / tp, 1.0)
+    qkv = 2 * tokens * (heads * a.qk_head_dim + kv_heads * (a.qk_head_dim + a.value_head_dim))
+    if training.attention == "unfused":
+        core = (5 if block.dropout else 2) * heads * tokens * seq_len
+    else:
+        core = 4 * tokens * heads + (2 * tokens * heads * a.value_head_dim if training.dtype == "fp8" else 0.0)
+    return _tensor(qkv, *(("mla_up_proj",) if a.is_mla else ())), _tensor(core, "core_attn")
+
+
+def mlp_tensors(block: BlockSpec, training: Training, tokens: float, tp: int) -> tuple[SavedTensor, ...]:
+    """What the MLP keeps on this rank: the first matrix's output (the activation's input; gated: both halves) and
+    the activation's output (the second matrix's input). Dense: `mlp` discards both (transformer_layer.py
+    checkpoints the whole MLP). MoE, over the top-k routed copies of each token: `moe` discards the whole layer's
+    internals (moe_layer.py checkpoints router, dispatch, experts and combine, keeping the layer's input): the
+    routed copies the dispatcher hands the experts, both expert tensors, the shared experts'; `moe_act` only the
+    routed experts' activation output (experts.py: CheckpointWithoutOutput around the activation, whose input, the
+    first matrix's output, stays); `shared_experts` the shared experts' two (shared_experts.py checkpoints them)."""
+    mlp = block.mlp
+    if mlp is None:
+        return ()
+    saved = _saved_input_bytes(training)
+    first = 4 if mlp.gated else 2
+    if not mlp.is_moe:
+        return (_tensor(tokens * mlp.ffn_hidden_size / tp * (first + saved), "mlp"),)
+    routed = tokens * mlp.moe_top_k * mlp.ffn_hidden_size / tp
+    shared = tokens * (mlp.shared_expert_ffn_hidden_size or 0) / tp
+    return (_tensor(saved * tokens * mlp.moe_top_k * block.hidden_size / tp, "moe"),
+            _tensor(first * routed, "moe"), _tensor(saved * routed, "moe", "moe_act"),
+            _tensor((first + saved) * shared, "moe", "shared_experts"))
+
+
+def recompute_module_bytes(block: BlockSpec, training: Training, config: ParallelConfig, module: str) -> float:
+    """Activation bytes per micro-batch one block of type `block` no longer keeps when Megatron-Core recomputes
+    `module` (one of config.RECOMPUTE_MODULES): what `--recompute-modules <module>` saves on its own."""
+    return sum(tensor.bytes for tensor in megatron_saved_tensors(block, training, config) if module in tensor.freed_by)
 
 
 def recompute_working_bytes(model: ModelSpec, training: Training, config: ParallelConfig) -> float:
     """Extra activation bytes while one block is recomputed and back-propagated, the largest block type's: under
     full recompute that block's activations for one micro-batch exist in full until its backward ends; under
-    torchtitan's per-op policy, what it recomputes (the whole block's less what it kept)."""
+    torchtitan's per-op policy, what it recomputes (the whole block's less what it kept); under Megatron-Core's
+    modules, what they discard other than the attention core's (recomputed inside the attention's own backward)."""
     full = config.recompute is Recompute.FULL
-    if not full and not (config.recompute is Recompute.SELECTIVE and config.selective_recompute == "op"):
+    if config.recompute is Recompute.SELECTIVE and config.selective_recompute != "op":
+        rerun = config.selective_modules - {"core_attn"}
+        return max((sum(tensor.bytes for tensor in megatron_saved_tensors(block, training, config)
+                        if tensor.freed_by & rerun) for block in model.block_types()), default=0.0)
+    if not full and config.recompute is not Recompute.SELECTIVE:
         return 0.0
     whole = replace(config, recompute=Recompute.NONE)
     return max(block_type_activation_bytes(model, block, training, whole)

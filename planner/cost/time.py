@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from planner.cluster import Link
-from planner.config import ParallelConfig, Recompute, Training
+from planner.config import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES, ParallelConfig, Recompute, Training
 from planner.cost.adapters import adapter_block_times, frozen_end_times
 from planner.cost.comm import all_gather_time, all_reduce_time, all_to_all_time, p2p_time, reduce_scatter_time
 from planner.cost.memory import (
@@ -63,6 +63,7 @@ __all__ = [
     "optimizer_step_time",
     "p2p_boundary_time",
     "resharded_costs",
+    "selective_recompute_s",
     "stage_boundary_s",
     "unit_costs",
     "unit_runs",
@@ -237,14 +238,17 @@ def _block_cost(model: ModelSpec, block: BlockSpec, times: UnitTimes, training: 
     elif op_policy:
         recompute = _op_sac_recompute_s(block, times)
     elif config.recompute is Recompute.SELECTIVE:
-        recompute = times.attention_core_forward_s
-    if config.recompute is not Recompute.NONE and not op_policy:  # attention recomputed, with its KV exchange
+        recompute = selective_recompute_s(times, config.selective_modules)
+        if "mlp" in config.selective_modules and block.mlp is not None and not block.mlp.is_moe:
+            recompute_tp = tp_forward / block.sublayers  # the dense MLP's own collectives, re-run with it
+    modules = frozenset(RECOMPUTE_MODULES) if config.recompute is Recompute.FULL else config.selective_modules
+    if "core_attn" in modules and not op_policy:  # attention recomputed, with its KV exchange
         cp_backward += cp_forward
     ep_forward = ep_backward = 0.0
     if block.mlp is not None and block.mlp.is_moe:
         ep_forward, ep_backward = expert_parallel_s(block.mlp, block.hidden_size, setting, config, ep_link, tp_link,
                                                     calibration, times)
-        ep_backward += ep_forward if config.recompute is Recompute.FULL else 0.0
+        ep_backward += ep_forward if "moe" in modules else 0.0  # the MoE layer re-run, dispatch and combine too
         tp_forward, tp_backward = tp_forward + ep_forward, tp_backward + ep_backward
     return UnitCost(
         forward_s=times.forward_s,
@@ -276,6 +280,15 @@ def resharded_costs(model: ModelSpec, training: Training, config: ParallelConfig
     return out
 
 
+def selective_recompute_s(times: UnitTimes, modules: frozenset[str]) -> float:
+    """Forward compute Megatron-Core's selective recompute repeats for `modules` (config.RECOMPUTE_MODULES): the
+    attention core's, and each other module's as the profile breaks it out (`UnitTimes.module_forward_s`; a
+    profile without the breakdown, e.g. a measured one, charges only the attention core). Nested modules (moe_act
+    or shared_experts inside moe) run again inside the outer one's recompute, so their times add."""
+    parts = dict(times.module_forward_s)
+    return sum(times.attention_core_forward_s if name == "core_attn" else parts.get(name, 0.0) for name in modules)
+
+
 def _op_sac_recompute_s(block: BlockSpec, times: UnitTimes) -> float:
     """Forward time the per-op policy repeats in the backward: everything but the attention kernel and the kept
     matrix multiplies (their share of the block's linear time, by FLOPs)."""
@@ -301,9 +314,11 @@ def _tensor_counts(sizes: Sequence[int]) -> dict[str, int]:
 def _activation_bytes(model: ModelSpec, kind: UnitKind, block: BlockSpec | None, training: Training,
                       config: ParallelConfig, setting: UnitSetting, timer: UnitTimer) -> float:
     """A unit's activation bytes per micro-batch: the timer's measured ones where it has them (a measured
-    profile's block stands for every block type, as its times do), else the analytic ones of its type."""
-    measured = (timer.activation_bytes(kind, setting, config.recompute)
-                if _has_method(type(timer), "activation_bytes") else None)  # an ActivationSource
+    profile's block stands for every block type, as its times do; its selective recompute is the default
+    attention core's, so other recompute modules are costed analytically), else the analytic ones of its type."""
+    measured = (timer.activation_bytes(kind, setting, config.recompute)  # an ActivationSource, by recompute mode
+                if _has_method(type(timer), "activation_bytes")
+                and config.recompute_modules == DEFAULT_RECOMPUTE_MODULES else None)
     if measured is not None:
         return measured
     if block is None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from itertools import groupby
 
-from planner.config import ParallelConfig, Recompute, Training
+from planner.config import DEFAULT_RECOMPUTE_MODULES, ParallelConfig, Recompute, Training
 from planner.errors import PlannerError
 from planner.export.launch import Placeholder
 from planner.model import BlockSpec, ModelSpec
@@ -326,6 +326,8 @@ def parallel_flags(config: ParallelConfig, global_batch: int, split: tuple[Flag,
     flags += [("--micro-batch-size", str(config.micro_batch)), ("--global-batch-size", str(global_batch))]
     if config.recompute is Recompute.SELECTIVE:
         flags.append(("--recompute-granularity", "selective"))
+        if config.recompute_modules != DEFAULT_RECOMPUTE_MODULES:  # Megatron-LM's list (str+); the default: core_attn
+            flags.append(("--recompute-modules", *config.recompute_modules))
     elif config.recompute is Recompute.FULL:
         flags += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                   ("--recompute-num-layers", str(FULL_RECOMPUTE_LAYERS))]

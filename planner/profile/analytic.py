@@ -98,6 +98,9 @@ class UnitTimes:
     attention_core_backward_s: float = 0.0  # what context parallelism's ring steps hide behind in the backward
     # the weight-gradient GEMMs inside backward_s (a zero-bubble schedule's W pass); None: not profiled
     weight_grad_s: float | None = None
+    # forward seconds of what each Megatron-Core recompute module re-runs (config.RECOMPUTE_MODULES but core_attn,
+    # which is attention_core_forward_s), as (module, seconds); empty where the profile does not break them out
+    module_forward_s: tuple[tuple[str, float], ...] = ()
 
 
 def weight_gradient_s(kind: UnitKind, times: UnitTimes) -> float:
@@ -251,9 +254,9 @@ class AnalyticProfile:
                 full_forward, full_backward = view._attention_core(setting, gpu)
                 forward, backward = self._typed_attention_core(block.attention, (full_forward, full_backward),
                                                                setting)
-                times = UnitTimes(times.forward_s - full_forward + forward,
-                                  times.backward_s - full_backward + backward, forward, times.linear_forward_s,
-                                  backward, times.weight_grad_s)
+                times = replace(times, forward_s=times.forward_s - full_forward + forward,
+                                backward_s=times.backward_s - full_backward + backward,
+                                attention_core_forward_s=forward, attention_core_backward_s=backward)
         elif block.attention is not None or block.mamba is not None or block.mlp is not None:
             times = self._composed_block(block, setting, gpu)
         else:
@@ -320,9 +323,11 @@ class AnalyticProfile:
             kernels += 1
         gemms = sum(linears) + router
         elementwise = self.memory_time(gpu, setting.tokens * per_token) + kernels * self.calibration.kernel_launch_s
+        modules = view._module_forward_s(setting, gpu, block.mlp is not None and block.mlp.is_moe,
+                                         block.mlp is not None)
         return UnitTimes(gemms + core_forward + scan_forward + elementwise,
                          2 * gemms + core_backward + scan_backward + 2 * elementwise,
-                         core_forward, tuple(linears), core_backward, gemms)
+                         core_forward, tuple(linears), core_backward, gemms, modules)
 
     def _mamba(self, block: BlockSpec, setting: UnitSetting, gpu: GPUSpec) -> tuple[float, float, float, float]:
         """(in_proj, out_proj, scan forward, scan backward) of a Mamba-2 mixer on one TP rank. As Megatron-Core's
@@ -444,9 +449,17 @@ class AnalyticProfile:
             return (self.gemm_time(gpu, setting.dtype, tokens, qkv_width, h),
                     self.gemm_time(gpu, setting.dtype, tokens, h, q / t), qkv_width)
         *inputs, (out_in, _) = m.attention_linears()
-        qkv = sum(self.gemm_time(gpu, setting.dtype, tokens, n if k == h else n / t, k) for k, n in inputs)
-        return qkv, self.gemm_time(gpu, setting.dtype, tokens, h, out_in / t), sum(
-            n if k == h else n / t for k, n in inputs)
+        downs = sum(self.gemm_time(gpu, setting.dtype, tokens, n, k) for k, n in inputs if k == h)
+        projection = self.gemm_time(gpu, setting.dtype, tokens, h, out_in / t)
+        return downs + self._mla_up_linears(setting, gpu), projection, sum(n if k == h else n / t for k, n in inputs)
+
+    def _mla_up_linears(self, setting: UnitSetting, gpu: GPUSpec) -> float:
+        """MLA's up projections from the query and KV latents, split over TP (zero without MLA)."""
+        m, h = self.model, self.model.hidden_size
+        if not m.is_mla:
+            return 0.0
+        return sum(self.gemm_time(gpu, setting.dtype, setting.tokens, n / setting.tp, k)
+                   for k, n in m.attention_linears()[:-1] if k != h)
 
     def _mlp_linears(self, setting: UnitSetting, gpu: GPUSpec, moe: bool) -> tuple[float, float, float]:
         """(up GEMMs, down GEMMs, router) of one block on one rank. Routed experts run as one grouped GEMM
@@ -464,12 +477,19 @@ class AnalyticProfile:
         rows = tokens / t * m.moe_top_k * setting.ep * etp / m.num_experts * setting.expert_load
         up = self.gemm_time(gpu, dtype, rows, gated * f / etp, h, local)
         down = self.gemm_time(gpu, dtype, rows, h, f / etp, local)
-        if m.shared_expert_ffn_hidden_size:
-            shared = m.shared_expert_ffn_hidden_size
-            up += self.gemm_time(gpu, dtype, tokens, gated * shared / t, h)
-            down += self.gemm_time(gpu, dtype, tokens, h, shared / t)
+        shared_up, shared_down = self._shared_expert_linears(setting, gpu)
         router = self.gemm_time(gpu, _gemm_dtype_outside_linears(dtype, gpu), tokens / t, m.num_experts, h)
-        return up, down, router
+        return up + shared_up, down + shared_down, router
+
+    def _shared_expert_linears(self, setting: UnitSetting, gpu: GPUSpec) -> tuple[float, float]:
+        """(up GEMM, down GEMM) of an MoE block's shared experts, a dense tensor-parallel MLP (none: zeros)."""
+        m, t, tokens = self.model, setting.tp, setting.tokens
+        shared = m.shared_expert_ffn_hidden_size
+        if not shared:
+            return 0.0, 0.0
+        gated = 2 if m.activation == "swiglu" else 1
+        return (self.gemm_time(gpu, setting.dtype, tokens, gated * shared / t, m.hidden_size),
+                self.gemm_time(gpu, setting.dtype, tokens, m.hidden_size, shared / t))
 
     def _block_of(self, setting: UnitSetting, gpu: GPUSpec, moe: bool) -> UnitTimes:
         m, t, dtype = self.model, setting.tp, setting.dtype
@@ -497,7 +517,42 @@ class AnalyticProfile:
                                     _BACKWARD_KERNELS_PER_FORWARD * kernels)
         # W: each linear layer's and the router's weight-gradient GEMM (as long as its forward GEMM); the
         # input-gradient GEMMs, the attention core's backward and the element-wise work are B's
-        return UnitTimes(forward, backward, core_forward, tuple(linears), core_backward, gemms)
+        return UnitTimes(forward, backward, core_forward, tuple(linears), core_backward, gemms,
+                         self._module_forward_s(setting, gpu, moe))
+
+    def _module_forward_s(self, setting: UnitSetting, gpu: GPUSpec, moe: bool,
+                          has_mlp: bool = True) -> tuple[tuple[str, float], ...]:
+        """`UnitTimes.module_forward_s` of one block of this one-block model (an MoE MLP if `moe`, none unless
+        `has_mlp`): layernorm re-runs the norms that are modules of their own (MLA's input norm, an MoE layer's
+        pre-MLP norm); mla_up_proj MLA's up projections and RoPE; mlp a dense MLP's GEMMs, activation and the norm
+        fused into its first linear; moe the router, the permutes, the routed and shared experts and their
+        activations; moe_act the routed experts' activation; shared_experts the shared experts' GEMMs and
+        activation. Each element-wise kernel at HBM bandwidth plus one launch. The communication they re-run (moe's
+        dispatch and combine, mlp's TP collectives) is the cost model's (cost/time.py)."""
+        m, t = self.model, setting.tp
+        width = m.hidden_size / t if setting.sequence_parallel else m.hidden_size
+        per_element = 6 if m.activation == "swiglu" else 4  # activation bytes per intermediate channel
+
+        def kernel(bytes_per_token: float) -> float:
+            return self.memory_time(gpu, setting.tokens * bytes_per_token) + self.calibration.kernel_launch_s
+
+        norm = kernel(4 * width)
+        parts = {"layernorm": norm * (m.is_mla + (moe and has_mlp))}
+        if m.is_mla:
+            parts["mla_up_proj"] = self._mla_up_linears(setting, gpu) + kernel(4 * (m.query_width + m.kv_width) / t)
+        if has_mlp and not moe:
+            up, down, _ = self._mlp_linears(setting, gpu, moe=False)
+            parts["mlp"] = norm + up + down + kernel(per_element * m.ffn_hidden_size / t)
+        elif has_mlp:
+            routed = m.moe_top_k * setting.expert_load
+            up, down, router = self._mlp_linears(setting, gpu, moe=True)
+            shared_up, shared_down = self._shared_expert_linears(setting, gpu)
+            shared = m.shared_expert_ffn_hidden_size or 0
+            parts["moe_act"] = kernel(per_element * routed * m.expert_ffn_hidden_size / t)
+            parts["shared_experts"] = shared_up + shared_down + kernel(per_element * shared / t) if shared else 0.0
+            permutes = kernel(2 * 2 * 2 * routed * m.hidden_size / t)
+            parts["moe"] = up + down + router + permutes + parts["moe_act"] + parts["shared_experts"]
+        return tuple(parts.items())
 
     def _embedding(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
         m = self.model

@@ -27,6 +27,7 @@ from planner.cluster import Cluster
 from planner.config import (
     CP_COMMS,
     DEFAULT_LOCAL_QUEUE_DEPTH,
+    DEFAULT_RECOMPUTE_MODULES,
     LOCAL_HEADS,
     MOE_DISPATCHERS,
     ParallelConfig,
@@ -34,6 +35,7 @@ from planner.config import (
     Schedule,
     Training,
     fp8_param_gather_why_not,
+    parse_recompute_modules,
 )
 from planner.cost.schedule import schedule_of
 from planner.errors import PlannerError
@@ -62,6 +64,7 @@ class FixedOptions:
     micro_batch: int | None = None
     vpp: int | None = None
     recompute: Recompute | None = None
+    recompute_modules: tuple[str, ...] | None = None  # Megatron-LM's --recompute-modules (implies selective)
     schedule: Schedule | None = None
     zero_stage: int | None = None
     distributed_optimizer: bool | None = None
@@ -84,9 +87,11 @@ class FixedOptions:
     def from_options(cls, options: dict[str, Any]) -> FixedOptions:
         """From the CLI's parallel options (`parallel_options` in cli.py)."""
         recompute, schedule = options.get("recompute"), options.get("schedule")
+        modules = options.get("recompute_modules")
         return cls(
             tp=options.get("tp"), pp=options.get("pp"), dp=options.get("dp"), micro_batch=options.get("micro_batch"),
             vpp=options.get("vpp"), recompute=Recompute(recompute) if recompute else None,
+            recompute_modules=parse_recompute_modules(modules) if modules else None,
             schedule=Schedule(schedule) if schedule else None, zero_stage=options.get("zero_stage"),
             distributed_optimizer=options.get("distributed_optimizer"),
             sequence_parallel=options.get("sequence_parallel"),
@@ -97,6 +102,20 @@ class FixedOptions:
             local_queue_depth=options.get("local_queue_depth"), local_head=options.get("local_head"),
             fp8_param_gather=options.get("fp8_param_gather"),
         )
+
+    @property
+    def names_recompute_modules(self) -> bool:
+        """Whether the user named recompute modules other than the default (selective recompute of those)."""
+        return self.recompute_modules not in (None, DEFAULT_RECOMPUTE_MODULES)
+
+    def recompute_options(self) -> list[tuple[Recompute, tuple[str, ...]]]:
+        """The (recompute, recompute_modules) pairs to plan: the fixed ones, selective when modules are named,
+        else every mode with the default modules."""
+        modules = self.recompute_modules or DEFAULT_RECOMPUTE_MODULES
+        if self.recompute is not None:
+            return [(self.recompute, modules)]
+        return [(Recompute.SELECTIVE, modules)] if self.names_recompute_modules else [
+            (recompute, DEFAULT_RECOMPUTE_MODULES) for recompute in Recompute]
 
     def local_options(self) -> dict[str, Any]:
         """The local schedule's fields of a ParallelConfig (their defaults where left open)."""
@@ -167,6 +186,7 @@ def _check_fixed(model: ModelSpec, cluster: Cluster, training: Training, fixed: 
         raise PlannerError(
             f"--micro-batch {fixed.micro_batch} does not divide the global batch {training.global_batch}")
     _check_local(fixed)
+    _check_recompute_modules(fixed)
     if fixed.schedule is not None:
         framework_named(fixed.framework or "any").check_schedule(fixed.schedule)
         if schedule_of(fixed.schedule).splits_backward and fixed.pp == 1:
@@ -193,6 +213,19 @@ def _check_fixed(model: ModelSpec, cluster: Cluster, training: Training, fixed: 
         raise PlannerError(f"--hsdp {fixed.hsdp_replicas} does not divide the cluster's {gpus} GPUs")
     if fixed.distributed_optimizer and fixed.zero_stage not in (None, 0, 1):
         raise PlannerError(f"--distributed-optimizer cannot be combined with --zero {fixed.zero_stage}")
+
+
+def _check_recompute_modules(fixed: FixedOptions) -> None:
+    """Named recompute modules are selective recompute's, of a framework that takes a module list."""
+    if not fixed.names_recompute_modules:
+        return
+    named = ",".join(fixed.recompute_modules or ())
+    if fixed.recompute not in (None, Recompute.SELECTIVE):
+        raise PlannerError(f"--recompute-modules {named} is what selective recompute re-runs and needs --recompute "
+                           f"selective, got --recompute {fixed.recompute.value}")
+    why = framework_named(fixed.framework or "any").recompute_modules_why_not(fixed.recompute_modules or ())
+    if why:
+        raise PlannerError(f"--recompute-modules: {why}; plan with --framework megatron")
 
 
 def _check_local(fixed: FixedOptions) -> None:
@@ -371,6 +404,7 @@ def complete_config(fixed: FixedOptions, model: ModelSpec, cluster: Cluster, tra
     vpp = fixed.vpp or (chunks[0] if len(chunks) == 1 else 1)  # zb-v runs two chunks, no more, no fewer
     hsdp = fixed.hsdp_replicas or 1
     _check_fixed_experts(model, cluster, fixed)
+    (recompute, modules), *_ = fixed.recompute_options()  # the fixed one, else selective of the named, else none
     etp = fixed.etp or (tp if model.is_moe else 1)  # Megatron-LM: --expert-tensor-parallel-size defaults to tp
     ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, ep=fixed.ep or 1, etp=etp).check_experts(model.num_experts)
     return framework_named(fixed.framework or "any").require(ParallelConfig(
@@ -378,7 +412,7 @@ def complete_config(fixed: FixedOptions, model: ModelSpec, cluster: Cluster, tra
         ep=fixed.ep or 1, etp=etp, moe_dispatcher=fixed.moe_dispatcher or "alltoall",
         moe_ep_overlap=bool(fixed.moe_ep_overlap), zero3_collectives=fixed.zero3_collectives or "per-unit",
         fp8_param_gather=bool(fixed.fp8_param_gather), micro_batch=fixed.micro_batch or 1,
-        sequence_parallel=_sequence_parallel(fixed, tp), recompute=fixed.recompute or Recompute.NONE,
+        sequence_parallel=_sequence_parallel(fixed, tp), recompute=recompute, recompute_modules=modules,
         tp_comm_overlap=bool(fixed.tp_comm_overlap), zero_stage=fixed.zero_stage or (3 if hsdp > 1 else 0),
         distributed_optimizer=bool(fixed.distributed_optimizer),
         schedule=fixed.schedule or (Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B),
@@ -427,7 +461,7 @@ def runnable_by_framework(configs: Iterable[ParallelConfig], fixed: FixedOptions
 
 def _layouts(model: ModelSpec, cluster: Cluster, training: Training, fixed: FixedOptions) -> Iterator[ParallelConfig]:
     """Every valid configuration in a fixed, deterministic order, whichever framework runs it."""
-    recomputes = [fixed.recompute] if fixed.recompute else list(Recompute)
+    recomputes = fixed.recompute_options()
     _check_fixed_experts(model, cluster, fixed)
     for dp, tp, pp, cp in degree_triples(model, cluster, training, fixed):
         sp = _sequence_parallel(fixed, tp)
@@ -441,11 +475,12 @@ def _layouts(model: ModelSpec, cluster: Cluster, training: Training, fixed: Fixe
                 if pp * vpp > model.num_layers:
                     continue
                 for zero_stage, dist_opt, hsdp in _sharding_options(dp * cp, fixed):
-                    for recompute, overlap, comm, (ep, etp) in product(recomputes, _tp_comm_overlaps(fixed, sp), comms,
-                                                                       experts):
+                    for (recompute, modules), overlap, comm, (ep, etp) in product(
+                            recomputes, _tp_comm_overlaps(fixed, sp), comms, experts):
                         config = ParallelConfig(
                             dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, vpp=vpp, cp=cp, cp_comm=comm, ep=ep, etp=etp,
-                            hsdp_replicas=hsdp, sequence_parallel=sp, recompute=recompute, zero_stage=zero_stage,
+                            hsdp_replicas=hsdp, sequence_parallel=sp, recompute=recompute, recompute_modules=modules,
+                            zero_stage=zero_stage,
                             distributed_optimizer=dist_opt, schedule=schedule, tp_comm_overlap=overlap,
                             moe_dispatcher=fixed.moe_dispatcher or ("flex" if ep > 1 else "alltoall"),
                             fp8_param_gather=bool(fixed.fp8_param_gather) and (zero_stage > 0 or dist_opt),
