@@ -108,7 +108,8 @@ def _per_tensor(dp: int, **fields: object) -> ParallelConfig:
 def test_per_tensor_zero3_pays_each_tensors_ring_latency_and_hides_nothing():
     """DeepSpeed ZeRO-3 up to v0.5.4: one collective per parameter tensor, each gather after a device-wide
     synchronize. Per unit: 2 gathers of its gathered tensors + 1 reduce-scatter of all its tensors, each
-    paying (n − 1)·α, and all of it exposed however much compute there is to hide behind."""
+    paying (n − 1)·α and a copy kernel per rank (PyTorch's list-form all_gather / reduce_scatter stage the
+    partitions through one flat buffer), and all of it exposed however much compute there is to hide behind."""
     alpha, dp = 10e-6, 256
     link = Link(100e9, alpha, "inter")
     unit = UnitCost(1.0, 2.0, 0.0, 0.0, 0.0, 0.0, PARAMS, tensors=12, gathered_tensors=4)
@@ -117,7 +118,8 @@ def test_per_tensor_zero3_pays_each_tensors_ring_latency_and_hides_nothing():
     assert per_tensor.exposed_s == per_tensor.total_s
     assert per_unit.exposed_s < 0.2 * per_unit.total_s  # 1 s of compute per unit hides all but the ends
     extra_latency = 8 * ((2 * (4 - 1)) + (12 - 1)) * (dp - 1) * alpha
-    assert per_tensor.total_s - per_unit.total_s == pytest.approx(extra_latency)
+    copies = 8 * (2 * 4 + 12) * dp * CALIBRATION.kernel_launch_s
+    assert per_tensor.total_s - per_unit.total_s == pytest.approx(extra_latency + copies)
 
 
 def test_per_tensor_zero3_needs_deepspeed_zero3_without_pipelining():
@@ -145,7 +147,7 @@ def test_narayanan_zero3_rows_are_no_longer_free():
     legacy = estimate(run.model, run.cluster, run.training, run.config).iteration_time_s
     modern_config = replace(run.config, zero3_collectives="per-unit")
     modern = estimate(run.model, run.cluster, run.training, modern_config).iteration_time_s
-    assert abs(legacy / run.iteration_s - 1) < 0.25
+    assert abs(legacy / run.iteration_s - 1) < 0.05  # the per-rank partition copies: 12 s of its 66.7 s
     assert modern < 0.3 * run.iteration_s
 
 

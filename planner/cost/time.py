@@ -748,10 +748,22 @@ def _run_collectives(runs: Sequence[UnitRun], training: Training, config: Parall
     per_tensor = config.zero3_collectives == "per-tensor"
     return [(all_gather_time(unit.params * states.weight_bytes - _fp8_saved_bytes(unit, config), group, link,
                              calibration, messages=unit.gathered_tensors if per_tensor else 1)
+             + (_partition_copies_s(unit.gathered_tensors, group, calibration) if per_tensor else 0.0)
              if config.optimizer_sharding == 3 else 0.0,
              reduce_scatter_time(unit.params * states.trainable * training.grad_bytes, group, link, calibration,
-                                 messages=unit.tensors if per_tensor else 1))
+                                 messages=unit.tensors if per_tensor else 1)
+             + (_partition_copies_s(unit.tensors, group, calibration) if per_tensor else 0.0))
             for unit, _ in runs]
+
+
+def _partition_copies_s(collectives: int, ranks: int, calibration: Calibration) -> float:
+    """The per-rank copies of `collectives` list-form NCCL collectives over `ranks` GPUs: DeepSpeed's per-tensor
+    ZeRO-3 (v0.3–0.5.4, `partition_parameters._allgather_param` / `_reduce_scatter_gradient`) hands
+    torch.distributed one tensor per rank, and PyTorch's ProcessGroupNCCL (before `_all_gather_base`) stages a
+    list through one flat buffer, copying each rank's partition out of it (all-gather) or into it (reduce-scatter)
+    with its own kernel: `ranks` kernels per collective, each at least a kernel's launch cost. Linear in the GPU
+    count, which is why those runs lose more time the more GPUs they use."""
+    return collectives * ranks * calibration.kernel_launch_s
 
 
 def _fp8_saved_bytes(unit: UnitCost, config: ParallelConfig) -> float:
