@@ -24,7 +24,7 @@ RECORDED = {
     "Korthikanti 2022 Table 4 (22B layer, A100)": (10, 0.016, None, 0),
     "NeMo 24.07 (H100, FP8)": (7, 0.084, None, 7),  # 7th fits with FP8 saved inputs in one byte (2026-12-01)
     "Megatron-Bridge 25.11 (H100, FP8)": (2, 0.107, None, 2),  # 16-bit gradient buffers of its perf recipes
-    "Narayanan 2021 Table 2 (DeepSpeed ZeRO-3, A100)": (6, 0.135, None, 5),  # per-tensor ZeRO-3 (DeepSpeed 2021)
+    "Narayanan 2021 Table 2 (DeepSpeed ZeRO-3, A100)": (6, 0.135, None, 6),  # per-tensor ZeRO-3 (DeepSpeed 2021)
     "llm-foundry MPT (PyTorch FSDP, A100)": (139, 0.077, None, 139),
     "NeMo / Megatron-Bridge long context CP (H100, FP8)": (14, 0.061, None, 14),
     "torchtitan 2024-12 (FSDP2/TP, H100)": (18, 0.159, 0.234, 18),  # CP and FSDP+PP (4D) rows; per-op SAC; FA2

@@ -200,3 +200,20 @@ def test_linear_weights_are_nearly_all_of_a_transformer_block():
     h, kv, ffn = 4096, 1024, 14336
     assert block.linear_weight_parameters() == h * (h + 2 * kv) + h * h + 3 * h * ffn
     assert block.parameters() - block.linear_weight_parameters() == 2 * h  # the two RMSNorm weights
+
+
+def test_per_tensor_zero3_holds_one_tensor_and_its_buckets_not_whole_blocks():
+    """DeepSpeed's 2021 ZeRO-3 keeps whole only the submodule computing plus a 5e7-element prefetch bucket, and up
+    to a 5e8-element reduce bucket of unsharded gradients (or one larger tensor): for GPT-3 175B the largest tensor
+    is the 51,200 × 12,288 embedding (629 M elements, above a block's 4h × h MLP weight), not two 1.8 B-parameter
+    blocks as FSDP's per-unit gathers."""
+    from planner.cost.memory import framework_buffer_bytes
+    from planner.model import load_model
+
+    model = load_model("gpt3-175b")
+    training = Training(global_batch=1536, seq_len=2048, dtype="fp16")
+    largest = 51200 * 12288
+    per_tensor = dict(framework_buffer_bytes(model, training, _per_tensor(1536)))["gathered_units"]
+    assert per_tensor == pytest.approx((largest + 5e7) * 2 + largest * training.grad_bytes)
+    per_unit = dict(framework_buffer_bytes(model, training, _zero(3, 1536)))["gathered_units"]
+    assert per_unit > 3 * per_tensor

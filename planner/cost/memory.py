@@ -359,6 +359,10 @@ DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
 are views into its contiguous gradient buffer (megatron/core/distributed/param_and_grad_buffer.py), already
 counted as gradients, so Megatron's DDP and distributed optimizer add none."""
 
+ZERO3_PREFETCH_BUCKET_ELEMENTS = 50_000_000
+"""Parameters DeepSpeed's per-tensor ZeRO-3 (v0.3–0.5.4) gathers ahead of the submodule computing
+(`stage3_prefetch_bucket_size`, default 5e7 in deepspeed/runtime/zero/constants.py of those versions)."""
+
 ZERO3_GATHERED_UNITS = 2
 """Units whose full 16-bit weights exist at once under ZeRO-3 / FSDP: the one computing and the one
 prefetched (PyTorch FSDP `limit_all_gathers`: "at most two in-flight all-gathers"; FSDP2 prefetches one
@@ -486,6 +490,8 @@ def framework_buffer_bytes(model: ModelSpec, training: Training, config: Paralle
     when fine-tuning, of the weights as stored and the trainable parameters' gradients (`states`, else
     `parameter_states(model, training)`)."""
     states = states or parameter_states(model, training)
+    if config.optimizer_sharding == 3 and config.zero3_collectives == "per-tensor":
+        return _per_tensor_gather_buffers(model, training, config, states)
     if config.optimizer_sharding == 3 and config.reshard_after_forward and config.pp == 1:
         unit = _parameter_counts(model)[1] / config.tp
         per_param = ZERO3_GATHERED_UNITS * states.weight_bytes + states.trainable * training.grad_bytes
@@ -494,6 +500,26 @@ def framework_buffer_bytes(model: ModelSpec, training: Training, config: Paralle
         elements = min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, _parameter_counts(model)[0] * states.trainable / config.tp)
         return (("gradient_bucket", elements * training.grad_bytes),)
     return ()
+
+
+def _per_tensor_gather_buffers(model: ModelSpec, training: Training, config: ParallelConfig,
+                               states: ParameterStates) -> tuple[tuple[str, float], ...]:
+    """DeepSpeed's per-tensor ZeRO-3 (`zero3_collectives` "per-tensor", v0.3–0.5.4) holds whole only the
+    submodule computing (at most the largest tensor) and the prefetch bucket, and unsharded gradients up to its
+    reduce bucket (`reduce_bucket_size`, 5e8 elements, or one larger tensor: stage3.py's ipg bucket) — not
+    whole blocks as FSDP's per-unit gathers do."""
+    largest = _largest_tensor(model) / config.tp
+    weights = (largest + ZERO3_PREFETCH_BUCKET_ELEMENTS) * states.weight_bytes
+    gradients = max(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, largest) * states.trainable * training.grad_bytes
+    return (("gathered_units", weights + gradients),)
+
+
+@cache
+def _largest_tensor(model: ModelSpec) -> int:
+    """Elements of the model's largest parameter tensor (embedding, head or any block type's)."""
+    sizes = (*model.embedding_tensor_sizes(), *model.head_tensor_sizes(),
+             *(size for block in model.block_types() for size in block.tensor_sizes()))
+    return max(sizes)
 
 
 def rank_memory_model(model: ModelSpec, training: Training, config: ParallelConfig, pp_rank: int,
