@@ -40,7 +40,7 @@ from planner.config import (
     Schedule,
     Training,
 )
-from planner.cost.estimate import Estimate, estimate, fit_advice
+from planner.cost.estimate import Estimate, estimate, fit_advice, mfu_convention
 from planner.explain import explain
 from planner.export import EXPORT_TARGETS, exporter, render_stdout, write_export
 from planner.finetune import adapter_parameters
@@ -547,7 +547,7 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
     else:
         click.echo(f"{model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {global_batch}, "
                    f"sequence {training.seq_len}, {training.dtype}{describe_tuning(model, training)}")
-        click.echo(describe_estimate(config, result, config.num_gpus))
+        click.echo(describe_estimate(config, result, config.num_gpus, mfu_convention(training)))
         echo_local_learning(document)
         if cost:
             click.echo(f"time to train   {cost.describe()}")
@@ -734,7 +734,7 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     gap = best.estimate.iteration_time_s / best.lower_bound_s - 1
     click.echo("the split is proven optimal: its estimate meets the lower bound over every split" if best.optimal
                else f"the split is within {100 * gap:.2f} % of the lower bound over every split (not proven optimal)")
-    click.echo(describe_estimate(best.config, best.estimate, best.config.num_gpus))
+    click.echo(describe_estimate(best.config, best.estimate, best.config.num_gpus, mfu_convention(training)))
     echo_local_learning(documents[0])
     if costs[0]:
         click.echo(f"time to train   {costs[0].describe()}")

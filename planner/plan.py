@@ -27,7 +27,7 @@ from planner.config import (
     Schedule,
     Training,
 )
-from planner.cost.estimate import Estimate
+from planner.cost.estimate import Estimate, mfu_convention
 from planner.cost.schedule import schedule_of
 from planner.errors import PlannerError
 from planner.frameworks import FRAMEWORK_NAMES, runs_on
@@ -133,6 +133,7 @@ def build_plan_document(
         "estimate": {
             "iteration_time_s": result.iteration_time_s, "tokens_per_s": result.tokens_per_s,
             "model_tflops_per_gpu": result.model_tflops_per_gpu, "mfu": result.mfu,
+            "mfu_convention": mfu_convention(training),
             "breakdown_s": dict(result.breakdown_s), "peak_memory_bytes": round(result.peak_memory_bytes),
             "fits": result.fits, "breakdown_detail_s": dict(result.breakdown_detail_s),
         },

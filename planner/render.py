@@ -150,12 +150,14 @@ def format_memory(result: Estimate) -> str:
     return format_table(headers, rows)
 
 
-def describe_estimate(config: ParallelConfig, result: Estimate, num_gpus: int) -> str:
+def describe_estimate(config: ParallelConfig, result: Estimate, num_gpus: int, mfu_convention: str) -> str:
+    """The estimate's headline lines; `mfu_convention` names the FLOPs behind MFU (`cost.estimate.mfu_convention`)."""
     lines = [
         f"configuration   {config.describe()}  ({num_gpus} GPUs, {result.num_microbatches} micro-batches)",
         f"iteration time  {result.iteration_time_s:.4f} s",
         f"throughput      {result.tokens_per_s:,.0f} tokens/s ({result.tokens_per_s / num_gpus:,.0f} per GPU)",
         f"model TFLOP/s   {result.model_tflops_per_gpu:.1f} per GPU, MFU {100 * result.mfu:.1f} %",
+        f"MFU counts      {mfu_convention}",
         f"peak memory     {gib(result.peak_memory_bytes)} "
         f"({'fits' if result.fits else 'DOES NOT FIT'})",
     ]

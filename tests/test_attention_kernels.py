@@ -100,3 +100,15 @@ def test_cli_estimates_flash2_and_refuses_an_unknown_kernel() -> None:
     bad = runner.invoke(main, [*common, "--attention", "fa3"])
     assert bad.exit_code == 2
     assert "fa3" in bad.output and "flash2" in bad.output and "Traceback" not in bad.output
+
+
+def test_the_mfu_convention_is_named_in_the_text_and_the_json(tmp_path) -> None:
+    runner = CliRunner()
+    plan = tmp_path / "plan.json"
+    result = runner.invoke(main, ["estimate", "--model", "llama3-8b", "--cluster", "1x8xH100-80GB", "--global-batch",
+                                  "16", "--seq-len", "4096", "--zero", "3", "--out", str(plan)])
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if line.startswith("MFU counts"))
+    assert "causal attention counted whole" in line and "bf16 dense peak" in line
+    import json
+    assert json.loads(plan.read_text())["estimate"]["mfu_convention"] in line

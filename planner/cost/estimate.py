@@ -97,6 +97,14 @@ def model_flops_per_iteration(model: ModelSpec, training: Training) -> float:
     return (3 if training.finetune == "full" else 2) * forward
 
 
+def mfu_convention(training: Training) -> str:
+    """The FLOP convention behind `Estimate.mfu`, named in every output so a reader can compare it with others'
+    (some halve causal attention, some count recompute: hardware FLOPs)."""
+    passes = "forward + backward" if training.finetune == "full" else "forward + input-gradient backward (frozen base)"
+    return (f"model FLOPs ({passes}, recompute not counted, causal attention counted whole) over the "
+            f"{training.dtype} dense peak")
+
+
 def _sum_costs(keys: Sequence[CostKey], costs: dict[CostKey, UnitCost], start: int, end: int) -> dict[str, float]:
     """Each cost term summed over units start..end − 1, each unit at its own type's cost."""
     totals = dict.fromkeys(("forward", "backward", "recompute", "tp_forward", "tp_backward", "cp_forward",
