@@ -13,7 +13,9 @@ row does not state is a documented fact about the framework or the run family, w
   gradients reduced after the pipeline flush (no overlap with backward), and TP all-reduces in
   backward that wait for completion (the bigscience fork's ColumnParallelLinear predates Megatron-LM's
   asynchronous all-reduce behind the weight-gradient GEMM).
-  fp16 rows (the pre-BF16Optimizer majority) keep 16-bit gradients; bf16 rows accumulate in fp32.
+  fp16 rows (the pre-BF16Optimizer majority) keep 16-bit gradients and run ZeRO's FP16_DeepSpeedZeroOptimizer;
+  bf16 rows run DeepSpeed's BF16_Optimizer (`deepspeed_optimizer` "bf16", its own ZeRO-1 sharding at zero
+  stage 0: tr11-176B-ml.slurm), which accumulates in fp32 and keeps the bf16 gradients besides.
   Rows whose `pcie_numa_fix_applied` column says "no" ran before Jean Zay's PCIe/NUMA fix, when the
   GPU-to-NIC path was slower: they run on the same cluster with its inter-node bandwidth scaled by
   one fitted cluster-state ratio (`cluster_states` in profiles/calibration.yaml, fitted by
@@ -192,7 +194,8 @@ def _bloom_row(row: pd.Series, cluster: Cluster) -> Run | None:
     zero = 1 if values["zs"] is None else int(values["zs"])
     config = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=int(values["mbs"]), recompute=Recompute.FULL,
                             zero_stage=zero, schedule=Schedule.ONE_F_ONE_B, overlap_grad_reduce=False,
-                            p2p_scatter_gather=False, overlap_tp_backward=False)
+                            p2p_scatter_gather=False, overlap_tp_backward=False,
+                            deepspeed_optimizer="bf16" if bf16 and zero == 1 else "zero")
     model = bloom_model(int(values["nhidden"]), int(values["nlayers"]), int(values["nheads"]))
     label = (f"L{row['source_line']} h{model.hidden_size} l{model.num_layers} a{model.num_attention_heads} "
              f"{config.describe()} gbs{training.global_batch}")

@@ -17,6 +17,7 @@ from planner.errors import PlannerError
 
 __all__ = [
     "CP_COMMS",
+    "DEEPSPEED_OPTIMIZERS",
     "DEFAULT_LOCAL_QUEUE_DEPTH",
     "DEFAULT_LORA_RANK",
     "DEFAULT_LORA_TARGETS",
@@ -54,6 +55,12 @@ ZERO3_COLLECTIVES = ("per-unit", "per-tensor")
 # (activation_checkpoint.selective_ac_option "op"): the outputs of every other matrix multiply (the 1st, 3rd, … of a
 # block) and of the attention kernel are kept, everything else, norms and activations included, is recomputed.
 SELECTIVE_RECOMPUTES = ("attention", "op")
+# Which DeepSpeed optimizer wrapper runs a ZeRO-1 step. "zero": ZeRO's FP16_DeepSpeedZeroOptimizer
+# (runtime/zero/stage_1_and_2.py), whose gradient buckets framework_buffer_bytes counts. "bf16": BF16_Optimizer
+# (runtime/bf16_optimizer.py; written for BLOOM on the olruwase/bf16-updates branch from 2022-02-24, in releases
+# from v0.6.2), which DeepSpeed runs at zero stage 0 and which shards fp32 master weights and Adam states itself, as
+# ZeRO-1 does; it keeps the 16-bit gradients autograd makes besides its fp32 accumulation buffer.
+DEEPSPEED_OPTIMIZERS = ("zero", "bf16")
 # What Megatron-Core's selective recompute re-runs (--recompute-modules, TransformerConfig.recompute_modules), in
 # its own order: the attention core, the routed experts' activation function, the norms that are modules of their
 # own, MLA's up projections and RoPE, a dense MLP, a whole MoE layer, its shared experts. Its further choices
@@ -234,6 +241,8 @@ class ParallelConfig:
     `recompute_modules` (RECOMPUTE_MODULES, at least one): what Megatron-LM's selective recompute re-runs, stored
     once each in Megatron's order; it means something only under `Recompute.SELECTIVE` (elsewhere it is reset to
     the default) and only Megatron's policy has it (`selective_recompute` "attention").
+    `deepspeed_optimizer` (one of DEEPSPEED_OPTIMIZERS): DeepSpeed's optimizer wrapper for ZeRO-1 sharding; "bf16"
+    (BF16_Optimizer) needs zero_stage 1, the planner's name for the sharding it does itself.
     `fp8_param_gather` (FP8 training with sharded weights): the linear weights are gathered in FP8, one byte each
     (torchao's enable_fsdp_float8_all_gather under FSDP2, Megatron-LM's --fp8-param-gather).
     """
@@ -259,6 +268,7 @@ class ParallelConfig:
     recompute: Recompute = Recompute.NONE
     zero_stage: int = 0
     distributed_optimizer: bool = False
+    deepspeed_optimizer: str = "zero"
     schedule: Schedule = Schedule.ONE_F_ONE_B
     local_queue_depth: int = DEFAULT_LOCAL_QUEUE_DEPTH  # the local schedule's queue between stages (slots)
     local_head: str = "linear"  # the local schedule's auxiliary head, one of LOCAL_HEADS
@@ -294,6 +304,13 @@ class ParallelConfig:
             raise PlannerError(f"parallel config: zero3_collectives 'per-tensor' is DeepSpeed's ZeRO-3 without "
                                f"pipelining; needs zero_stage 3 and pp 1, got zero_stage {self.zero_stage}, "
                                f"pp {self.pp}")
+        if self.deepspeed_optimizer not in DEEPSPEED_OPTIMIZERS:
+            raise PlannerError(f"parallel config: deepspeed_optimizer must be one of "
+                               f"{', '.join(DEEPSPEED_OPTIMIZERS)}, got {self.deepspeed_optimizer!r}")
+        if self.deepspeed_optimizer == "bf16" and (self.zero_stage != 1 or self.distributed_optimizer):
+            raise PlannerError("parallel config: deepspeed_optimizer 'bf16' (BF16_Optimizer) shards like ZeRO-1; "
+                               f"needs zero_stage 1 without the distributed optimizer, got zero_stage {self.zero_stage}"
+                               + (" and distributed_optimizer" if self.distributed_optimizer else ""))
         if self.reshard_after_forward is None:
             object.__setattr__(self, "reshard_after_forward", self.pp == 1)
         if not isinstance(self.recompute, Recompute):
@@ -449,7 +466,8 @@ class ParallelConfig:
         if self.distributed_optimizer:
             parts.append("dist-opt")
         elif self.zero_stage:
-            parts.append(f"zero{self.zero_stage}" + ("/per-tensor" if self.zero3_collectives == "per-tensor" else ""))
+            parts.append(f"zero{self.zero_stage}" + ("/per-tensor" if self.zero3_collectives == "per-tensor" else "")
+                         + ("/bf16-opt" if self.deepspeed_optimizer == "bf16" else ""))
         if self.fp8_param_gather:
             parts.append("fp8-gather")
         if self.hsdp_replicas > 1:

@@ -104,6 +104,7 @@ def build_plan_document(
             "sequence_parallel": config.sequence_parallel, "tp_comm_overlap": config.tp_comm_overlap,
             "recompute": config.recompute.value, "recompute_modules": list(config.recompute_modules),
             "zero_stage": config.zero_stage, "distributed_optimizer": config.distributed_optimizer,
+            "deepspeed_optimizer": config.deepspeed_optimizer,
             "schedule": config.schedule.value,
             **({"local_queue_depth": config.local_queue_depth, "local_head": config.local_head}
                if schedule_of(config.schedule).local_losses else {}),
@@ -199,6 +200,7 @@ def parse_plan_document(document: Any, origin: str = "plan file") -> Plan:
             recompute_modules=par.get("recompute_modules", DEFAULT_RECOMPUTE_MODULES),
             zero_stage=par.get("zero_stage", 0),
             distributed_optimizer=_flag(par, "distributed_optimizer", False, origin),
+            deepspeed_optimizer=par.get("deepspeed_optimizer", "zero"),
             schedule=Schedule(par.get("schedule", "1f1b")),
             local_queue_depth=par.get("local_queue_depth", DEFAULT_LOCAL_QUEUE_DEPTH),
             local_head=par.get("local_head", "linear"),

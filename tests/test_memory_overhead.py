@@ -12,8 +12,12 @@ from planner.cost.memory import (
     framework_buffer_bytes,
     model_state_bytes,
     nccl_communicators,
+    optimizer_held_gradient_bytes,
     rank_memory_model,
+    sharded_state_bytes,
 )
+from planner.errors import PlannerError
+from planner.finetune import ParameterStates
 from planner.gpu import lookup_gpu
 from planner.model import load_model
 from planner.profile.calibration import default_calibration
@@ -63,6 +67,43 @@ def test_framework_buffers_follow_the_engine() -> None:
     zero1 = dict(framework_buffer_bytes(MODEL, TRAINING, ParallelConfig(dp=8, tp=1, pp=1, zero_stage=1)))
     assert zero1["gradient_bucket"] == pytest.approx(5e8 * TRAINING.grad_bytes)
     assert framework_buffer_bytes(MODEL, TRAINING, ParallelConfig(dp=8, tp=1, pp=1, distributed_optimizer=True)) == ()
+
+
+BF16_OPT = ParallelConfig(dp=8, tp=4, pp=12, zero_stage=1, deepspeed_optimizer="bf16")
+
+
+def test_bf16_optimizer_keeps_bf16_gradients_beside_fp32() -> None:
+    """DeepSpeed's BF16_Optimizer: per parameter 2 (bf16 weight) + 4 (fp32 accumulation) + 2 (the bf16 .grad it
+    leaves until the next backward) + 12/dp (fp32 master and Adam, sharded): 8 + 12/8 = 9.5 bytes; ZeRO's own
+    optimizer path keeps 2 + 4 + 12/8 = 7.5. A LoRA-like accounting holds bf16 gradients of trainable parameters
+    only."""
+    zero = ParallelConfig(dp=8, tp=4, pp=12, zero_stage=1)
+    assert optimizer_held_gradient_bytes(zero) == 0.0
+    assert optimizer_held_gradient_bytes(BF16_OPT) == 2.0
+    assert optimizer_held_gradient_bytes(BF16_OPT, ParameterStates(0.25, 0.0, 12.0)) == 0.5
+    assert sharded_state_bytes(BF16_OPT, 4).total == pytest.approx(9.5)
+    assert sharded_state_bytes(BF16_OPT, 4).gradients == pytest.approx(6.0)
+    assert sharded_state_bytes(zero, 4).total == pytest.approx(7.5)
+
+
+def test_bf16_optimizer_reduces_in_place_without_a_bucket() -> None:
+    """The BF16_Optimizer all-reduces its flat fp32 gradient buffer in place: no ZeRO reduce bucket."""
+    training = Training(global_batch=96, seq_len=4096, grad_bytes=4)
+    assert framework_buffer_bytes(MODEL, training, BF16_OPT) == ()
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"zero_stage": 1, "deepspeed_optimizer": "adam"}, "deepspeed_optimizer must be one of zero, bf16, got 'adam'"),
+    ({"zero_stage": 0, "deepspeed_optimizer": "bf16"}, "needs zero_stage 1 without the distributed optimizer, got "
+                                                       "zero_stage 0"),
+    ({"zero_stage": 3, "deepspeed_optimizer": "bf16"}, "got zero_stage 3"),
+    ({"zero_stage": 1, "distributed_optimizer": True, "deepspeed_optimizer": "bf16"}, "and distributed_optimizer"),
+])
+def test_deepspeed_optimizer_bad_inputs(fields: dict[str, object], message: str) -> None:
+    """One-line PlannerError for an unknown wrapper or a BF16_Optimizer without its ZeRO-1 sharding."""
+    with pytest.raises(PlannerError, match=message) as caught:
+        ParallelConfig(dp=8, tp=1, pp=1, **fields)  # type: ignore[arg-type]
+    assert "\n" not in str(caught.value)
 
 
 def test_llama3_70b_megatron_bridge_row_fits() -> None:

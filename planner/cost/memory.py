@@ -38,6 +38,7 @@ __all__ = [
     "normed_input_tensors",
     "op_sac_applies",
     "op_sac_kept_matmuls",
+    "optimizer_held_gradient_bytes",
     "parameter_model_states",
     "rank_memory_model",
     "recompute_module_bytes",
@@ -99,22 +100,43 @@ def sharded_state_bytes(config: ParallelConfig, grad_bytes: int,
     schedule PyTorch's pipeline stages turn FSDP's gradient sync and resharding after backward off until the
     last micro-batch's backward: gradients stay unsharded, and every unit's 16-bit weights stay gathered from
     its first backward on (a forward's reshard is undone by the next backward). Without pipelining and without
-    `reshard_after_forward` the gathered weights stay from forward to backward (no gather buffer extra)."""
+    `reshard_after_forward` the gathered weights stay from forward to backward (no gather buffer extra). Gradients
+    include what the optimizer wrapper keeps besides (`optimizer_held_gradient_bytes`)."""
     return _sharded_state_bytes(config.shard_group, config.optimizer_sharding, config.pp > 1,
-                                bool(config.reshard_after_forward), grad_bytes, states)
+                                bool(config.reshard_after_forward), grad_bytes, states,
+                                optimizer_held_gradient_bytes(config, states))
 
 
 @cache
 def _sharded_state_bytes(shard_group: int, sharding: int, pipelined: bool, reshard_after_forward: bool,
-                         grad_bytes: int, states: ParameterStates | None) -> ModelStateBytes:
-    """`sharded_state_bytes` of the few configuration fields it reads (the search asks per configuration)."""
+                         grad_bytes: int, states: ParameterStates | None, held_gradients: float) -> ModelStateBytes:
+    """`sharded_state_bytes` of the few configuration fields it reads (the search asks per configuration);
+    `held_gradients`: unsharded gradient bytes per parameter the optimizer wrapper keeps besides."""
     whole = parameter_model_states(1.0, 1, 0, grad_bytes, states)
     sharded = parameter_model_states(1.0, shard_group, sharding, grad_bytes, states)
     if pipelined and sharding >= 2:
-        return ModelStateBytes(whole.weights, whole.gradients, sharded.optimizer, whole.frozen_weights)
-    if sharding == 3 and not reshard_after_forward:
-        return ModelStateBytes(whole.weights, sharded.gradients, sharded.optimizer, whole.frozen_weights)
-    return sharded
+        kept = ModelStateBytes(whole.weights, whole.gradients, sharded.optimizer, whole.frozen_weights)
+    elif sharding == 3 and not reshard_after_forward:
+        kept = ModelStateBytes(whole.weights, sharded.gradients, sharded.optimizer, whole.frozen_weights)
+    else:
+        kept = sharded
+    return replace(kept, gradients=kept.gradients + held_gradients)
+
+
+BF16_OPTIMIZER_LP_GRAD_BYTES = 2
+"""Bytes per trainable parameter of the 16-bit gradients DeepSpeed's BF16_Optimizer keeps besides its fp32
+accumulation buffer (deepspeed/runtime/bf16_optimizer.py, olruwase/bf16-updates 819abe2a7 of 2022-02-24 through
+v0.6.2's #1801): autograd writes each bf16 `.grad`, `update_hp_grads(clear_lp_grads=False)` adds it into the full,
+unsharded fp32 buffer and leaves it, and `clear_lp_grads` frees it only when the next backward starts (pipe/engine.py
+`_exec_backward_pass`), so a full set is alive while the next micro-batches' activations are."""
+
+
+def optimizer_held_gradient_bytes(config: ParallelConfig, states: ParameterStates | None = None) -> float:
+    """Unsharded gradient bytes per parameter an optimizer wrapper keeps besides the accumulated gradients
+    (`Training.grad_bytes`): `BF16_OPTIMIZER_LP_GRAD_BYTES` per trainable parameter under DeepSpeed's BF16_Optimizer,
+    none elsewhere."""
+    trainable = (states or _FULL_ADAM).trainable
+    return BF16_OPTIMIZER_LP_GRAD_BYTES * trainable if config.deepspeed_optimizer == "bf16" else 0.0
 
 
 def block_activation_bytes(
@@ -486,7 +508,8 @@ def framework_buffer_bytes(model: ModelSpec, training: Training, config: Paralle
                            states: ParameterStates | None = None) -> tuple[tuple[str, float], ...]:
     """Buffers the data-parallel engine allocates besides the model states: ZeRO-3 / FSDP's gathered
     units (`ZERO3_GATHERED_UNITS` of the largest unit's weights plus its unsharded gradient
-    before the reduce-scatter), DeepSpeed ZeRO-1/2's gradient bucket (at most the rank's gradients);
+    before the reduce-scatter), DeepSpeed ZeRO-1/2's gradient bucket (at most the rank's gradients; not under
+    the BF16_Optimizer, which all-reduces its flat fp32 gradient buffer in place: pipe/engine.py `_bf16_reduce_grads`);
     when fine-tuning, of the weights as stored and the trainable parameters' gradients (`states`, else
     `parameter_states(model, training)`)."""
     states = states or parameter_states(model, training)
@@ -496,7 +519,8 @@ def framework_buffer_bytes(model: ModelSpec, training: Training, config: Paralle
         unit = _parameter_counts(model)[1] / config.tp
         per_param = ZERO3_GATHERED_UNITS * states.weight_bytes + states.trainable * training.grad_bytes
         return (("gathered_units", unit * per_param),)
-    if config.zero_stage in (1, 2) and not config.distributed_optimizer and config.replicas > 1:
+    if (config.zero_stage in (1, 2) and not config.distributed_optimizer and config.deepspeed_optimizer == "zero"
+            and config.replicas > 1):
         elements = min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, _parameter_counts(model)[0] * states.trainable / config.tp)
         return (("gradient_bucket", elements * training.grad_bytes),)
     return ()

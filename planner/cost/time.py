@@ -25,6 +25,7 @@ from planner.cost.memory import (
     block_type_activation_bytes,
     op_sac_applies,
     op_sac_kept_matmuls,
+    optimizer_held_gradient_bytes,
     parameter_model_states,
     sharded_state_bytes,
 )
@@ -350,6 +351,8 @@ def _block_state_parameters(model: ModelSpec, block: BlockSpec, training: Traini
     states = parameter_states(model, training)
     per_param = sharded_state_bytes(config, training.grad_bytes, states)
     expert_states = parameter_model_states(1.0, config.edp, config.optimizer_sharding, training.grad_bytes, states)
+    expert_states = replace(expert_states,
+                            gradients=expert_states.gradients + optimizer_held_gradient_bytes(config, states))
     return split + experts / (config.ep * config.etp) * expert_states.total / per_param.total
 
 
