@@ -59,6 +59,15 @@ _CROSS_ENTROPY_KERNELS = 8
 # The backward launches about twice the forward's kernels: dgrad + wgrad per GEMM, and per element-wise op
 # its gradient kernel plus a bias-gradient reduction or gradient accumulation (PyTorch autograd).
 _BACKWARD_KERNELS_PER_FORWARD = 2
+# Megatron-Core's TEGroupedMLP runs the routed experts as two Transformer Engine GroupedLinear layers (linear_fc1 with
+# gate and up fused, linear_fc2); GroupedLinear issues one cuBLASLt GEMM per local expert from a C++ loop over 4
+# streams (TE PR #853, "Grouped GEMM via multi-stream cuBLAS"; kept over grouped kernels, TE issue #1386), each a
+# kernel the host launches: TE PR #3134 measures that loop at 0.267 ms for 8 small experts (~33 µs each) on SM100,
+# where one grouped kernel takes 0.069 ms. With FP8, `split_quantize` quantises each expert's input split with its
+# own quantizer (one kernel per expert and layer; the backward's gradient casts are the usual backward doubling).
+_GROUPED_LINEARS = 2
+# Kernels of the dispatched tokens' path besides the experts' GEMMs: the permute, the un-permute, the activation
+_ROUTED_ELEMENTWISE_KERNELS = 3
 
 
 @dataclass(frozen=True)
@@ -388,34 +397,70 @@ class AnalyticProfile:
         norms = 2 * 4 * width  # read + write 2-byte activations
         residuals = 2 * 6 * width  # read two, write one
         dropouts = 2 * 5 * width if m.dropout else 0.0
-        ffn_local = m.ffn_hidden_size / t
-        permute = 0.0
-        if moe:
-            routed = m.moe_top_k * setting.expert_load
-            ffn_local = (routed * m.expert_ffn_hidden_size + (m.shared_expert_ffn_hidden_size or 0)) / t
-            permute = 2 * 2 * 2 * routed * m.hidden_size / t
-        activation = permute + 6 * ffn_local if m.activation == "swiglu" else 4 * ffn_local
+        ffn = (m.shared_expert_ffn_hidden_size or 0) if moe else m.ffn_hidden_size
+        activation = self._activation_bytes_per_channel() * ffn / t
+        routed = self._routed_bytes_per_token(setting) if moe else 0.0
         rope = 4 * (m.query_width + m.kv_width) / t if m.position_embedding == "rope" else 0.0
-        return norms + residuals + dropouts + activation + rope
+        return norms + residuals + dropouts + activation + routed + rope
+
+    def _activation_bytes_per_channel(self) -> int:
+        """HBM bytes per intermediate channel of the MLP activation: SwiGLU reads two 2-byte inputs and writes
+        one, other activations read one and write one."""
+        return 6 if self.model.activation == "swiglu" else 4
+
+    def _routed_bytes_per_token(self, setting: UnitSetting) -> float:
+        """HBM bytes per token of an MoE block's dispatched-token path: the activation over the routed copies
+        (top-k, times the busiest rank's load) and the permute and un-permute of every routed copy (read + write
+        of h 16-bit values each way)."""
+        m, t = self.model, setting.tp
+        routed = m.moe_top_k * setting.expert_load
+        permute = 2 * 2 * 2 * routed * m.hidden_size / t
+        return permute + self._activation_bytes_per_channel() * routed * m.expert_ffn_hidden_size / t
 
 
     def _block_kernels(self, setting: UnitSetting, moe: bool) -> tuple[int, int]:
         """(memory-bound kernels, all kernels) a block's forward launches on one rank. GEMMs: one per attention
-        weight matrix and MLP matrix; an MoE block runs its experts as grouped GEMMs and adds the router GEMM,
-        its top-k/softmax and the dispatcher's permute and un-permute. The unfused attention core's two batched
-        GEMMs count as GEMMs (`gemm_time` charges their launch), FlashAttention as one kernel."""
+        weight matrix and MLP matrix; an MoE block adds the router GEMM, its top-k and softmax, the shared experts'
+        GEMMs and the routed path's kernels (`_routed_kernels`). The unfused attention core's two batched GEMMs
+        count as GEMMs (`gemm_time` charges their launch), FlashAttention as one kernel."""
         m = self.model
         elementwise = _BLOCK_ELEMENTWISE_KERNELS + (2 if m.position_embedding == "rope" else 0)
-        gemms = len(m.attention_linears()) + m.mlp_matrices
+        gemms = len(m.attention_linears())
         if moe:
-            gemms += 1 + (m.mlp_matrices if m.shared_expert_ffn_hidden_size else 0)
-            elementwise += 4
+            gemms += 1 + (m.mlp_matrices if m.shared_expert_ffn_hidden_size else 0) + self._routed_kernels(setting)[1]
+            elementwise += 2 + _ROUTED_ELEMENTWISE_KERNELS - 1  # the activation is one of the block's five
+        else:
+            gemms += m.mlp_matrices
         core = 1
         if setting.attention == "unfused":
             gemms, core = gemms + 2, 0
             elementwise += _UNFUSED_ATTENTION_KERNELS - 2 + (1 if m.dropout else 0)
         collectives = (4 if setting.sequence_parallel else 2) if setting.tp > 1 else 0
         return elementwise, elementwise + gemms + core + collectives
+
+    def _routed_kernels(self, setting: UnitSetting) -> tuple[int, float]:
+        """(memory-bound kernels, other kernels) of an MoE block's dispatched-token path in the forward on one rank:
+        the permute, un-permute and activation, and per local expert one GEMM in each of the two grouped linears
+        and, with FP8, one quantisation of its input split (`_GROUPED_LINEARS`)."""
+        local = self.model.num_experts / setting.ep
+        per_expert = 2 if setting.dtype == "fp8" else 1
+        return _ROUTED_ELEMENTWISE_KERNELS, _GROUPED_LINEARS * local * per_expert
+
+    def _synced_forward(self, setting: UnitSetting, gpu: GPUSpec, gpu_s: float, kernels: float) -> float:
+        """Forward of an MoE block of `gpu_s` GPU seconds and `kernels` launches, split by the token dispatcher's
+        host-device synchronisation: dropless dispatch sizes its buffers and all-to-all splits from the routed
+        token counts, which the host reads once per MoE layer's forward (Megatron-Core 0.15-0.17 alltoall
+        dispatcher: a D2H copy and event sync at `cuda_sync_point`, before the EP all-to-all; the flex
+        dispatcher's DeepEP / HybridEP dispatch returns the received counts to the host; only drop-and-pad
+        mode, which planner does not model, avoids it; the backward reuses the counts). The sync drains the
+        GPU queue the host had run ahead on, so the part before it (attention, router) and the dispatched-token
+        path after it (`_routed_kernels`) are each host-bound on their own."""
+        memory_kernels, routed_kernels = self._routed_kernels(setting)
+        up, down = self._routed_expert_linears(setting, gpu)
+        routed_bytes = setting.tokens * self._routed_bytes_per_token(setting)
+        routed = up + down + self.memory_time(gpu, routed_bytes) + memory_kernels * self.calibration.kernel_launch_s
+        after = memory_kernels + routed_kernels
+        return self._host_bound(gpu_s - routed, kernels - after) + self._host_bound(routed, after)
 
     def _host_bound(self, gpu_s: float, kernels: float) -> float:
         """A pass's time: its GPU time, or the host's time to launch its kernels when that is longer (eager
@@ -473,13 +518,21 @@ class AnalyticProfile:
             f = m.ffn_hidden_size
             up = self.gemm_time(gpu, dtype, tokens, gated * f / t, h)
             return up, self.gemm_time(gpu, dtype, tokens, h, f / t), 0.0
-        f, etp, local = m.expert_ffn_hidden_size, setting.etp, m.num_experts / setting.ep
-        rows = tokens / t * m.moe_top_k * setting.ep * etp / m.num_experts * setting.expert_load
-        up = self.gemm_time(gpu, dtype, rows, gated * f / etp, h, local)
-        down = self.gemm_time(gpu, dtype, rows, h, f / etp, local)
+        up, down = self._routed_expert_linears(setting, gpu)
         shared_up, shared_down = self._shared_expert_linears(setting, gpu)
         router = self.gemm_time(gpu, _gemm_dtype_outside_linears(dtype, gpu), tokens / t, m.num_experts, h)
         return up + shared_up, down + shared_down, router
+
+    def _routed_expert_linears(self, setting: UnitSetting, gpu: GPUSpec) -> tuple[float, float]:
+        """(up GEMMs, down GEMMs) of the rank's routed experts (see `_mlp_linears`): one GEMM kernel per local
+        expert (`_GROUPED_LINEARS`), each paying the launch cost."""
+        m, dtype, h = self.model, setting.dtype, self.model.hidden_size
+        f, etp, local = m.expert_ffn_hidden_size, setting.etp, m.num_experts / setting.ep
+        gated = 2 if m.activation == "swiglu" else 1
+        rows = setting.tokens / setting.tp * m.moe_top_k * setting.ep * etp / m.num_experts * setting.expert_load
+        launches = (local - 1) * self.calibration.kernel_launch_s  # `gemm_time` charges one launch per call
+        return (self.gemm_time(gpu, dtype, rows, gated * f / etp, h, local) + launches,
+                self.gemm_time(gpu, dtype, rows, h, f / etp, local) + launches)
 
     def _shared_expert_linears(self, setting: UnitSetting, gpu: GPUSpec) -> tuple[float, float]:
         """(up GEMM, down GEMM) of an MoE block's shared experts, a dense tensor-parallel MLP (none: zeros)."""
@@ -512,7 +565,8 @@ class AnalyticProfile:
                 _FP8_GRAD_CAST_BYTES * n + _FP8_INPUT_TRANSPOSE_BYTES * k_in for k_in, n in widths))
         memory_kernels, kernels = self._block_kernels(setting, moe)
         elementwise += memory_kernels * self.calibration.kernel_launch_s
-        forward = self._host_bound(gemms + core_forward + elementwise + cast_forward, kernels)
+        forward = gemms + core_forward + elementwise + cast_forward
+        forward = self._synced_forward(setting, gpu, forward, kernels) if moe else self._host_bound(forward, kernels)
         backward = self._host_bound(2 * gemms + core_backward + 2 * elementwise + cast_backward,
                                     _BACKWARD_KERNELS_PER_FORWARD * kernels)
         # W: each linear layer's and the router's weight-gradient GEMM (as long as its forward GEMM); the
@@ -531,7 +585,7 @@ class AnalyticProfile:
         dispatch and combine, mlp's TP collectives) is the cost model's (cost/time.py)."""
         m, t = self.model, setting.tp
         width = m.hidden_size / t if setting.sequence_parallel else m.hidden_size
-        per_element = 6 if m.activation == "swiglu" else 4  # activation bytes per intermediate channel
+        per_element = self._activation_bytes_per_channel()
 
         def kernel(bytes_per_token: float) -> float:
             return self.memory_time(gpu, setting.tokens * bytes_per_token) + self.calibration.kernel_launch_s

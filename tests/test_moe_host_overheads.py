@@ -1,0 +1,63 @@
+"""MoE blocks' per-expert kernels and the dispatcher's host-device sync (planner/profile/analytic.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from planner.gpu import lookup_gpu
+from planner.model import UnitKind, load_model
+from planner.profile.analytic import AnalyticProfile, UnitSetting
+from planner.profile.calibration import default_calibration
+
+QWEN = load_model("qwen3-30b-a3b")  # 128 experts, top-8, h 2048, expert ffn 768, 2 attention linears, RoPE
+
+
+def _setting(seq_len: int = 4096, dtype: str = "bf16", ep: int = 8) -> UnitSetting:
+    return UnitSetting(tp=1, micro_batch=1, seq_len=seq_len, sequence_parallel=False, dtype=dtype,
+                       attention="flash", ep=ep)
+
+
+def test_routed_experts_launch_one_gemm_per_local_expert_and_linear() -> None:
+    """128 experts over ep 8: 16 local experts × 2 grouped linears = 32 GEMMs; FP8 adds one quantisation of each
+    expert's input split per linear (64); the permute, un-permute and activation are the 3 memory-bound kernels."""
+    profile = AnalyticProfile(QWEN, default_calibration())
+    assert profile._routed_kernels(_setting()) == (3, 32)
+    assert profile._routed_kernels(_setting(dtype="fp8")) == (3, 64)
+    assert profile._routed_kernels(_setting(ep=128)) == (3, 2)
+
+
+def test_moe_block_kernel_count() -> None:
+    """Qwen3-30B-A3B block at tp 1, ep 8: memory-bound 5 + 2 RoPE + top-k, softmax, permute, un-permute = 11
+    (its activation is one of the 5); all = 11 + 2 attention GEMMs + router + 32 expert GEMMs + FlashAttention = 47."""
+    assert AnalyticProfile(QWEN, default_calibration())._block_kernels(_setting(), moe=True) == (11, 47)
+
+
+def test_a_host_bound_moe_forward_is_its_launches() -> None:
+    """A 128-token micro-batch runs every kernel faster than the host launches it, on both sides of the dispatcher's
+    sync: the forward is 47 launches × host_kernel_s."""
+    calibration = default_calibration()
+    setting = _setting(seq_len=128)
+    forward = AnalyticProfile(QWEN, calibration).times(UnitKind.BLOCK, setting, lookup_gpu("B200")).forward_s
+    assert forward == pytest.approx(47 * calibration.host_kernel_s, rel=1e-12)
+
+
+def test_the_dispatcher_sync_exposes_the_routed_sides_launches() -> None:
+    """A forward with 1 s of GPU work before the sync cannot hide the routed side's 35 launches behind it: after the
+    sync the routed side (its GEMMs and memory-bound kernels, r seconds of GPU work) takes max(r, 35 · 40 µs), where
+    a pass without the sync would take max(1 s, 47 · 40 µs) = 1 s."""
+    calibration = default_calibration()
+    profile, setting, gpu = AnalyticProfile(QWEN, calibration), _setting(seq_len=128), lookup_gpu("B200")
+    up, down = profile._routed_expert_linears(setting, gpu)
+    routed = up + down + profile.memory_time(gpu, 128 * profile._routed_bytes_per_token(setting)) \
+        + 3 * calibration.kernel_launch_s
+    assert routed < 35 * calibration.host_kernel_s
+    assert profile._synced_forward(setting, gpu, 1.0, 47) == pytest.approx(1.0 - routed + 35 * 40e-6, rel=1e-12)
+
+
+def test_moe_permute_bytes_count_for_every_activation() -> None:
+    """A GELU MoE block (not SwiGLU) still permutes and un-permutes its routed copies: per token, norms 8·2048
+    + residuals 12·2048 + permutes 8·8·2048 + activation 4·8·768 + RoPE 4·(4096 + 512) = 215,040 bytes."""
+    gelu = AnalyticProfile(replace(QWEN, activation="gelu"), default_calibration())
+    assert gelu._elementwise_bytes_per_token(_setting(), moe=True) == 215_040
