@@ -107,6 +107,7 @@ class GroupLinks:
     cp: tuple[Link, ...] = ()
     replicate: tuple[Link, ...] = ()
     ep: tuple[ExpertLink, ...] = ()  # per pipeline rank, its worst expert-parallel group (`expert_link`)
+    edp: tuple[Link, ...] = ()  # per pipeline rank, the worst ring over its expert data-parallel groups
 
     @classmethod
     def from_placement(cls, cluster: Cluster, config: ParallelConfig, placement: Placement) -> GroupLinks:
@@ -115,6 +116,7 @@ class GroupLinks:
                 f"placement lists {len(placement.gpus)} GPUs for a configuration of {config.num_gpus}"
             )
         gpus, capacity, tp_links, dp_links, pp_links, cp_links, replicate_links = [], [], [], [], [], [], []
+        edp_links = []
         worst_ring = _strided_rings(cluster, placement)
         tp, cp, replicas, shard = config.tp, config.cp, config.replicas, config.shard_group
         size = replicas * tp  # ranks of one pipeline rank are contiguous: tp fastest, then cp, then dp
@@ -138,11 +140,16 @@ class GroupLinks:
             replicate_links.append(worst_ring((base + j * tp + t for j in range(shard) for t in range(tp)),
                                               config.hsdp_replicas, shard * tp)
                                    if config.hsdp_replicas > 1 else dp_links[-1])
+            # expert ranks fold etp-ep-edp over the stage's ranks (`expert_link`): an EDP group is edp ranks at
+            # stride etp·ep
+            expert_stride = config.etp * config.ep
+            edp_links.append(worst_ring((base + j for j in range(expert_stride)), config.edp, expert_stride))
             nxt = blocks[(pp + 1) % config.pp]
             node_pairs = dict.fromkeys((a[0], b[0]) for a, b in zip(members, nxt, strict=True))
             pp_links.append(_worst(cluster.link(a, b) for a, b in node_pairs))
         return cls(tuple(gpus), tuple(capacity), tuple(tp_links), tuple(dp_links), tuple(pp_links), tuple(cp_links),
-                   tuple(replicate_links), tuple(expert_link(cluster, config, tuple(members)) for members in blocks))
+                   tuple(replicate_links), tuple(expert_link(cluster, config, tuple(members)) for members in blocks),
+                   tuple(edp_links))
 
 
 def _strided_rings(cluster: Cluster, placement: Placement):

@@ -33,8 +33,8 @@ RECORDED = {
     # issue 11 item 6 (2026-12-01; still above the 12 % target, see README "Accuracy"): rack-scale jobs in NVL72
     # racks as Megatron-Bridge launches them, BF16 gradient buffers, the recipes' EP overlap and DeepSeek-V3's flex
     # dispatcher, FP8 saved inputs in one byte; each row's recompute modules (DeepSeek-V3 GB300: its preset's)
-    "Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (37, 0.201, 0.074, 36),
-    "Megatron-Bridge MoE with EP (B300/GB200/GB300, force-balanced)": (82, 0.211, None, 82),
+    "Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (37, 0.171, 0.074, 36),
+    "Megatron-Bridge MoE with EP (B300/GB200/GB300, force-balanced)": (82, 0.206, None, 82),
 }
 # sweep: (median Spearman, mean regret) of benchmarks/ranking.py, measured 2026-12-01 (host-bound passes modelled)
 RANKING_RECORDED = {"vTrain single-node (A100)": (0.95, 1.056), "DeepSpeed autotuning GPT-2 (V100)": (0.75, 1.531)}

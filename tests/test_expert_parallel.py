@@ -139,3 +139,35 @@ def test_mla_and_moe_model_flops_count_active_parameters() -> None:
     gemm = model.num_layers * (block_forward_flops(model, tokens, 1) - attention_core)
     active_blocks = model.active_parameters - model.embedding_parameters() - model.head_parameters()
     assert gemm / tokens == pytest.approx(2 * active_blocks, rel=1e-3)  # norms are the difference
+
+
+def test_expert_gradients_reduce_over_their_own_group_and_its_ring() -> None:
+    """With EP 8 filling each node of 8 × 8 GPUs, an expert data-parallel group is 8 ranks one per node: its ring
+    runs over one NIC per GPU (50 GB/s on DGX H100), while the dense dp = 64 ring spreads over 8 NICs a node.
+    The routed experts' gradients go over that group (distributed optimizer: reduce-scatter + all-gather of
+    experts/ep parameters over edp ranks), the rest over dp."""
+    from dataclasses import replace as dc_replace
+
+    from planner.cost.comm import all_gather_time, reduce_scatter_time
+    from planner.cost.time import UnitCost, data_parallel_time
+    from planner.finetune import full_parameter_states
+
+    cluster = parse_shorthand("8x8xH100-80GB")
+    config = ParallelConfig(dp=64, tp=1, pp=1, ep=8, distributed_optimizer=True)
+    links = GroupLinks.from_placement(cluster, config, default_placement(cluster, config))
+    assert config.edp == 8
+    assert links.edp[0].bandwidth_bytes_per_s == pytest.approx(cluster.nodes[0].nic_bandwidth_bytes_per_s)
+    assert links.dp[0].bandwidth_bytes_per_s == pytest.approx(8 * links.edp[0].bandwidth_bytes_per_s)
+    calibration = default_calibration()
+    unit = UnitCost(1.0, 2.0, 0.0, 0.0, 0.0, 0.0, params=1e9 + 1.2e9, expert_params=1e9, expert_state_params=1.2e9)
+    training = Training(global_batch=64, seq_len=4096)
+    apart = data_parallel_time([unit], training, config, links.dp[0], calibration, 1, states=full_parameter_states(
+        training), expert_link=links.edp[0])
+    dense_bytes, expert_bytes = 1e9, 1e9
+    expected = (reduce_scatter_time(dense_bytes * training.grad_bytes, 64, links.dp[0], calibration)
+                + reduce_scatter_time(expert_bytes * training.grad_bytes, 8, links.edp[0], calibration)
+                + all_gather_time(dense_bytes * 2, 64, links.dp[0], calibration)
+                + all_gather_time(expert_bytes * 2, 8, links.edp[0], calibration))
+    assert apart.total_s == pytest.approx(expected)
+    together = data_parallel_time([dc_replace(unit)], training, config, links.dp[0], calibration, 1)
+    assert apart.total_s > 3 * together.total_s  # the old charge: every parameter over the dense 64-rank ring

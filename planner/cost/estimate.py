@@ -242,7 +242,7 @@ def estimate(
         units = [rank_costs[r][key] for k in mine for key in keys[bounds[k][0]:bounds[k][1]]]
         units += [aux_heads[r] for k in mine if local and k < len(bounds) - 1]
         dp_time = data_parallel_time(units, training, config, links.dp[r], calibration, m, links.replicate[r],
-                                     states)
+                                     states, links.edp[r] if links.edp else None)
         dp_exposed.append(dp_time.exposed_s)
         optimizer.append(optimizer_step_time(params, config, links.gpu[r], calibration, states, training.grad_bytes))
 

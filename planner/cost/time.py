@@ -154,6 +154,10 @@ class UnitCost:
     tensors: int = 1
     gathered_tensors: int = 1
     linear_share: float = 0.0  # share of `params` in linear weight matrices (FP8-gatherable)
+    # routed-expert parameters per rank, reduced over the expert data-parallel group (edp ranks), and their
+    # state-weighted share inside `params` (`_block_parameters`); the rest of `params` reduces over dp·cp
+    expert_params: float = 0.0
+    expert_state_params: float = 0.0
 
     @property
     def compute_s(self) -> float:
@@ -258,7 +262,7 @@ def _block_cost(model: ModelSpec, block: BlockSpec, times: UnitTimes, training: 
         tp_forward_s=tp_forward,
         tp_backward_s=tp_backward + recompute_tp,
         activation_bytes=_activation_bytes(model, UnitKind.BLOCK, block, training, config, setting, timer),
-        params=_block_state_parameters(model, block, training, config),
+        **_block_parameters(model, block, training, config),
         cp_forward_s=cp_forward,
         cp_backward_s=cp_backward,
         ep_s=ep_forward + ep_backward,
@@ -271,11 +275,11 @@ def resharded_costs(model: ModelSpec, training: Training, config: ParallelConfig
                     costs: dict[CostKey, UnitCost]) -> dict[CostKey, UnitCost]:
     """`unit_costs` of the same setting under `config`'s data-parallel sharding (dp, ZeRO stage, distributed
     optimizer), from a table computed under another: only an MoE block's state-weighted parameters
-    (`_block_state_parameters`) depend on it, so the search computes each setting's times once."""
+    (`_block_parameters`) depend on it, so the search computes each setting's times once."""
     out = dict(costs)
     for block in model.block_types():
         if block.mlp is not None and block.mlp.is_moe:
-            out[block] = replace(costs[block], params=_block_state_parameters(model, block, training, config))
+            out[block] = replace(costs[block], **_block_parameters(model, block, training, config))
     if len(model.block_types()) == 1:
         out[UnitKind.BLOCK] = out[next(iter(model.block_types()))]
     return out
@@ -337,23 +341,28 @@ def _tp_linears(block: BlockSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return (tuple(i for i in _COLUMN_PARALLEL if present[i]), tuple(i for i in _ROW_PARALLEL if present[i]))
 
 
-def _block_state_parameters(model: ModelSpec, block: BlockSpec, training: Training, config: ParallelConfig) -> float:
-    """Parameters of one block of type `block` held per rank, weighted so the memory model's one per-parameter cost
-    (`sharded_state_bytes`, sharding over dp·cp) gives the exact model-state bytes: the TP-split part over tp, the
-    further linears and extra parameters whole on every rank (as they run), the routed experts over ep·etp with
-    their gradients reduced and optimizer states sharded over edp (Megatron-Core's expert data-parallel group),
-    not over dp·cp."""
+def _block_parameters(model: ModelSpec, block: BlockSpec, training: Training,
+                      config: ParallelConfig) -> dict[str, float]:
+    """A block type's UnitCost parameter fields. `params`: parameters held per rank, weighted so the memory model's
+    one per-parameter cost (`sharded_state_bytes`, sharding over dp·cp) gives the exact model-state bytes: the
+    TP-split part over tp, the further linears and extra parameters whole on every rank (as they run), the routed
+    experts over ep·etp with their gradients reduced and optimizer states sharded over edp (Megatron-Core's expert
+    data-parallel group), not over dp·cp. `expert_params`: those routed experts per rank, unweighted, and
+    `expert_state_params` their weighted share of `params`, so the data-parallel traffic can send each part over
+    its own group."""
     experts = block.routed_expert_parameters()
     whole = block.linear_parameters() + (block.extra_parameters or 0)
     split = (block.parameters() - experts - whole) / config.tp + whole
     if not experts:
-        return split
+        return {"params": split}
     states = parameter_states(model, training)
     per_param = sharded_state_bytes(config, training.grad_bytes, states)
     expert_states = parameter_model_states(1.0, config.edp, config.optimizer_sharding, training.grad_bytes, states)
     expert_states = replace(expert_states,
                             gradients=expert_states.gradients + optimizer_held_gradient_bytes(config, states))
-    return split + experts / (config.ep * config.etp) * expert_states.total / per_param.total
+    local = experts / (config.ep * config.etp)
+    weighted = local * expert_states.total / per_param.total
+    return {"params": split + weighted, "expert_params": local, "expert_state_params": weighted}
 
 
 EP_DISPATCH_BYTES = 2
@@ -655,15 +664,17 @@ def unit_runs(units: Sequence[UnitCost]) -> tuple[UnitRun, ...]:
 def data_parallel_time(
     units: Sequence[UnitCost], training: Training, config: ParallelConfig, link: Link, calibration: Calibration,
     num_microbatches: int, replicate_link: Link | None = None, states: ParameterStates | None = None,
+    expert_link: Link | None = None,
 ) -> DataParallelTime:
     """DP traffic of one pipeline rank holding `units` (in execution order); see `data_parallel_time_of_runs`."""
     return data_parallel_time_of_runs(unit_runs(units), training, config, link, calibration, num_microbatches,
-                                      replicate_link, states)
+                                      replicate_link, states, expert_link)
 
 
 def data_parallel_time_of_runs(
     runs: Sequence[UnitRun], training: Training, config: ParallelConfig, link: Link, calibration: Calibration,
     num_microbatches: int, replicate_link: Link | None = None, states: ParameterStates | None = None,
+    expert_link: Link | None = None,
 ) -> DataParallelTime:
     """DP traffic of one pipeline rank holding `runs` of units (in execution order) and how much the schedule
     cannot hide.
@@ -677,28 +688,39 @@ def data_parallel_time_of_runs(
     With pipelining, FSDP runs as PyTorch's pipeline stages drive it (`_pipelined_fsdp_s`). Under HSDP the
     R replicas (`replicate_link`) all-reduce their gradient shards once per iteration, behind the last backward.
     Fine-tuning (`states`, planner.finetune) reduces and re-gathers only the trainable parameters; ZeRO-3 still
-    gathers the frozen base weights as stored.
+    gathers the frozen base weights as stored. Under DDP and ZeRO-1 / the distributed optimizer, routed experts'
+    gradients and weights go over their expert data-parallel group instead (`UnitCost.expert_params`: edp ranks
+    on `expert_link`, which may span more nodes than the dense group, e.g. one rank per node when EP fills a
+    node); ZeRO-2/3's per-unit collectives send them with the dense parameters.
     """
-    if config.replicas == 1:
+    if config.replicas == 1 and config.edp == 1:
         return DataParallelTime(0.0, 0.0)
     states = states or full_parameter_states(training)  # a fine-tune without its states is a bug: ValueError
     group = config.shard_group
-    params = sum(unit.params * count for unit, count in runs)
+    sharding = config.optimizer_sharding
+    apart = sharding < 2 and expert_link is not None  # experts reduced over their own group
+    params = sum((unit.params - unit.expert_state_params * apart) * count for unit, count in runs)
     trainable = params * states.trainable
     grads = trainable * training.grad_bytes
-    sharding = config.optimizer_sharding
+    experts = sum(unit.expert_params * count for unit, count in runs) * states.trainable if apart else 0.0
     last_backward = sum((unit.backward_s + unit.recompute_s) * count for unit, count in runs)
     replicate_s = all_reduce_time(grads / group, config.hsdp_replicas, replicate_link or link, calibration)
     replicate = DataParallelTime(replicate_s, _exposed(replicate_s, last_backward, True))
     if sharding == 0:
-        reduce_s = all_reduce_time(grads, group, link, calibration)
+        reduce_s = (all_reduce_time(grads, group, link, calibration)
+                    + all_reduce_time(experts * training.grad_bytes, config.edp, expert_link or link, calibration))
         return DataParallelTime(reduce_s, _exposed(reduce_s, last_backward, config.overlap_grad_reduce))
-    gathered = trainable * PARAM_BYTES - sum(_fp8_saved_bytes(unit, config) * count for unit, count in runs)
-    gather_s = all_gather_time(gathered, group, link, calibration) if sharding < 3 else 0.0
+    gathered = trainable * PARAM_BYTES - sum(_fp8_saved_bytes(unit, config, apart) * count for unit, count in runs)
+    expert_bytes = experts * (FP8_PARAM_BYTES if config.fp8_param_gather else PARAM_BYTES)
+    gather_s = (all_gather_time(gathered, group, link, calibration)
+                + all_gather_time(expert_bytes, config.edp, expert_link or link, calibration)
+                if sharding < 3 else 0.0)
     forward = sum(unit.forward_s * count for unit, count in runs)
     gather_exposed = _exposed(gather_s, forward, config.overlap_param_gather)
     if sharding == 1:
-        reduce_s = reduce_scatter_time(grads, group, link, calibration)
+        reduce_s = (reduce_scatter_time(grads, group, link, calibration)
+                    + reduce_scatter_time(experts * training.grad_bytes, config.edp, expert_link or link,
+                                          calibration))
         exposed = _exposed(reduce_s, last_backward, config.overlap_grad_reduce) + gather_exposed
         return DataParallelTime(reduce_s + gather_s, exposed)
     if config.pp > 1:
@@ -769,10 +791,13 @@ def _partition_copies_s(collectives: int, ranks: int, calibration: Calibration) 
     return collectives * ranks * calibration.kernel_launch_s
 
 
-def _fp8_saved_bytes(unit: UnitCost, config: ParallelConfig) -> float:
+def _fp8_saved_bytes(unit: UnitCost, config: ParallelConfig, experts_apart: bool = False) -> float:
     """Bytes a unit's weight all-gather saves when its linear weights travel in FP8 (`fp8_param_gather`): one of
-    their two bytes each."""
-    return unit.params * unit.linear_share * (PARAM_BYTES - FP8_PARAM_BYTES) if config.fp8_param_gather else 0.0
+    their two bytes each; with `experts_apart`, of the parameters other than routed experts (gathered apart)."""
+    if not config.fp8_param_gather:
+        return 0.0
+    return ((unit.params - unit.expert_state_params * experts_apart) * unit.linear_share
+            * (PARAM_BYTES - FP8_PARAM_BYTES))
 
 
 def _sharded_microbatch_s(runs: Sequence[UnitRun], training: Training, config: ParallelConfig, link: Link,

@@ -175,7 +175,7 @@ class _Context:
     def rank_costs(self, config: ParallelConfig, links: GroupLinks) -> tuple[dict[CostKey, UnitCost], ...]:
         setting = (config.tp, config.micro_batch, config.sequence_parallel, config.recompute, config.tp_comm_overlap,
                    config.cp, config.cp_comm, config.ep, config.etp, config.moe_dispatcher, config.moe_ep_overlap)
-        # an MoE block's state weighting (`_block_state_parameters`) depends on the sharding, nothing else does
+        # an MoE block's state weighting (`_block_parameters`) depends on the sharding, nothing else does
         sharding = (config.dp, config.distributed_optimizer, config.zero_stage) if self.model.is_moe else ()
         whole = (id(links), *setting, *sharding)
         if whole not in self.per_config:
@@ -495,19 +495,20 @@ def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tup
             return 0.0
         units = [costs[0][key] for key in ctx.model.unit_cost_keys]
         return data_parallel_time(units, ctx.training, config, links.dp[0], ctx.calibration, m,
-                                  links.replicate[0], ctx.parameter_states).exposed_s
+                                  links.replicate[0], ctx.parameter_states, links.edp[0]).exposed_s
     groups: dict[tuple, list[int]] = {}
     for r in range(pp):
-        groups.setdefault((id(costs[r]), links.dp[r], links.replicate[r], r == config.stage_ranks[0],
+        groups.setdefault((id(costs[r]), links.dp[r], links.replicate[r], links.edp[r], r == config.stage_ranks[0],
                            r == config.stage_ranks[-1]), []).append(r)
     tables, weights = [], []
-    for (_, dp_link, replicate_link, first, last), ranks in groups.items():
-        key = (id(costs[ranks[0]]), dp_link, replicate_link, first, last, v, config.pp > 1, config.replicas,
-               config.hsdp_replicas, config.optimizer_sharding, config.reshard_after_forward,
-               config.overlap_grad_reduce, config.overlap_param_gather, m if config.optimizer_sharding >= 2 else 0)
+    for (_, dp_link, replicate_link, edp_link, first, last), ranks in groups.items():
+        key = (id(costs[ranks[0]]), dp_link, replicate_link, edp_link, first, last, v, config.pp > 1,
+               config.replicas, config.edp, config.hsdp_replicas, config.optimizer_sharding,
+               config.reshard_after_forward, config.overlap_grad_reduce, config.overlap_param_gather,
+               m if config.optimizer_sharding >= 2 else 0)
         if key not in ctx.dp_tables:
-            ctx.dp_tables[key] = _dp_exposure_table(ctx, config, m, costs[ranks[0]], dp_link, replicate_link,
-                                                    first, last)
+            ctx.dp_tables[key] = _dp_exposure_table(ctx, config, m, costs[ranks[0]], (dp_link, edp_link),
+                                                    replicate_link, first, last)
         tables.append(ctx.dp_tables[key])
         weights.append(len(ranks))
     thresholds = np.unique(np.concatenate(tables))
@@ -535,15 +536,17 @@ def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tup
 
 
 def _dp_exposure_table(ctx: _Context, config: ParallelConfig, m: int, cost: dict[CostKey, UnitCost],
-                       dp_link: Link, replicate_link: Link, first: bool, last: bool) -> np.ndarray:
+                       dp_links: tuple[Link, Link], replicate_link: Link, first: bool, last: bool) -> np.ndarray:
     """Exposed DP traffic of a rank of this kind holding n (alike) blocks, for every n (inf where it cannot hold
-    n): one call over all block counts at once, the run of blocks' length being an array."""
+    n): one call over all block counts at once, the run of blocks' length being an array. `dp_links`: the dense
+    and the expert data-parallel groups' rings."""
     layers = ctx.model.num_layers
     head, tail = ((cost[UnitKind.EMBEDDING], 1),) * first, ((cost[UnitKind.HEAD], 1),) * last
+    dp_link, edp_link = dp_links
 
     def exposed(*middle: tuple[UnitCost, Any]) -> float | np.ndarray:
         return data_parallel_time_of_runs((*head, *middle, *tail), ctx.training, config, dp_link, ctx.calibration,
-                                          m, replicate_link, ctx.parameter_states).exposed_s
+                                          m, replicate_link, ctx.parameter_states, edp_link).exposed_s
 
     table = np.full(layers + 1, np.inf)
     least = layers if config.pp == 1 else max(config.vpp - first - last, 0)
