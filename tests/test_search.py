@@ -17,7 +17,7 @@ from planner.cost.estimate import estimate
 from planner.cost.schedule import relaxed_rank_counts, schedule_of
 from planner.errors import InfeasibleError
 from planner.gpu import GIB, lookup_gpu
-from planner.model import load_model
+from planner.model import ModelSpec, load_model
 from planner.placement import default_placement
 from planner.profile.analytic import AnalyticProfile
 from planner.profile.calibration import default_calibration
@@ -25,6 +25,8 @@ from planner.search.partition import PartitionProblem, bound_partition, fits, ob
 from planner.search.search import (
     _bound,
     _Context,
+    _evaluate,
+    _families,
     _partition,
     _partition_reusing,
     _problem,
@@ -36,6 +38,10 @@ from planner.search.space import FixedOptions, enumerate_configs
 from planner.slowdown import apply_slowdowns, parse_slowdown
 
 SMALL = load_model("gpt3-125m")
+# dense blocks first, then MoE blocks with 8 experts: mixed block types, expert parallelism and its dispatchers
+TINY_MOE = ModelSpec(name="tiny-moe", num_layers=6, hidden_size=512, num_attention_heads=8, num_key_value_heads=8,
+                     ffn_hidden_size=2048, vocab_size=32000, num_experts=8, moe_top_k=2, moe_ffn_hidden_size=512,
+                     first_dense_layers=2)
 
 
 def _check_plan(model, cluster, plan) -> None:
@@ -404,3 +410,76 @@ def test_the_issue_example_reaches_the_brute_force_split_on_slow_inter_node_link
     found = search(model, cluster, Training(global_batch=64, seq_len=4096), fixed, top_k=1)
     plan = found.plans[0]
     assert plan.partition.blocks_per_stage() == (11, 6, 6, 9)
+
+
+# Family bounds (issue 11): small spaces with pipelines, interleaving, CP (4K tokens over cp 2), ZeRO, MoE (EP
+# degrees, mixed block types), zero-bubble schedules (torchtitan) and a slowed node (uneven ranks).
+FAMILY_CASES = [
+    (SMALL, "1x4xA100-80GB", None, Training(global_batch=16, seq_len=1024), FixedOptions()),
+    (load_model("gpt3-350m"), "4x2xA100-80GB", "node1=2", Training(global_batch=32, seq_len=8192), FixedOptions()),
+    (load_model("gpt3-350m"), "2x4xA100-80GB", None, Training(global_batch=32, seq_len=1024),
+     FixedOptions(framework="torchtitan")),
+    (TINY_MOE, "2x4xH100-80GB", None, Training(global_batch=32, seq_len=1024), FixedOptions()),
+    (TINY_MOE, "2x4xH100-80GB", "node1=2", Training(global_batch=16, seq_len=2048), FixedOptions()),
+]
+FAMILY_IDS = ["gpt3-125m", "gpt3-350m-cp-slow", "torchtitan", "moe", "moe-slow"]
+
+
+def _case(model, shape, slowdown):
+    cluster = parse_shorthand(shape)
+    if slowdown:
+        cluster = apply_slowdowns(cluster, [parse_slowdown(slowdown)])
+    calibration = default_calibration()
+    return cluster, calibration, AnalyticProfile(model, calibration)
+
+
+@pytest.mark.parametrize(("model", "shape", "slowdown", "training", "fixed"), FAMILY_CASES, ids=FAMILY_IDS)
+def test_a_family_bound_is_below_every_member_s_bound_and_estimate(model, shape, slowdown, training, fixed) -> None:
+    """Each family's bound (what the search compares before building the family's candidates) is at most
+    the cheap bound of every member, and at most the estimate of every member's uniform split that fits."""
+    cluster, calibration, timer = _case(model, shape, slowdown)
+    ctx = _Context(model, cluster, training, default_placement, timer, calibration)
+    configs = list(enumerate_configs(model, cluster, training, fixed))
+    families = _families(ctx, configs)
+    assert sorted(order for family in families for order in family.members) == list(range(len(configs)))
+    assert len(families) < len(configs)
+    estimated = 0
+    for family in families:
+        assert family.order == family.members[0]
+        for order in family.members:
+            config = configs[order]
+            assert family.bound_s <= _bound(ctx, order, config).time_bound_s * (1 + 1e-12), config.describe()
+            if order % 4 == 0:  # a sample of the uniform splits (the cheap bound's own test checks them all)
+                result = estimate(model, cluster, training, config)
+                if result.fits:
+                    assert family.bound_s <= result.iteration_time_s * (1 + 1e-9), config.describe()
+                    estimated += 1
+    assert estimated > 10
+
+
+def _exhaustive(model, cluster, training, fixed, calibration, timer) -> list[float]:
+    """Every configuration's plan as the search makes it (memory bound, refined bound, partition, estimate), without
+    pruning by time: the iteration times of those that fit, fastest first."""
+    ctx = _Context(model, cluster, training, default_placement, timer, calibration)
+    times = []
+    for order, config in enumerate(enumerate_configs(model, cluster, training, fixed)):
+        candidate = _with_memory(ctx, _bound(ctx, order, config))
+        if not candidate.fits_bound:
+            continue
+        candidate = _tighten(ctx, _tighten(ctx, candidate)) if config.pp > 1 else _tighten(ctx, candidate)
+        plan = _evaluate(ctx, candidate, _partition_reusing(ctx, _problem(ctx, candidate), 10.0)[0])
+        if plan is not None:
+            times.append(plan.estimate.iteration_time_s)
+    return sorted(times)
+
+
+@pytest.mark.parametrize(("model", "shape", "slowdown", "training", "fixed"), FAMILY_CASES[:4], ids=FAMILY_IDS[:4])
+def test_the_pruned_search_finds_the_exhaustive_search_s_best_plans(model, shape, slowdown, training, fixed) -> None:
+    """Branch and bound over families and candidates returns the k fastest plans of the whole space."""
+    cluster, calibration, timer = _case(model, shape, slowdown)
+    found = search(model, cluster, training, fixed, top_k=3, calibration=calibration, timer=timer)
+    best = _exhaustive(model, cluster, training, fixed, calibration, timer)[:3]
+    times = [plan.estimate.iteration_time_s for plan in found.plans]
+    assert times[0] <= best[0] * (1 + 1e-9)  # the best plan's split may be polished further
+    assert times[1:] == pytest.approx(best[1:], rel=1e-9)
+    assert found.stats.pruned_time > 0

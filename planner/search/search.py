@@ -16,7 +16,7 @@ import heapq
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
@@ -148,6 +148,8 @@ class _Context:
         self.links: dict[tuple[int, ...], tuple[Placement, GroupLinks]] = {}
         self.costs: dict[tuple, dict[CostKey, UnitCost]] = {}
         self.block_types: tuple[tuple[BlockSpec, int], ...] = tuple(model.block_types().items())
+        self.unit_counts: tuple[tuple[CostKey, int], ...] = ((UnitKind.EMBEDDING, 1), (UnitKind.HEAD, 1),
+                                                             *self.block_types)
         keys = tuple(dict.fromkeys(model.unit_cost_keys))
         # the distinct cost keys and each unit's position among them (no per-unit hashing of block types)
         self.unit_types = (keys, tuple(keys.index(key) for key in model.unit_cost_keys))
@@ -162,7 +164,7 @@ class _Context:
         self.memories: dict[tuple, tuple[RankMemoryModel, float]] = {}
 
     def placed(self, config: ParallelConfig) -> tuple[Placement, GroupLinks]:
-        key = (config.dp, config.tp, config.pp, config.cp, config.hsdp_replicas, config.ep, config.etp)
+        key = _placement_key(config)
         if key not in self.links:
             placement = self.placement_fn(self.cluster, config)
             links = GroupLinks.from_placement(self.cluster, config, placement)
@@ -172,12 +174,11 @@ class _Context:
             self.links[key] = (placement, links)
         return self.links[key]
 
-    def rank_costs(self, config: ParallelConfig, links: GroupLinks) -> tuple[dict[CostKey, UnitCost], ...]:
-        setting = (config.tp, config.micro_batch, config.sequence_parallel, config.recompute, config.tp_comm_overlap,
-                   config.cp, config.cp_comm, config.ep, config.etp, config.moe_dispatcher, config.moe_ep_overlap)
-        # an MoE block's state weighting (`_block_parameters`) depends on the sharding, nothing else does
-        sharding = (config.dp, config.distributed_optimizer, config.zero_stage) if self.model.is_moe else ()
-        whole = (id(links), *setting, *sharding)
+    def setting_costs(self, config: ParallelConfig, links: GroupLinks) -> tuple[dict[CostKey, UnitCost], ...]:
+        """Each pipeline rank's unit costs for the configuration's setting before any MoE resharding: the
+        times, which no sharding changes (`resharded_costs` replaces parameters only)."""
+        setting = _setting(config)
+        whole = (id(links), "setting", *setting)
         if whole not in self.per_config:
             out = []
             for gpu, tp_link, cp_link, ep_link in zip(links.gpu, links.tp, links.cp, links.ep, strict=True):
@@ -186,9 +187,24 @@ class _Context:
                 if key not in self.costs:
                     self.costs[key] = unit_costs(self.model, self.training, config, gpu, tp_link, self.timer,
                                                  self.calibration, cp_link, ep_link)
-                if sharding and (*key, *sharding) not in self.costs:
-                    self.costs[(*key, *sharding)] = resharded_costs(self.model, self.training, config, self.costs[key])
-                out.append(self.costs[(*key, *sharding)])
+                out.append(self.costs[key])
+            self.per_config[whole] = tuple(out)
+        return self.per_config[whole]
+
+    def rank_costs(self, config: ParallelConfig, links: GroupLinks) -> tuple[dict[CostKey, UnitCost], ...]:
+        """Each pipeline rank's unit costs under the configuration's sharding (`setting_costs`, resharded)."""
+        # an MoE block's state weighting (`_block_parameters`) depends on the sharding, nothing else does
+        if not self.model.is_moe:
+            return self.setting_costs(config, links)
+        sharding = (config.dp, config.distributed_optimizer, config.zero_stage)
+        whole = (id(links), *_setting(config), *sharding)
+        if whole not in self.per_config:
+            out = []
+            for cost in self.setting_costs(config, links):
+                key = (id(cost), *sharding)  # each setting's table lives as long as the context
+                if key not in self.costs:
+                    self.costs[key] = resharded_costs(self.model, self.training, config, cost)
+                out.append(self.costs[key])
             self.per_config[whole] = tuple(out)
         return self.per_config[whole]
 
@@ -307,6 +323,51 @@ class _Context:
         return self.per_config[key]
 
 
+def _placement_key(config: ParallelConfig) -> tuple[int, ...]:
+    """What a configuration's placement and group links depend on."""
+    return config.dp, config.tp, config.pp, config.cp, config.hsdp_replicas, config.ep, config.etp
+
+
+def _setting(config: ParallelConfig) -> tuple:
+    """What a configuration's unit costs depend on besides its links (and, for MoE blocks, its sharding)."""
+    return (config.tp, config.micro_batch, config.sequence_parallel, config.recompute, config.tp_comm_overlap,
+            config.cp, config.cp_comm, config.ep, config.etp, config.moe_dispatcher, config.moe_ep_overlap)
+
+
+@dataclass(frozen=True)
+class _Family:
+    """Configurations alike in placement and unit-cost setting (so in micro-batches), which differ only in
+    schedule, chunks per rank and sharding; the search bounds them together and builds their candidates
+    (`_bound`) only when that bound reaches the top of its heap."""
+
+    order: int  # its first member's: the family comes off the heap before any of its members would
+    bound_s: float  # at most every member's cheap bound (`_family_bound`)
+    members: tuple[int, ...]
+
+
+def _families(ctx: _Context, configs: list[ParallelConfig]) -> list[_Family]:
+    """The configurations grouped into families, each with its bound, in enumeration order."""
+    groups: dict[tuple, list[int]] = {}
+    for order, config in enumerate(configs):
+        groups.setdefault((*_placement_key(config), *_setting(config)), []).append(order)
+    return [_Family(orders[0], _family_bound(ctx, [configs[order] for order in orders]), tuple(orders))
+            for orders in groups.values()]
+
+
+def _family_bound(ctx: _Context, members: list[ParallelConfig]) -> float:
+    """A lower bound on the cheap bound (`_bound`) of every member: the pipeline term a·S/pp + b·S at the least
+    a/pp + b of the members' schedules, with S — the least sum of rank loads — cut to every unit at its cheapest
+    rank's time (no stage boundaries), plus the fixed overhead; the optimizer step, the embedding sync and one
+    stage's DP exposure, all ≥ 0, are left out. Members share the unit times: sharding changes only parameters."""
+    config = members[0]
+    costs = ctx.setting_costs(config, ctx.placed(config)[1])
+    least_sum = sum(count * min(cost[key].total_s for cost in costs) for key, count in ctx.unit_counts)
+    m = config.num_microbatches(ctx.training.global_batch)
+    rate = min(a / config.pp + b for a, b in map(lambda schedule: schedule_of(schedule).bound_form(m),
+                                                 {member.schedule for member in members}))
+    return rate * least_sum + ctx.calibration.iteration_overhead_s
+
+
 @cache
 def _first_stages(ranks: tuple[int, ...]) -> np.ndarray:
     """Each pipeline rank's first stage (its chunk 0) in a stage-to-rank layout."""
@@ -380,32 +441,44 @@ def _memory_key(config: ParallelConfig) -> tuple:
     return tuple(value for name, value in vars(config).items() if name not in ("cp_comm", "tp_comm_overlap"))
 
 
-def _undominated_cp_comms(ctx: _Context, configs: list[ParallelConfig]) -> set[int]:
-    """Indices of the configurations to bound: all but the CP exchange variants another variant of the same
-    configuration dominates. Variants differ only in each block's exposed CP time (memory, DP traffic and
-    everything else are equal), and the estimate only grows with a unit's time, so a variant no faster
-    than another for every block type on every pipeline rank can never rank above it (ties keep the earlier
-    variant)."""
-    kept: set[int] = set()
+def _members(ctx: _Context, configs: list[ParallelConfig], family: _Family, variants: dict[int, list[int]],
+             undominated: dict[int, set[int]]) -> Iterator[_Candidate]:
+    """The candidates of a family's members, less the CP exchange variants another variant dominates
+    (`undominated` caches them per group of variants, by its first order)."""
+    for order in family.members:
+        group = variants.get(order)
+        if group is not None:
+            if group[0] not in undominated:
+                undominated[group[0]] = _undominated_cp_comms(ctx, [configs[o] for o in group], group)
+            if order not in undominated[group[0]]:
+                continue
+        yield _bound(ctx, order, configs[order])
+
+
+def _cp_comm_variants(configs: list[ParallelConfig]) -> dict[int, list[int]]:
+    """Per configuration with context parallelism, the orders of its CP exchange variants (itself included):
+    the configurations equal to it but in `cp_comm`."""
     groups: dict[tuple, list[int]] = {}
     for order, config in enumerate(configs):
-        if config.cp == 1:
-            kept.add(order)
-        else:
-            key = tuple(value for name, value in vars(config).items() if name != "cp_comm")
-            groups.setdefault(key, []).append(order)
-    for orders in groups.values():
-        times = []
-        for order in orders:
-            config = configs[order]
-            costs = ctx.rank_costs(config, ctx.placed(config)[1])
-            times.append([(cost[block].cp_forward_s, cost[block].cp_backward_s)
-                          for cost in costs for block, _ in ctx.block_types])
-        for i, order in enumerate(orders):
+        if config.cp > 1:
+            groups.setdefault(tuple(value for name, value in vars(config).items() if name != "cp_comm"),
+                              []).append(order)
+    return {order: orders for orders in groups.values() for order in orders}
+
+
+def _undominated_cp_comms(ctx: _Context, variants: list[ParallelConfig], orders: list[int]) -> set[int]:
+    """The orders of the CP exchange variants of one configuration to bound: all but those another variant
+    dominates. Variants differ only in each block's exposed CP time (memory, DP traffic and everything else
+    are equal), and the estimate only grows with a unit's time, so a variant no faster than another for every
+    block type on every pipeline rank can never rank above it (ties keep the earlier variant)."""
+    times = []
+    for config in variants:
+        costs = ctx.rank_costs(config, ctx.placed(config)[1])
+        times.append([(cost[block].cp_forward_s, cost[block].cp_backward_s)
+                      for cost in costs for block, _ in ctx.block_types])
+    return {order for i, order in enumerate(orders)
             if not any(all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(times[j], times[i], strict=True))
-                       and (j < i or times[j] != times[i]) for j in range(len(orders)) if j != i):
-                kept.add(order)
-    return kept
+                       and (j < i or times[j] != times[i]) for j in range(len(orders)) if j != i)}
 
 
 def _tighten(ctx: _Context, candidate: _Candidate) -> _Candidate:
@@ -648,20 +721,26 @@ def search(
     ctx = _Context(model, cluster, training, placement_fn, timer or AnalyticProfile(model, calibration), calibration)
     configs = require_nonempty(list(enumerate_configs(model, cluster, training, fixed)), model, cluster, training,
                                fixed)
-    kept = _undominated_cp_comms(ctx, configs)
-    candidates = [_bound(ctx, order, config) for order, config in enumerate(configs) if order in kept]
-    # Best bound first; when popped, a cheap bound is checked for memory, tightened and pushed back (lazy
-    # best-first): what the time bound skips is never checked for memory.
-    heap = [(c.time_bound_s, c.order, c) for c in candidates]
+    variants = _cp_comm_variants(configs)
+    undominated: dict[int, set[int]] = {}  # per group of CP exchange variants (its first order), those kept
+    # Best bound first, families before their members; when popped, a family builds its members' candidates and a
+    # cheap bound is checked for memory, tightened and pushed back (lazy best-first): what the time bound
+    # skips is never built or checked for memory.
+    heap: list[tuple[float, int, int, Any]] = [(f.bound_s, f.order, 0, f) for f in _families(ctx, configs)]
     heapq.heapify(heap)
     plans: list[RankedPlan] = []
     rejected: list[_Candidate] = []
-    ilps = proven = hits = limited = tightened = pruned_memory = 0
+    ilps = proven = hits = limited = tightened = pruned_memory = partitioned = 0
     while heap:
-        bound_s, _, candidate = heap[0]
+        bound_s, _, _, item = heap[0]
         if len(plans) >= top_k and bound_s > plans[top_k - 1].estimate.iteration_time_s * (1 + 1e-9):
             break
         heapq.heappop(heap)
+        if isinstance(item, _Family):
+            for candidate in _members(ctx, configs, item, variants, undominated):
+                heapq.heappush(heap, (candidate.time_bound_s, candidate.order, 1, candidate))
+            continue
+        candidate = item
         if candidate.refined == 0:
             candidate = _with_memory(ctx, candidate)
             if not candidate.fits_bound:
@@ -671,8 +750,9 @@ def search(
         if candidate.refined < 2:
             candidate = _tighten(ctx, candidate)
             tightened += 1
-            heapq.heappush(heap, (candidate.time_bound_s, candidate.order, candidate))
+            heapq.heappush(heap, (candidate.time_bound_s, candidate.order, 1, candidate))
             continue
+        partitioned += 1
         problem = _problem(ctx, candidate)
         if problem in ctx.partitions:
             hits += 1
@@ -693,7 +773,7 @@ def search(
         del plans[top_k:]
     if plans:
         plans[0] = _polished(ctx, plans[0])
-    pruned_time = len(heap) + len(configs) - len(candidates)
+    pruned_time = len(configs) - pruned_memory - partitioned  # left on the heap, in unbuilt families or dominated
     stats = SearchStats(
         configurations=len(configs), pruned_memory=pruned_memory, pruned_time=pruned_time,
         infeasible=len(rejected) - pruned_memory, ilps_solved=ilps, proven_by_bound=proven,
