@@ -9,7 +9,7 @@ optimise the same quantities the estimate reports.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import cache, cached_property
 from typing import Protocol
@@ -706,21 +706,23 @@ def data_parallel_time_of_runs(
     last_backward = sum((unit.backward_s + unit.recompute_s) * count for unit, count in runs)
     replicate_s = all_reduce_time(grads / group, config.hsdp_replicas, replicate_link or link, calibration)
     replicate = DataParallelTime(replicate_s, _exposed(replicate_s, last_backward, True))
+
+    def both_groups(collective: Callable[..., float], dense_bytes: float, expert_bytes: float) -> float:
+        """One collective over the dense group and one over the expert data-parallel group (none without experts
+        apart: zero bytes cost nothing)."""
+        return (collective(dense_bytes, group, link, calibration)
+                + collective(expert_bytes, config.edp, expert_link or link, calibration))
+
     if sharding == 0:
-        reduce_s = (all_reduce_time(grads, group, link, calibration)
-                    + all_reduce_time(experts * training.grad_bytes, config.edp, expert_link or link, calibration))
+        reduce_s = both_groups(all_reduce_time, grads, experts * training.grad_bytes)
         return DataParallelTime(reduce_s, _exposed(reduce_s, last_backward, config.overlap_grad_reduce))
     gathered = trainable * PARAM_BYTES - sum(_fp8_saved_bytes(unit, config, apart) * count for unit, count in runs)
     expert_bytes = experts * (FP8_PARAM_BYTES if config.fp8_param_gather else PARAM_BYTES)
-    gather_s = (all_gather_time(gathered, group, link, calibration)
-                + all_gather_time(expert_bytes, config.edp, expert_link or link, calibration)
-                if sharding < 3 else 0.0)
+    gather_s = both_groups(all_gather_time, gathered, expert_bytes) if sharding < 3 else 0.0
     forward = sum(unit.forward_s * count for unit, count in runs)
     gather_exposed = _exposed(gather_s, forward, config.overlap_param_gather)
     if sharding == 1:
-        reduce_s = (reduce_scatter_time(grads, group, link, calibration)
-                    + reduce_scatter_time(experts * training.grad_bytes, config.edp, expert_link or link,
-                                          calibration))
+        reduce_s = both_groups(reduce_scatter_time, grads, experts * training.grad_bytes)
         exposed = _exposed(reduce_s, last_backward, config.overlap_grad_reduce) + gather_exposed
         return DataParallelTime(reduce_s + gather_s, exposed)
     if config.pp > 1:

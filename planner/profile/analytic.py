@@ -409,13 +409,20 @@ class AnalyticProfile:
         return 6 if self.model.activation == "swiglu" else 4
 
     def _routed_bytes_per_token(self, setting: UnitSetting) -> float:
-        """HBM bytes per token of an MoE block's dispatched-token path: the activation over the routed copies
-        (top-k, times the busiest rank's load) and the permute and un-permute of every routed copy (read + write
-        of h 16-bit values each way)."""
-        m, t = self.model, setting.tp
+        """HBM bytes per token of an MoE block's dispatched-token path: its permutes and the routed activation."""
+        return self._permute_bytes_per_token(setting) + self._routed_activation_bytes_per_token(setting)
+
+    def _permute_bytes_per_token(self, setting: UnitSetting) -> float:
+        """The dispatcher's permute and un-permute of every routed copy (top-k, times the busiest rank's load):
+        read + write of h 16-bit values each way."""
+        m = self.model
+        return 2 * 2 * 2 * m.moe_top_k * setting.expert_load * m.hidden_size / setting.tp
+
+    def _routed_activation_bytes_per_token(self, setting: UnitSetting) -> float:
+        """The routed experts' activation over the routed copies of a token."""
+        m = self.model
         routed = m.moe_top_k * setting.expert_load
-        permute = 2 * 2 * 2 * routed * m.hidden_size / t
-        return permute + self._activation_bytes_per_channel() * routed * m.expert_ffn_hidden_size / t
+        return self._activation_bytes_per_channel() * routed * m.expert_ffn_hidden_size / setting.tp
 
 
     def _block_kernels(self, setting: UnitSetting, moe: bool) -> tuple[int, int]:
@@ -598,14 +605,14 @@ class AnalyticProfile:
             up, down, _ = self._mlp_linears(setting, gpu, moe=False)
             parts["mlp"] = norm + up + down + kernel(per_element * m.ffn_hidden_size / t)
         elif has_mlp:
-            routed = m.moe_top_k * setting.expert_load
-            up, down, router = self._mlp_linears(setting, gpu, moe=True)
+            up, down, router = self._mlp_linears(setting, gpu, moe=True)  # routed and shared experts, router
             shared_up, shared_down = self._shared_expert_linears(setting, gpu)
             shared = m.shared_expert_ffn_hidden_size or 0
-            parts["moe_act"] = kernel(per_element * routed * m.expert_ffn_hidden_size / t)
-            parts["shared_experts"] = shared_up + shared_down + kernel(per_element * shared / t) if shared else 0.0
-            permutes = kernel(2 * 2 * 2 * routed * m.hidden_size / t)
-            parts["moe"] = up + down + router + permutes + parts["moe_act"] + parts["shared_experts"]
+            parts["moe_act"] = kernel(self._routed_activation_bytes_per_token(setting))
+            shared_act = kernel(per_element * shared / t) if shared else 0.0
+            parts["shared_experts"] = shared_up + shared_down + shared_act
+            permutes = kernel(self._permute_bytes_per_token(setting))
+            parts["moe"] = up + down + router + permutes + parts["moe_act"] + shared_act
         return tuple(parts.items())
 
     def _embedding(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:

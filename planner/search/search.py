@@ -363,8 +363,8 @@ def _family_bound(ctx: _Context, members: list[ParallelConfig]) -> float:
     costs = ctx.setting_costs(config, ctx.placed(config)[1])
     least_sum = sum(count * min(cost[key].total_s for cost in costs) for key, count in ctx.unit_counts)
     m = config.num_microbatches(ctx.training.global_batch)
-    rate = min(a / config.pp + b for a, b in map(lambda schedule: schedule_of(schedule).bound_form(m),
-                                                 {member.schedule for member in members}))
+    forms = (schedule_of(schedule).bound_form(m) for schedule in {member.schedule for member in members})
+    rate = min(a / config.pp + b for a, b in forms)
     return rate * least_sum + ctx.calibration.iteration_overhead_s
 
 
