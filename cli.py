@@ -28,6 +28,7 @@ from planner.config import (
     DEFAULT_LORA_RANK,
     DEFAULT_LORA_TARGETS,
     DTYPES,
+    ELEMENTWISE_MODES,
     FINETUNE_MODES,
     LOCAL_HEADS,
     LORA_TARGETS,
@@ -122,6 +123,9 @@ def problem_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Attention kernel: the GPU's native fused attention (flash: cuDNN, FlashAttention-3 on "
                           "Hopper), FlashAttention-2 (flash2: flash-attn 2, PyTorch SDPA's flash backend; slower "
                           "on Hopper and Blackwell), or unfused softmax (pre-2022 Megatron runs)."),
+        click.option("--elementwise", type=click.Choice(ELEMENTWISE_MODES), default="fused", show_default=True,
+                     help="Norms, RoPE and activation: fused kernels (Megatron-LM/Transformer Engine, torch.compile) "
+                          "or eager PyTorch's op-by-op kernels (torchtitan without torch.compile)."),
         click.option("--finetune", type=click.Choice(FINETUNE_MODES), default="full", show_default=True,
                      help="What trains: every parameter (full), or LoRA adapters on frozen 16-bit (lora) or 4-bit "
                           "NF4 (qlora) base weights."),
@@ -325,22 +329,25 @@ class Problem:
 
 @dataclass(frozen=True)
 class TuningOptions:
-    """The fine-tuning options of `plan` and `estimate` as given (`problem_options`)."""
+    """The fine-tuning and element-wise kernel options of `plan` and `estimate` as given (`problem_options`)."""
 
     finetune: str = "full"
     lora_rank: int | None = None
     lora_targets: str | None = None
     optimizer_states: str = "auto"
+    elementwise: str = "fused"
 
     @classmethod
     def pop_from(cls, options: dict[str, Any]) -> TuningOptions:
-        """Take the fine-tuning options out of a command's keyword options."""
-        return cls(*(options.pop(name) for name in ("finetune", "lora_rank", "lora_targets", "optimizer_states")))
+        """Take these options out of a command's keyword options."""
+        return cls(*(options.pop(name) for name in ("finetune", "lora_rank", "lora_targets", "optimizer_states",
+                                                     "elementwise")))
 
     def training_fields(self) -> dict[str, Any]:
         """Training's fields; "auto" optimizer states start as fp32 (plan may choose others)."""
         return {"finetune": self.finetune, "lora_rank": self.lora_rank, "lora_targets": self.lora_targets,
-                "optimizer_states": "fp32" if self.optimizer_states == "auto" else self.optimizer_states}
+                "optimizer_states": "fp32" if self.optimizer_states == "auto" else self.optimizer_states,
+                "elementwise": self.elementwise}
 
 
 def load_problem(model_spec: str, cluster_spec: str, global_batch: int, seq_len: int, dtype: str, attention: str,
@@ -371,7 +378,8 @@ def echo_memory(training: Training, result: Estimate) -> None:
 
 
 def describe_tuning(model: ModelSpec, training: Training) -> str:
-    """', LoRA r=16 all-linear (207.1 M trainable, 0.29 %)' and the optimizer states when not fp32; '' otherwise."""
+    """', LoRA r=16 all-linear (207.1 M trainable, 0.29 %)', the optimizer states when not fp32 and eager element-wise
+    kernels; '' otherwise."""
     text = ""
     if training.finetune != "full":
         trainable = adapter_parameters(model, training)
@@ -380,6 +388,8 @@ def describe_tuning(model: ModelSpec, training: Training) -> str:
                  f"{100 * trainable / model.num_parameters:.2f} %)")
     if training.optimizer_states != "fp32":
         text += f", optimizer states {training.optimizer_states}"
+    if training.elementwise != "fused":
+        text += f", {training.elementwise} element-wise kernels"
     return text
 
 

@@ -7,7 +7,9 @@ FULL_SHARD over `dp_shard_degree` (= ZeRO-3), bf16 parameters with fp32 gradient
 SDPA attention (FlashAttention-2, `--attention flash2`: torchtitan called SDPA with PyTorch's default backend order,
 flash first, until it put cuDNN first on B200 in May 2025, pytorch/torchtitan 3b85aa31f, and on every GPU in October
 2025, 6a3a9da95; so the B200 rows, of August 2025, ran cuDNN, `flash`), TP with sequence parallelism,
-local batch = `micro_batch` per DP rank with
+eager element-wise kernels where the row says it ran without torch.compile (`--elementwise eager`: the Dec-2024
+rows ran torchtitan's eager RMSNorm module, norm_type "rmsnorm" in llama3_8b.toml @9dec370), local batch =
+`micro_batch` per DP rank with
 no gradient accumulation, and any float8 / MXFP8 recipe = fp8 GEMMs. "selective" activation
 checkpointing is torchtitan's per-op SAC (`selective_recompute` "op"). The Dec-2024 H100s are 96 GB HBM2e
 parts at 500 W: their capacity is 96 GB here; their lower clocks are not modelled.
@@ -62,6 +64,7 @@ class _Row:
     memory_gib: float | None
     async_tp: bool  # torchtitan's async tensor parallelism (the row's async_tp column says "yes")
     interleaved: bool  # pp_schedule "Interleaved 1F1B" (torchtitan's default: 2 stages per rank)
+    eager: bool  # the row says it ran without torch.compile ("no"; "not stated" and toml defaults count as unknown)
 
 
 def _catalog_name(model: str) -> str | None:
@@ -93,7 +96,8 @@ def _parse(row: pd.Series) -> _Row:
                 "float8" in recipe or "fp8" in recipe, any(note in recipe for note in _FP8_GATHER_NOTES),
                 float(row["tokens_per_sec_per_gpu"]),
                 None if pd.isna(row["peak_memory_gib"]) else float(row["peak_memory_gib"]),
-                str(row["async_tp"]).strip().lower() == "yes", "interleaved" in str(row["pp_schedule"]).lower())
+                str(row["async_tp"]).strip().lower() == "yes", "interleaved" in str(row["pp_schedule"]).lower(),
+                str(row["compile"]).strip().lower() == "no")
 
 
 def _unsupported(row: _Row) -> str | None:
@@ -120,21 +124,35 @@ def _cluster(row: _Row, hardware: str) -> Cluster:
     return cluster.with_nodes(replace(node, gpu=gpu) for node in cluster.nodes)
 
 
+# torchtitan before pytorch/torchtitan 5e2033c75 (2025-04-07) split the local batch into as many pipeline
+# micro-batches as pipeline ranks (experimental.pipeline_parallel_microbatches defaulted to the PP degree); from
+# then on into micro-batches of pipeline_parallel_microbatch_size = 1 sequence. The Dec-2024 benchmarks ran 9dec370.
+_PP_DEGREE_MICROBATCH_FILES = (TITAN_FILES[0],)
+
+
+def _micro_batch(file: str, row: _Row) -> int:
+    """Sequences per micro-batch: the local batch without PP, else as the row's torchtitan split it."""
+    if row.pp == 1:
+        return row.micro_batch
+    return row.micro_batch // row.pp if file in _PP_DEGREE_MICROBATCH_FILES else 1
+
+
 def _run(file: str, frame_row: pd.Series, row: _Row) -> Run:
     training = Training(global_batch=row.global_batch, seq_len=row.seq_len, dtype="fp8" if row.fp8 else "bf16",
-                        attention="flash" if row.gpu == "B200" else "flash2", grad_bytes=4)
+                        attention="flash" if row.gpu == "B200" else "flash2", grad_bytes=4,
+                        elementwise="eager" if row.eager else "fused")
     # torchtitan's execution semantics (planner.frameworks): its TP backward has no async all-reduce hidden behind
     # the wgrad GEMMs, and "selective" is its per-op SAC; async TP pipelines the sequence-parallel collectives.
-    # With PP the row's micro_batch is torchtitan's local batch, run as micro-batches of one sequence
-    # (pipeline_parallel_microbatch_size = 1, the v0.2 default). FSDP shards over dp_shard·cp (HSDP: the
-    # dp_replicate groups all-reduce).
+    # With PP the row's micro_batch is torchtitan's local batch, split into pipeline micro-batches as the
+    # row's torchtitan split it (_micro_batch). FSDP shards over dp_shard·cp (HSDP: the dp_replicate
+    # groups all-reduce).
     dp = row.dp_shard * row.dp_replicate
     sharded = row.dp_shard * row.cp > 1
     if row.pp > 1:
         training = replace(training, global_batch=row.micro_batch * dp)
     config = TORCHTITAN.runs(ParallelConfig(
         dp=dp, tp=row.tp, pp=row.pp, cp=row.cp, cp_comm="all-gather",  # torchtitan's default
-        micro_batch=1 if row.pp > 1 else row.micro_batch, vpp=2 if row.interleaved else 1,
+        micro_batch=_micro_batch(file, row), vpp=2 if row.interleaved else 1,
         schedule=Schedule.INTERLEAVED if row.interleaved else Schedule.ONE_F_ONE_B,
         hsdp_replicas=row.dp_replicate if sharded else 1, sequence_parallel=row.tp > 1,
         zero_stage=3 if sharded else 0, recompute=_recompute(row.checkpointing),

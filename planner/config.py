@@ -23,6 +23,7 @@ __all__ = [
     "DEFAULT_LORA_TARGETS",
     "DEFAULT_RECOMPUTE_MODULES",
     "DTYPES",
+    "ELEMENTWISE_MODES",
     "FINETUNE_MODES",
     "LOCAL_HEADS",
     "LORA_TARGETS",
@@ -83,6 +84,10 @@ DEFAULT_LOCAL_QUEUE_DEPTH = 2
 # (flash-attn 2, PyTorch SDPA's flash backend), slower where they are not native (`GPUSpec.flash_attention_2_share`);
 # "unfused", the score matrix materialised (Megatron-LM before FlashAttention).
 ATTENTION_KERNELS = ("flash", "flash2", "unfused")
+# Element-wise kernels (norms, RoPE, the MLP activation): "fused", one kernel per op over 16-bit tensors (Megatron-LM's
+# Transformer Engine / apex kernels, torch.compile's); "eager", eager PyTorch's op-by-op kernels as torchtitan's Llama
+# code runs without torch.compile (RMSNorm and RoPE through fp32 copies, SiLU and the gate product apart).
+ELEMENTWISE_MODES = ("fused", "eager")
 # What trains: every parameter ("full", pre-training's accounting), or low-rank adapters on frozen 16-bit ("lora",
 # Hu et al. 2021) or 4-bit NF4 ("qlora", Dettmers et al. 2023) base weights (planner/finetune.py owns the rules).
 FINETUNE_MODES = ("full", "lora", "qlora")
@@ -133,6 +138,7 @@ class Training:
     `attention` is the attention kernel (ATTENTION_KERNELS): "flash" or "flash2" (fused, no s² activations, causal
     work halved; the GPU's native kernel or FlashAttention-2's) or "unfused" (softmax/dropout materialised, as in
     Megatron-LM runs before FlashAttention).
+    `elementwise` (ELEMENTWISE_MODES) is how the norms, RoPE and activation run: fused kernels or eager PyTorch's.
     `grad_bytes` is the per-parameter gradient size: 4 when gradients accumulate in fp32
     (Megatron-LM's default for bf16 and fp8), 2 when they stay 16-bit (its fp16 optimizer);
     None takes that dtype's default.
@@ -155,6 +161,7 @@ class Training:
     lora_rank: int | None = None
     lora_targets: str | None = None
     optimizer_states: str = "fp32"
+    elementwise: str = "fused"
 
     def __post_init__(self) -> None:
         if self.grad_bytes is None:
@@ -168,6 +175,9 @@ class Training:
             raise PlannerError(
                 f"training: attention must be one of {', '.join(ATTENTION_KERNELS)}, got {self.attention!r}"
             )
+        if self.elementwise not in ELEMENTWISE_MODES:
+            raise PlannerError(f"training: elementwise must be one of {', '.join(ELEMENTWISE_MODES)}, "
+                               f"got {self.elementwise!r}")
         if self.grad_bytes not in (2, 4):
             raise PlannerError(f"training: grad_bytes must be 2 or 4, got {self.grad_bytes!r}")
         for name in ("moe_load_imbalance", "moe_capacity_factor"):

@@ -108,6 +108,9 @@ class Framework:
     flex_with_etp: bool = True  # the flex (DeepEP) dispatcher with expert tensor parallelism (etp > 1)
     # what its selective recompute re-runs when it takes no Megatron-LM --recompute-modules list (None: it takes one)
     fixed_selective_recompute: str | None = None
+    # the fused kernels it always runs norms, RoPE and activations with (None: it runs eager ones too,
+    # Training.elementwise)
+    fused_elementwise_only: str | None = None
     # what it runs of a given model, narrowed from the above (None: every model alike); see `for_model`
     model_limits: Callable[[Framework, ModelSpec], dict[str, object]] | None = None
 
@@ -150,6 +153,8 @@ class Framework:
         with `config`, also whether the optimizer states' placement fits its sharding (one line)."""
         if training.finetune != "full" and self.no_adapters:
             return f"{self.version} cannot fine-tune with {training.finetune}: {self.no_adapters}"
+        if training.elementwise == "eager" and self.fused_elementwise_only:
+            return f"{self.version} has no eager element-wise kernels: it runs {self.fused_elementwise_only}"
         needs = dict(self.optimizer_states)
         if training.optimizer_states not in needs:
             return f"{self.version} has no {training.optimizer_states} optimizer states"
@@ -282,6 +287,7 @@ FRAMEWORKS: dict[str, Framework] = {
         # pretrain_gpt.py has no adapters (LoRA lives in Megatron-Bridge's PEFT, a different entry point);
         # --optimizer-cpu-offload runs Adam on the host inside the distributed optimizer (HybridDeviceOptimizer)
         no_adapters="pretrain_gpt.py has no LoRA/PEFT (Megatron-Bridge's peft.LoRA has; planner does not export it)",
+        fused_elementwise_only="Transformer Engine's fused norms, RoPE and activations",
         optimizer_states=(("fp32", None), ("cpu", frozenset({(0, True)})))),
     # ZeRO-2/3 only without PP (PipelineEngine asserts stage < 2); CP only as Ulysses, which planner's cp is not
     "deepspeed": Framework(
@@ -294,6 +300,7 @@ FRAMEWORKS: dict[str, Framework] = {
         no_adapters="Megatron-DeepSpeed's pretrain_gpt.py has no LoRA/PEFT (Hugging Face PEFT runs under "
                     "transformers' Trainer, not this launcher)",
         fixed_selective_recompute="the attention core's (Megatron-DeepSpeed has no --recompute-modules)",
+        fused_elementwise_only="apex's fused LayerNorm and the TorchScript bias-GeLU / bias-dropout-add fusions",
         optimizer_states=(("fp32", None), ("cpu", frozenset({(1, False), (2, False), (3, False)})))),
     # FSDP2 (reshard_after_forward never: ZeRO-2; default: ZeRO-3) or DDP, with PP too; CP rotates KV by
     # all-gather or a ring of exchanges; etp in {1, tp} (ParallelDims v0.2.2)

@@ -27,7 +27,7 @@ RECORDED = {
     "Narayanan 2021 Table 2 (DeepSpeed ZeRO-3, A100)": (6, 0.135, None, 6),  # per-tensor ZeRO-3 (DeepSpeed 2021)
     "llm-foundry MPT (PyTorch FSDP, A100)": (139, 0.077, None, 139),
     "NeMo / Megatron-Bridge long context CP (H100, FP8)": (14, 0.061, None, 14),
-    "torchtitan 2024-12 (FSDP2/TP, H100)": (18, 0.159, 0.234, 18),  # CP and FSDP+PP (4D) rows; per-op SAC; FA2
+    "torchtitan 2024-12 (FSDP2/TP, H100)": (18, 0.125, 0.199, 18),  # eager rows 1, 8; 9dec370 PP split
     "torchtitan docs 2024 (FSDP2, A100/H100)": (9, 0.089, None, 9),  # its 405B Float8 rows gather in FP8
     "torchao float8/MXFP8 (FSDP2, H100/MI300X/B200)": (12, 0.471, 0.131, 12),  # per-op SAC memory; FA2 on H100
     # issue 11 item 6 (2026-12-01; still above the 12 % target, see README "Accuracy"): rack-scale jobs in NVL72

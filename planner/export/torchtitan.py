@@ -137,8 +137,11 @@ def torchtitan_toml(plan: Plan, notes: tuple[str, ...] = ()) -> str:
         lines += [f"  {_value(part)}," for part in module_fqns(plan)]
         lines.append("]")
     mode = {Recompute.NONE: "none", Recompute.SELECTIVE: "selective", Recompute.FULL: "full"}[config.recompute]
-    if config.tp_comm_overlap:  # torchtitan's async TP only takes effect under torch.compile
+    if plan.training.elementwise == "fused" or config.tp_comm_overlap:
+        # fused element-wise kernels, as costed, come from torch.compile; async TP only takes effect under it too
         lines += ["", "[compile]", f"enable = {_value(True)}", f"components = {_value(['model', 'loss'])}"]
+    else:
+        lines += ["", "# [compile] left off: the plan was costed with eager element-wise kernels (--elementwise eager)"]
     lines += ["", "[checkpoint]", f"enable = {_value(True)}", '# folder = "checkpoint" under the dump folder']
     lines += ["", "[activation_checkpoint]", f"mode = {_value(mode)}"]
     if config.recompute is Recompute.SELECTIVE:

@@ -68,6 +68,17 @@ _BACKWARD_KERNELS_PER_FORWARD = 2
 _GROUPED_LINEARS = 2
 # Kernels of the dispatched tokens' path besides the experts' GEMMs: the permute, the un-permute, the activation
 _ROUTED_ELEMENTWISE_KERNELS = 3
+# Eager PyTorch (Training.elementwise "eager") over fused kernels, per element and forward, from torchtitan's Llama
+# code of December 2024 (pytorch/torchtitan 9dec370: models/norms.py RMSNorm, llama/model.py apply_rotary_emb and
+# FeedForward). RMSNorm casts to fp32 (read 2 B, write 4 B), squares (4, 4), takes the mean (4), scales (4, 4), casts
+# back (4, 2) and multiplies the weight (2, 2): 36 B and 8 kernels (cast, pow, mean, add, rsqrt, mul, cast, mul)
+# where a fused kernel moves 4 B in 1. RoPE casts q and k to fp32 (2, 4), multiplies by the complex frequencies
+# (4, 4) and casts back (4, 2): 20 B and 3 kernels per tensor against 4 B in 1. SwiGLU's SiLU (2, 2) and gate
+# product (2 + 2, 2) run apart: 10 B and 2 kernels against 6 B in 1. The backward doubles them, as it does the
+# fused kernels (its autograd graph has a gradient kernel or two per forward op).
+_EAGER_NORM_EXTRA = (32, 7)  # (bytes per element, kernels) per RMSNorm
+_EAGER_ROPE_EXTRA = (16, 2)  # per rotated tensor (q, k)
+_EAGER_GATED_EXTRA = (4, 1)  # per gated-activation channel / per activation
 
 
 @dataclass(frozen=True)
@@ -84,6 +95,7 @@ class UnitSetting:
     ep: int = 1  # expert-parallel ranks: each runs num_experts / ep experts
     etp: int = 1  # expert tensor parallelism: each expert's intermediate size split etp ways
     expert_load: float = 1.0  # routed tokens of the busiest expert rank over the mean (Training.moe_expert_load)
+    elementwise: str = "fused"  # Training.elementwise: fused kernels or eager PyTorch's
 
     @property
     def tokens(self) -> float:
@@ -310,7 +322,7 @@ class AnalyticProfile:
         core, and per sub-layer a norm, a residual add (and dropout) at HBM bandwidth, one launch each."""
         view = AnalyticProfile(_block_view(self.model, block), self.calibration)
         linears = [0.0, 0.0, 0.0, 0.0]
-        core_forward = core_backward = scan_forward = scan_backward = router = 0.0
+        core_forward = core_backward = scan_forward = scan_backward = router = rope_width = gated = 0.0
         t, h = setting.tp, block.hidden_size
         width = h / t if setting.sequence_parallel else h
         per_token = block.sublayers * (4 + 6 + (5 if block.dropout else 0)) * width
@@ -320,7 +332,7 @@ class AnalyticProfile:
             core_forward, core_backward = self._typed_attention_core(
                 block.attention, view._attention_core(setting, gpu), setting)
             if block.attention.rope:
-                per_token += 4 * (block.attention.query_width + block.attention.kv_width) / t
+                rope_width = (block.attention.query_width + block.attention.kv_width) / t
         if block.mamba is not None:
             linears[0], linears[1], scan_forward, scan_backward = self._mamba(block, setting, gpu)
         if block.mlp is not None:
@@ -329,7 +341,10 @@ class AnalyticProfile:
             routed = mlp.moe_top_k * setting.expert_load * mlp.ffn_hidden_size
             ffn = routed + (mlp.shared_expert_ffn_hidden_size or 0) if mlp.is_moe else mlp.ffn_hidden_size
             per_token += (6 if mlp.gated else 4) * ffn / t
+            gated = ffn / t if mlp.gated else 0.0
             kernels += 1
+        per_token += 4 * rope_width + _eager_extra_bytes(setting, block.sublayers, width, rope_width, gated)
+        kernels += _eager_extra_kernels(setting, block.sublayers, rope_width > 0, gated > 0)
         gemms = sum(linears) + router
         elementwise = self.memory_time(gpu, setting.tokens * per_token) + kernels * self.calibration.kernel_launch_s
         modules = view._module_forward_s(setting, gpu, block.mlp is not None and block.mlp.is_moe,
@@ -400,8 +415,10 @@ class AnalyticProfile:
         ffn = (m.shared_expert_ffn_hidden_size or 0) if moe else m.ffn_hidden_size
         activation = self._activation_bytes_per_channel() * ffn / t
         routed = self._routed_bytes_per_token(setting) if moe else 0.0
-        rope = 4 * (m.query_width + m.kv_width) / t if m.position_embedding == "rope" else 0.0
-        return norms + residuals + dropouts + activation + routed + rope
+        rope_width = (m.query_width + m.kv_width) / t if m.position_embedding == "rope" else 0.0
+        gated = ffn / t + (self._routed_channels(setting) if moe else 0.0) if m.activation == "swiglu" else 0.0
+        eager = _eager_extra_bytes(setting, 2, width, rope_width, gated)
+        return norms + residuals + dropouts + activation + routed + 4 * rope_width + eager
 
     def _activation_bytes_per_channel(self) -> int:
         """HBM bytes per intermediate channel of the MLP activation: SwiGLU reads two 2-byte inputs and writes
@@ -420,10 +437,13 @@ class AnalyticProfile:
 
     def _routed_activation_bytes_per_token(self, setting: UnitSetting) -> float:
         """The routed experts' activation over the routed copies of a token."""
-        m = self.model
-        routed = m.moe_top_k * setting.expert_load
-        return self._activation_bytes_per_channel() * routed * m.expert_ffn_hidden_size / setting.tp
+        return self._activation_bytes_per_channel() * self._routed_channels(setting)
 
+    def _routed_channels(self, setting: UnitSetting) -> float:
+        """Intermediate channels per token of the routed experts on one rank: top-k copies, times the busiest rank's
+        load, of the expert width over TP."""
+        m = self.model
+        return m.moe_top_k * setting.expert_load * m.expert_ffn_hidden_size / setting.tp
 
     def _block_kernels(self, setting: UnitSetting, moe: bool) -> tuple[int, int]:
         """(memory-bound kernels, all kernels) a block's forward launches on one rank. GEMMs: one per attention
@@ -432,6 +452,7 @@ class AnalyticProfile:
         count as GEMMs (`gemm_time` charges their launch), FlashAttention as one kernel."""
         m = self.model
         elementwise = _BLOCK_ELEMENTWISE_KERNELS + (2 if m.position_embedding == "rope" else 0)
+        elementwise += _eager_extra_kernels(setting, 2, m.position_embedding == "rope", m.activation == "swiglu")
         gemms = len(m.attention_linears())
         if moe:
             gemms += 1 + (m.mlp_matrices if m.shared_expert_ffn_hidden_size else 0) + self._routed_kernels(setting)[1]
@@ -667,6 +688,24 @@ def _view_of(name: str, vocab_size: int, block: BlockSpec) -> ModelSpec:
         qk_rope_head_dim=attention.qk_rope_head_dim, v_head_dim=attention.v_head_dim, dropout=block.dropout)
 
 
+def _eager_extra_bytes(setting: UnitSetting, norms: int, norm_width: float, rope_width: float,
+                       gated_channels: float) -> float:
+    """HBM bytes per token eager PyTorch's element-wise ops add to a block's forward over fused kernels (none when
+    fused): `norms` RMSNorms over `norm_width`, RoPE over `rope_width` (q and k), SwiGLU over `gated_channels`."""
+    if setting.elementwise != "eager":
+        return 0.0
+    return (norms * _EAGER_NORM_EXTRA[0] * norm_width + _EAGER_ROPE_EXTRA[0] * rope_width
+            + _EAGER_GATED_EXTRA[0] * gated_channels)
+
+
+def _eager_extra_kernels(setting: UnitSetting, norms: int, rope: bool, gated: bool) -> int:
+    """Kernels eager PyTorch's element-wise ops add to a block's forward over fused kernels (none when fused)."""
+    if setting.elementwise != "eager":
+        return 0
+    rotated = 2 if rope else 0  # q and k
+    return norms * _EAGER_NORM_EXTRA[1] + rotated * _EAGER_ROPE_EXTRA[1] + (_EAGER_GATED_EXTRA[1] if gated else 0)
+
+
 def _block_view(model: ModelSpec, block: BlockSpec) -> ModelSpec:
     """A one-block uniform model whose scalar fields are `block`'s width, attention (full causal: the core of
     its kind is costed apart; RoPE or none) and MLP (any gated one costs as SwiGLU, any other as GeLU: same
@@ -678,4 +717,4 @@ def _block_view(model: ModelSpec, block: BlockSpec) -> ModelSpec:
 def unit_setting(training: Training, tp: int, micro_batch: int, sequence_parallel: bool, cp: int = 1, ep: int = 1,
                  etp: int = 1) -> UnitSetting:
     return UnitSetting(tp, micro_batch, training.seq_len, sequence_parallel, training.dtype, training.attention, cp,
-                       ep, etp, training.moe_expert_load)
+                       ep, etp, training.moe_expert_load, training.elementwise)
