@@ -289,6 +289,9 @@ class ParallelConfig:
     # SP all-gathers / reduce-scatters chunked and pipelined with their GEMMs: Megatron-LM's
     # --tp-comm-overlap (Transformer Engine userbuffers), torchtitan's async TP
     tp_comm_overlap: bool = False
+    # pipeline sends/receives issued ahead and waited on only when the next chunk needs them (`p2p_overlapped`);
+    # None takes Megatron-LM's default: on under the interleaved schedule, off otherwise
+    overlap_p2p_comm: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batch", "vpp", "cp", "hsdp_replicas", "ep", "etp", "local_queue_depth"):
@@ -321,6 +324,10 @@ class ParallelConfig:
             raise PlannerError("parallel config: deepspeed_optimizer 'bf16' (BF16_Optimizer) shards like ZeRO-1; "
                                f"needs zero_stage 1 without the distributed optimizer, got zero_stage {self.zero_stage}"
                                + (" and distributed_optimizer" if self.distributed_optimizer else ""))
+        if self.overlap_p2p_comm and not (self.schedule is Schedule.INTERLEAVED and self.pp > 1):
+            raise PlannerError("parallel config: overlap_p2p_comm needs the interleaved schedule with pp > 1 "
+                               f"(Megatron-LM overlaps pipeline sends only there), got {self.schedule.value} "
+                               f"with pp={self.pp}")
         if self.reshard_after_forward is None:
             object.__setattr__(self, "reshard_after_forward", self.pp == 1)
         if not isinstance(self.recompute, Recompute):
@@ -456,6 +463,15 @@ class ParallelConfig:
                 f"{self.micro_batch} × {self.dp} = {per_step}"
             )
         return global_batch // per_step
+
+    @property
+    def p2p_overlapped(self) -> bool:
+        """Whether stage-boundary transfers hide behind the chunks' compute: Megatron-LM's interleaved schedule
+        posts each chunk's sends and receives asynchronously and waits on them only before the chunk that needs
+        them (--overlap-p2p-communication, its default there: arguments.py turns it off for other schedules)."""
+        if self.overlap_p2p_comm is None:
+            return self.schedule is Schedule.INTERLEAVED and self.pp > 1
+        return self.overlap_p2p_comm
 
     def describe(self) -> str:
         parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}"]

@@ -67,9 +67,9 @@ def _deepspeed_semantics(config: ParallelConfig) -> dict[str, bool | str]:
 def _torchtitan_semantics(_config: ParallelConfig) -> dict[str, bool | str]:
     """torchtitan: DDP/FSDP2 reduce during backward (FSDP2 gathers per wrapped block, prefetched); DTensor TP's
     backward collectives are synchronous; selective recompute is its per-op SAC (the export's selective_ac_option
-    "op")."""
+    "op"); PyTorch's pipeline schedules wait on each step's batched sends and receives before the next action."""
     return {"p2p_scatter_gather": True, "overlap_grad_reduce": True, "overlap_tp_backward": False,
-            "selective_recompute": "op", "zero3_collectives": "per-unit"}
+            "selective_recompute": "op", "zero3_collectives": "per-unit", "overlap_p2p_comm": False}
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ from planner.cost.time import (
     CostKey,
     UnitCost,
     UnitTimer,
+    boundary_times,
     data_parallel_time,
     embedding_sync_time,
     optimizer_step_time,
-    p2p_boundary_time,
     stage_boundary_s,
     unit_costs,
 )
@@ -212,7 +212,7 @@ def estimate(
     rank_costs = rank_costs or [unit_costs(model, training, config, links.gpu[r], links.tp[r], timer, calibration,
                                            links.cp[r], links.ep[r]) for r in range(config.pp)]
     bounds = partition.bounds()
-    boundary = [p2p_boundary_time(model, training, config, link, calibration) for link in links.pp]
+    boundary = boundary_times(model, training, config, links.pp, rank_costs, calibration)
     p2p = stage_boundary_s(boundary, len(bounds), config.schedule)
     ranks = config.stage_ranks
     keys = model.unit_cost_keys

@@ -9,7 +9,7 @@ optimise the same quantities the estimate reports.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cache, cached_property
 from typing import Protocol
@@ -52,6 +52,7 @@ __all__ = [
     "UnitTimer",
     "alltoall_fabric_bytes",
     "boundary_tensor_bytes",
+    "boundary_times",
     "context_parallel_s",
     "data_parallel_time",
     "data_parallel_time_of_runs",
@@ -63,6 +64,7 @@ __all__ = [
     "flex_fabric_bytes",
     "optimizer_step_time",
     "p2p_boundary_time",
+    "p2p_hiding_s",
     "resharded_costs",
     "selective_recompute_s",
     "stage_boundary_s",
@@ -577,17 +579,38 @@ def _pipelined_exposed_s(comm_s: float, gemm_s: float, tp: int, gather: bool) ->
 
 
 def p2p_boundary_time(model: ModelSpec, training: Training, config: ParallelConfig, link: Link,
-                      calibration: Calibration) -> float:
+                      calibration: Calibration, hidden_s: float = 0.0) -> float:
     """Forward activation plus backward gradient across one stage boundary, per micro-batch.
 
     With TP > 1 Megatron-LM sends 1/tp of the tensor (sequence-parallel shards, or the
     scatter/gather optimisation of Narayanan et al. §4.1) and re-gathers it over NVLink;
     DeepSpeed's pipeline engine (`p2p_scatter_gather=False`) sends the whole tensor from every TP rank.
     A context-parallel rank sends its seq_len / cp tokens. Under local learning only the activation crosses
-    (`PipelineSchedule.boundary_legs`).
+    (`PipelineSchedule.boundary_legs`). Overlapped (`ParallelConfig.p2p_overlapped`) the latency and what of the
+    transfer `hidden_s` of compute does not cover show.
     """
     legs = schedule_of(config.schedule).boundary_legs
-    return legs * p2p_time(boundary_tensor_bytes(model, training, config), link, calibration)
+    transfer = p2p_time(boundary_tensor_bytes(model, training, config), link, calibration)
+    if config.p2p_overlapped:  # the transfer runs behind `hidden_s` of compute; its latency does not
+        return legs * (link.latency_s + max(0.0, transfer - link.latency_s - hidden_s))
+    return legs * transfer
+
+
+def p2p_hiding_s(costs: Mapping[CostKey, UnitCost]) -> float:
+    """Compute an overlapped stage-boundary transfer surely runs behind on a rank with unit costs `costs`: one
+    block's forward, the cheapest block type's (a model chunk holds at least one block, and the pass a rank runs
+    while its transfer is in flight is at least a chunk's forward)."""
+    return min(cost.forward_s for key, cost in costs.items() if key not in (UnitKind.EMBEDDING, UnitKind.HEAD))
+
+
+def boundary_times(model: ModelSpec, training: Training, config: ParallelConfig, pp_links: Sequence[Link],
+                   rank_costs: Sequence[Mapping[CostKey, UnitCost]], calibration: Calibration) -> list[float]:
+    """`p2p_boundary_time` of each rank boundary r → r + 1 (mod pp), an overlapped one hidden behind the less of the
+    two ranks' `p2p_hiding_s`: the one rule `estimate` and the search both use."""
+    pp = len(pp_links)
+    hiding = [p2p_hiding_s(costs) for costs in rank_costs] if config.p2p_overlapped else [0.0] * pp
+    return [p2p_boundary_time(model, training, config, link, calibration, min(hiding[r], hiding[(r + 1) % pp]))
+            for r, link in enumerate(pp_links)]
 
 
 def boundary_tensor_bytes(model: ModelSpec, training: Training, config: ParallelConfig) -> float:

@@ -210,7 +210,7 @@ def estimate_split(plan: Plan, blocks_per_stage: tuple[int, ...] | None = None,
     cluster = rebuild_cluster(plan)
     config = plan.parallel if framework is None else framework_named(framework).runs(plan.parallel)
     if without_interleaving and config.vpp != 1:
-        config = replace(config, vpp=1, schedule=Schedule.ONE_F_ONE_B)
+        config = replace(config, vpp=1, schedule=Schedule.ONE_F_ONE_B, overlap_p2p_comm=None)
     partition = (plan.partition if blocks_per_stage is None
                  else Partition.from_blocks(list(blocks_per_stage), plan.model.num_layers))
     placement = plan_placement(plan, cluster)

@@ -143,6 +143,8 @@ def megatron_arguments(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
                      ("--expert-tensor-parallel-size", str(config.etp)), *moe_dispatch_flags(config)]
     if config.tp_comm_overlap:
         parallel.append(("--tp-comm-overlap",))  # Transformer Engine userbuffers; asserts --sequence-parallel
+    if config.schedule is Schedule.INTERLEAVED and not config.p2p_overlapped:
+        parallel.append(("--no-overlap-p2p-communication",))  # overlapped is Megatron-LM's interleaved default
     distributed_optimizer = config.optimizer_sharding >= 1
     if config.zero_stage >= 2:  # Megatron-FSDP (core 0.16 user guide's required flags); ZeRO-2 keeps weights whole
         strategy = "optim_grads_params" if config.zero_stage == 3 else "optim_grads"

@@ -32,11 +32,11 @@ from planner.cost.time import (
     CostKey,
     UnitCost,
     UnitTimer,
+    boundary_times,
     data_parallel_time,
     data_parallel_time_of_runs,
     embedding_sync_time,
     optimizer_step_time,
-    p2p_boundary_time,
     resharded_costs,
     stage_boundary_s,
     unit_costs,
@@ -153,7 +153,6 @@ class _Context:
         keys = tuple(dict.fromkeys(model.unit_cost_keys))
         # the distinct cost keys and each unit's position among them (no per-unit hashing of block types)
         self.unit_types = (keys, tuple(keys.index(key) for key in model.unit_cost_keys))
-        self.boundaries: dict[tuple, float] = {}
         self.partitions: dict[PartitionProblem, PartitionResult | None] = {}
         # per problem without memory limits: False (seen once, not solved) or its solution
         self.unlimited: dict[PartitionProblem, PartitionResult | bool | None] = {}
@@ -209,18 +208,15 @@ class _Context:
         return self.per_config[whole]
 
     def boundary(self, config: ParallelConfig, links: GroupLinks) -> tuple[float, ...]:
-        whole = (id(links), "p2p", config.tp, config.micro_batch, config.cp)
+        """`boundary_times` of the configuration's rank boundaries (an overlapped transfer hides behind the ranks'
+        block forward, so those depend on the setting's unit costs too)."""
+        whole = (id(links), "p2p", config.tp, config.micro_batch, config.cp, config.p2p_overlapped,
+                 *(_setting(config) if config.p2p_overlapped else ()))
         if whole not in self.per_config:
-            out = []
-            for link in links.pp:
-                key = (link, config.tp, config.micro_batch, config.cp)
-                if key not in self.boundaries:
-                    self.boundaries[key] = p2p_boundary_time(self.model, self.training, config, link,
-                                                             self.calibration)
-                out.append(self.boundaries[key])
-            self.per_config[whole] = tuple(out)
+            costs = self.setting_costs(config, links) if config.p2p_overlapped else [{}] * config.pp
+            self.per_config[whole] = tuple(boundary_times(self.model, self.training, config, links.pp, costs,
+                                                          self.calibration))
         return self.per_config[whole]
-
 
     def memory_kinds(self, links: GroupLinks) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The pipeline ranks memory tells apart — by being first or last (the tied-embedding communicator,

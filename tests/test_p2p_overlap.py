@@ -1,0 +1,99 @@
+"""Pipeline p2p overlap: Megatron-LM's interleaved schedule posts each chunk's sends and receives ahead and waits
+on them only before the chunk that needs them (--overlap-p2p-communication, its default there), so the transfer
+hides behind compute; other schedules and torchtitan's PyTorch schedules wait on them."""
+
+from __future__ import annotations
+
+import pytest
+from test_export_plans import make_plan, parse_flags, plan_document
+
+from planner.cluster import load_cluster
+from planner.config import ParallelConfig, Schedule, Training
+from planner.cost.time import boundary_tensor_bytes, boundary_times, p2p_boundary_time, p2p_hiding_s, unit_costs
+from planner.errors import PlannerError
+from planner.export.megatron import export_megatron
+from planner.frameworks import FRAMEWORKS
+from planner.model import UnitKind, load_model
+from planner.placement import GroupLinks, default_placement
+from planner.plan import parse_plan_document
+from planner.profile.analytic import AnalyticProfile
+from planner.profile.calibration import default_calibration
+
+MODEL, TRAINING = load_model("llama3-70b"), Training(global_batch=64, seq_len=4096)
+INTERLEAVED = ParallelConfig(dp=2, tp=4, pp=4, vpp=2, schedule=Schedule.INTERLEAVED, sequence_parallel=True)
+
+
+def _link(config: ParallelConfig):
+    cluster = load_cluster("4x8xH100-80GB")
+    return GroupLinks.from_placement(cluster, config, default_placement(cluster, config)).pp[0]
+
+
+def _transfer(config: ParallelConfig, link) -> float:
+    calibration = default_calibration()
+    return boundary_tensor_bytes(MODEL, TRAINING, config) / (
+        link.bandwidth_bytes_per_s * calibration.p2p_efficiency(link.kind))
+
+
+def test_interleaved_megatron_hides_the_transfer_behind_compute() -> None:
+    """Each of the two legs pays its latency and what of its transfer the hiding compute does not cover."""
+    link, calibration = _link(INTERLEAVED), default_calibration()
+    transfer = _transfer(INTERLEAVED, link)
+    assert INTERLEAVED.p2p_overlapped
+    assert p2p_boundary_time(MODEL, TRAINING, INTERLEAVED, link, calibration, hidden_s=transfer) == pytest.approx(
+        2 * link.latency_s)
+    assert p2p_boundary_time(MODEL, TRAINING, INTERLEAVED, link, calibration, hidden_s=transfer / 4) == pytest.approx(
+        2 * (link.latency_s + 0.75 * transfer))
+
+
+def test_estimate_hides_behind_one_block_forward() -> None:
+    """`boundary_times` hides each transfer behind the cheaper of its two ranks' block forward (`p2p_hiding_s`)."""
+    cluster = load_cluster("4x8xH100-80GB")
+    links = GroupLinks.from_placement(cluster, INTERLEAVED, default_placement(cluster, INTERLEAVED))
+    calibration = default_calibration()
+    costs = [unit_costs(MODEL, TRAINING, INTERLEAVED, gpu, tp, AnalyticProfile(MODEL, calibration), calibration)
+             for gpu, tp in zip(links.gpu, links.tp, strict=True)]
+    hidden = p2p_hiding_s(costs[0])
+    assert hidden == pytest.approx(costs[0][UnitKind.BLOCK].forward_s)
+    times = boundary_times(MODEL, TRAINING, INTERLEAVED, links.pp, costs, calibration)
+    assert times == pytest.approx([p2p_boundary_time(MODEL, TRAINING, INTERLEAVED, link, calibration, hidden)
+                                   for link in links.pp])
+
+
+def test_other_schedules_and_opting_out_pay_the_transfer() -> None:
+    calibration = default_calibration()
+    for config in (ParallelConfig(dp=2, tp=4, pp=4, sequence_parallel=True),
+                   ParallelConfig(dp=2, tp=4, pp=4, vpp=2, schedule=Schedule.INTERLEAVED, sequence_parallel=True,
+                                  overlap_p2p_comm=False)):
+        link = _link(config)
+        assert not config.p2p_overlapped
+        assert p2p_boundary_time(MODEL, TRAINING, config, link, calibration, hidden_s=1.0) == pytest.approx(
+            2 * (link.latency_s + _transfer(config, link)))
+
+
+def test_overlap_outside_the_interleaved_schedule_is_refused() -> None:
+    with pytest.raises(PlannerError, match="overlap_p2p_comm needs the interleaved schedule with pp > 1"):
+        ParallelConfig(dp=2, tp=4, pp=4, overlap_p2p_comm=True)
+
+
+def test_torchtitan_waits_on_its_transfers() -> None:
+    assert not FRAMEWORKS["torchtitan"].runs(INTERLEAVED).p2p_overlapped
+    assert FRAMEWORKS["megatron"].runs(INTERLEAVED).p2p_overlapped
+
+
+def test_megatron_export_opts_out_only_when_the_plan_does() -> None:
+    default = parse_flags(export_megatron(make_plan(vpp=2, blocks=(4,) * 8)).files["megatron_args.txt"])
+    assert "--no-overlap-p2p-communication" not in default
+    document = plan_document(vpp=2, blocks=(4,) * 8)
+    assert document["parallelism"]["overlap_p2p_comm"] is None  # Megatron-LM's default: on when interleaved
+    assert parse_plan_document(document).parallel.p2p_overlapped
+    document["parallelism"]["overlap_p2p_comm"] = False
+    plan = parse_plan_document(document)
+    assert not plan.parallel.p2p_overlapped
+    assert "--no-overlap-p2p-communication" in parse_flags(export_megatron(plan).files["megatron_args.txt"])
+
+
+def test_a_plan_file_with_a_non_boolean_overlap_is_refused() -> None:
+    document = plan_document(vpp=2, blocks=(4,) * 8)
+    document["parallelism"]["overlap_p2p_comm"] = "yes"
+    with pytest.raises(PlannerError, match=r"parallelism\.overlap_p2p_comm must be true or false"):
+        parse_plan_document(document)
