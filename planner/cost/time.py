@@ -790,8 +790,8 @@ def _partition_copies_s(collectives: int, ranks: int, calibration: Calibration) 
     list through one flat buffer, copying each rank's partition out of it (all-gather) or into it (reduce-scatter)
     with its own kernel: `ranks` kernels per collective, each at least a kernel's launch cost. Linear in the GPU
     count, which is why those runs lose more time the more GPUs they use. From v0.5.5 the gathers call
-    `_all_gather_base` where PyTorch has it (1.9+, 2021-06), which copies nothing; the PyTorch of a run is rarely
-    stated, so every per-tensor run is charged the copies."""
+    `_all_gather_base` where PyTorch has it (pytorch#56304, 2021-04), which copies nothing (the reduce-scatters
+    stay list-form); the PyTorch of a run is rarely stated, so every per-tensor run is charged the copies."""
     return collectives * ranks * calibration.kernel_launch_s
 
 
