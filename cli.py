@@ -491,8 +491,8 @@ def echo_heterogeneity(record: dict[str, Any]) -> None:
 @parallel_options
 @click.option("--partition", help="Transformer blocks per (virtual) stage, e.g. 5,6,7,6 (default: uniform).")
 @click.option("--zero3-collectives", type=click.Choice(ZERO3_COLLECTIVES),
-              help="How ZeRO-3 issues its collectives: per-unit (PyTorch FSDP, DeepSpeed >= 0.5.5: one per block, "
-                   "prefetched) or per-tensor (DeepSpeed <= 0.5.4: one per parameter tensor, synchronous)  "
+              help="How ZeRO-3 issues its collectives: per-unit (PyTorch FSDP, DeepSpeed >= 0.6.0: one per block, "
+                   "prefetched) or per-tensor (DeepSpeed <= 0.5.10: one per parameter tensor, synchronous)  "
                    "[default: per-unit]")
 @profile_option
 @calibration_option

@@ -17,6 +17,15 @@ Settings the sweeps do not state, as the studies ran them:
   encoders are skipped), sequence 1024 (run_clm's block size), fp16, unfused attention, no checkpointing;
   the metric is samples/s, so time per sample = 1 / throughput and planner's is iteration time / batch.
   Tuning spaces with no successful experiment are left out (the README does not say why they failed).
+  The committed test_tune.sh passes `--block_size 512` for gpt2-medium and gpt2-xl, but those scripts were
+  written after the runs (DeepSpeedExamples f9dc4de2, 2021-11-11, still held BERT placeholders for them) and
+  the measured ZeRO-1 time per sample and parameter is alike for all four models (15–19 ns), as it is only
+  if all ran the same sequence length: 1024, the default the gpt2 and gpt2-large scripts keep.
+  DeepSpeed is the autotuning branch (PR #1554, merged 2021-11-13, the day the examples were committed;
+  first released in v0.5.7), so ZeRO-3 is the per-tensor, synchronised ZeRO-3 of releases before v0.6.0
+  (`deepspeed_zero3_collectives`). Its autotuning template (`config_templates/template_zero3.json`) leaves
+  `contiguous_gradients` off, so that ZeRO-3 all-reduces its gradients in flat 5e8-element buckets
+  (`buffered_reduce_fallback`) rather than reduce-scattering them tensor by tensor as "per-tensor" charges.
 The Alpa ablation is skipped: its layouts are XLA auto-sharding plans, not framework layouts planner models.
 """
 
@@ -29,7 +38,7 @@ import pandas as pd
 
 from benchmarks.validation_runs import DATA
 from planner.cluster import load_cluster
-from planner.config import ParallelConfig, Recompute, Training
+from planner.config import ParallelConfig, Recompute, Training, deepspeed_zero3_collectives
 from planner.cost.estimate import estimate
 from planner.model import ModelSpec
 from planner.profile.calibration import Calibration, default_calibration
@@ -38,6 +47,7 @@ __all__ = ["group_scores", "predicted_times", "study_summary"]
 
 VTRAIN_FILE = "vtrain_singlenode_a100.csv"
 AUTOTUNING_FILE = "deepspeed_autotuning_hf_v100.csv"
+AUTOTUNING_DEEPSPEED = "0.5.7"  # the first release with autotuning; the runs used its branch days before
 GPT2_VOCAB = 50257
 SEQ_LEN = 1024
 
@@ -65,7 +75,10 @@ def _autotuning_time(row: pd.Series, calibration: Calibration) -> float:
     dp, micro_batch, accumulation = int(row["dp"]), int(row["micro_batch"]), int(row["grad_accum"])
     training = Training(global_batch=dp * micro_batch * accumulation, seq_len=SEQ_LEN, dtype="fp16",
                         attention="unfused")
-    config = ParallelConfig(dp=dp, tp=1, pp=1, micro_batch=micro_batch, zero_stage=int(row["zero_sharding"][-1]))
+    zero = int(row["zero_sharding"][-1])
+    config = ParallelConfig(dp=dp, tp=1, pp=1, micro_batch=micro_batch, zero_stage=zero,
+                            zero3_collectives=deepspeed_zero3_collectives(AUTOTUNING_DEEPSPEED) if zero == 3
+                            else "per-unit")
     result = estimate(model, load_cluster("1x16xV100-32GB"), training, config, calibration=calibration)
     return result.iteration_time_s / training.global_batch
 

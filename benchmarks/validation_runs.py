@@ -53,7 +53,7 @@ from pathlib import Path
 import pandas as pd
 
 from planner.cluster import Cluster, load_cluster
-from planner.config import ParallelConfig, Recompute, Schedule, Training
+from planner.config import ParallelConfig, Recompute, Schedule, Training, deepspeed_zero3_collectives
 from planner.cost.estimate import Estimate, estimate, model_flops_per_iteration
 from planner.cost.time import unit_costs
 from planner.gpu import GIB
@@ -349,6 +349,9 @@ def long_context_runs() -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
 # ---- ZeRO-3 / FSDP runs -------------------------------------------------------------------------
 _NARAYANAN_MODELS = {174.6: (96, 12288, 96), 529.6: (105, 20480, 128)}  # Narayanan et al. 2021 Table 1
 NARAYANAN_SEQ_LEN, NARAYANAN_VOCAB = 2048, 51200
+# ZeRO-3 was released in DeepSpeed v0.3.12 (PR #834, 2021-03-08) and the paper posted on 2021-04-09 (arXiv v1):
+# a v0.3 release.
+NARAYANAN_DEEPSPEED = "0.3"
 
 
 def narayanan_eq3_flops(model: ModelSpec, batch: int, seq_len: int) -> float:
@@ -379,7 +382,8 @@ def narayanan_zero3_runs() -> tuple[Run, ...]:
         gpus, batch = int(row["num_gpus"]), int(row["batch_size"])
         training = Training(global_batch=batch, seq_len=NARAYANAN_SEQ_LEN, dtype="fp16", attention="unfused")
         config = ParallelConfig(dp=gpus, tp=1, pp=1, micro_batch=int(row["microbatch_size"]), zero_stage=3,
-                                recompute=Recompute.FULL, zero3_collectives="per-tensor")
+                                recompute=Recompute.FULL,
+                                zero3_collectives=deepspeed_zero3_collectives(NARAYANAN_DEEPSPEED))
         iteration = narayanan_eq3_flops(model, batch, NARAYANAN_SEQ_LEN) / (float(row["achieved_tflops_per_gpu"])
                                                                            * 1e12 * gpus)
         runs.append(Run(NARAYANAN_FILE, f"{model.name} {gpus}xA100 {config.describe()}", model,

@@ -18,6 +18,7 @@ from planner.errors import PlannerError
 __all__ = [
     "CP_COMMS",
     "DEEPSPEED_OPTIMIZERS",
+    "DEEPSPEED_PER_UNIT_ZERO3",
     "DEFAULT_LOCAL_QUEUE_DEPTH",
     "DEFAULT_LORA_RANK",
     "DEFAULT_LORA_TARGETS",
@@ -37,6 +38,7 @@ __all__ = [
     "Recompute",
     "Schedule",
     "Training",
+    "deepspeed_zero3_collectives",
     "parse_recompute_modules",
 ]
 
@@ -46,11 +48,15 @@ DTYPES = ("bf16", "fp16", "fp8")
 # gathers the whole KV before attention (Llama 3 style), "a2a" re-shards sequence ↔ heads (DeepSpeed Ulysses).
 CP_COMMS = ("p2p", "all-gather", "a2a")
 # How ZeRO-3 issues its collectives. "per-unit": one all-gather / reduce-scatter per wrapped unit (a flat buffer),
-# asynchronous and prefetched behind the neighbouring unit's compute (PyTorch FSDP; DeepSpeed from v0.5.5,
-# 2021-11, which coalesces a module's gathers). "per-tensor": DeepSpeed ZeRO-3 up to v0.5.4 — one collective per
-# parameter tensor, each all-gather issued after a device-wide torch.cuda.synchronize()
-# (partition_parameters._allgather_param), so nothing overlaps and every tensor pays the ring's latency.
+# asynchronous and prefetched behind the neighbouring unit's compute (PyTorch FSDP; DeepSpeed from v0.6.0, whose
+# PR #1453 of 2022-01-20 batches a module's gathers and reduce-scatters into flat *_base collectives and waits
+# on their own handles). "per-tensor": DeepSpeed ZeRO-3 up to v0.5.10 — one collective per parameter tensor,
+# each followed or preceded by a device-wide torch.cuda.synchronize() (partition_parameters._allgather_param;
+# v0.5.5's PR #1188 only launches a submodule's per-tensor gathers back to back before one synchronize,
+# `_allgather_params_coalesced`), so nothing overlaps and every tensor pays the ring's latency.
 ZERO3_COLLECTIVES = ("per-unit", "per-tensor")
+# The first DeepSpeed release whose ZeRO-3 runs "per-unit" (v0.6.0, 2022-03-07, with PR #1453).
+DEEPSPEED_PER_UNIT_ZERO3 = (0, 6)
 # What selective recomputation keeps. "attention": Megatron-LM's --recompute-granularity selective (Korthikanti et
 # al. 2022: everything but the attention core, which is recomputed). "op": torchtitan's per-op SAC
 # (activation_checkpoint.selective_ac_option "op"): the outputs of every other matrix multiply (the 1st, 3rd, … of a
@@ -105,6 +111,13 @@ DEFAULT_LORA_RANK = 16
 # block-wise 8-bit Adam (m and v in 1 byte each, Dettmers et al. 2022), "cpu" ZeRO-Offload / FSDP CPU offload
 # (states and the update on the host, Ren et al. 2021).
 OPTIMIZER_STATES = ("fp32", "8bit", "cpu")
+
+
+def deepspeed_zero3_collectives(version: str) -> str:
+    """How DeepSpeed `version` ("0.5.7", "0.3") issues ZeRO-3 collectives (one of ZERO3_COLLECTIVES), so that a
+    run is costed as its release ran it: "per-tensor" before DEEPSPEED_PER_UNIT_ZERO3, "per-unit" from it."""
+    release = tuple(int(part) for part in version.split("."))
+    return "per-unit" if release >= DEEPSPEED_PER_UNIT_ZERO3 else "per-tensor"
 
 
 def parse_recompute_modules(text: str) -> tuple[str, ...]:

@@ -59,7 +59,7 @@ def _deepspeed_semantics(config: ParallelConfig) -> dict[str, bool | str]:
     """DeepSpeed: the pipeline engine sends whole activations from every TP rank and reduces gradients after
     the flush; without PP only ZeRO's overlap_comm hides the reduction (ZeRO-0 all-reduces after backward);
     Megatron-DeepSpeed's TP backward all-reduces are not overlapped; ZeRO-3 gathers a module's parameters
-    together, prefetched (since v0.5.5; the per-tensor gathers of 2021 are `zero3_collectives` "per-tensor")."""
+    together, prefetched (since v0.6.0; the per-tensor gathers before it are `zero3_collectives` "per-tensor")."""
     return {"p2p_scatter_gather": False, "overlap_grad_reduce": config.pp == 1 and config.zero_stage >= 1,
             "overlap_tp_backward": False, "selective_recompute": "attention", "zero3_collectives": "per-unit"}
 

@@ -106,7 +106,7 @@ def _per_tensor(dp: int, **fields: object) -> ParallelConfig:
 
 
 def test_per_tensor_zero3_pays_each_tensors_ring_latency_and_hides_nothing():
-    """DeepSpeed ZeRO-3 up to v0.5.4: one collective per parameter tensor, each gather after a device-wide
+    """DeepSpeed ZeRO-3 up to v0.5.10: one collective per parameter tensor, each gather after a device-wide
     synchronize. Per unit: 2 gathers of its gathered tensors + 1 reduce-scatter of all its tensors, each
     paying (n − 1)·α and a copy kernel per rank (PyTorch's list-form all_gather / reduce_scatter stage the
     partitions through one flat buffer), and all of it exposed however much compute there is to hide behind."""
@@ -152,7 +152,7 @@ def test_narayanan_zero3_rows_are_no_longer_free():
 
 
 def test_deepspeed_and_torchtitan_targets_run_zero3_per_unit():
-    """The 2021 per-tensor gathers are for reproducing old runs: today's DeepSpeed (coalesced since v0.5.5) and
+    """The 2021 per-tensor gathers are for reproducing old runs: today's DeepSpeed (coalesced since v0.6.0) and
     FSDP2 gather per module, so their execution semantics say so; the catch-all target keeps what was asked."""
     from planner.frameworks import FRAMEWORKS
 
@@ -160,6 +160,28 @@ def test_deepspeed_and_torchtitan_targets_run_zero3_per_unit():
     assert FRAMEWORKS["deepspeed"].runs(legacy).zero3_collectives == "per-unit"
     assert FRAMEWORKS["torchtitan"].runs(legacy).zero3_collectives == "per-unit"
     assert FRAMEWORKS["any"].runs(legacy).zero3_collectives == "per-tensor"
+
+
+@pytest.mark.parametrize(("version", "collectives"), [("0.3", "per-tensor"), ("0.5.4", "per-tensor"),
+                                                      ("0.5.7", "per-tensor"), ("0.5.10", "per-tensor"),
+                                                      ("0.6.0", "per-unit"), ("0.19.1", "per-unit")])
+def test_deepspeed_release_decides_how_its_zero3_collectives_run(version, collectives):
+    """Per tensor behind device-wide synchronizes up to v0.5.10 (v0.5.5's PR #1188 only launches a submodule's
+    per-tensor gathers together); flat per-module collectives from v0.6.0 (PR #1453, 2022-01-20)."""
+    from planner.config import deepspeed_zero3_collectives
+
+    assert deepspeed_zero3_collectives(version) == collectives
+
+
+def test_autotuning_gpt2_xl_zero3_runs_per_tensor_and_ranks_behind_zero1():
+    """DeepSpeed's autotuning examples ran days before v0.5.7: GPT-2 XL's ZeRO-3 (measured 3.1x slower than
+    ZeRO-1 on 16 V100) pays per-tensor synchronous gathers, so planner no longer ranks it first."""
+    from benchmarks.ranking import predicted_times
+
+    times = predicted_times(CALIBRATION)
+    xl = times[times["group"] == "dsat-gpt2-xl-table1"]
+    assert xl["predicted"].idxmax() == xl["measured"].idxmax()
+    assert xl["predicted"].idxmin() == xl["measured"].idxmin()
 
 
 def test_fp8_param_gather_moves_the_linear_weights_in_one_byte():

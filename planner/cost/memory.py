@@ -382,7 +382,7 @@ are views into its contiguous gradient buffer (megatron/core/distributed/param_a
 counted as gradients, so Megatron's DDP and distributed optimizer add none."""
 
 ZERO3_PREFETCH_BUCKET_ELEMENTS = 50_000_000
-"""Parameters DeepSpeed's per-tensor ZeRO-3 (v0.3–0.5.4) gathers ahead of the submodule computing
+"""Parameters DeepSpeed's per-tensor ZeRO-3 (v0.3–0.5.10) gathers ahead of the submodule computing
 (`stage3_prefetch_bucket_size`, default 5e7 in deepspeed/runtime/zero/constants.py of those versions)."""
 
 ZERO3_GATHERED_UNITS = 2
@@ -528,7 +528,7 @@ def framework_buffer_bytes(model: ModelSpec, training: Training, config: Paralle
 
 def _per_tensor_gather_buffers(model: ModelSpec, training: Training, config: ParallelConfig,
                                states: ParameterStates) -> tuple[tuple[str, float], ...]:
-    """DeepSpeed's per-tensor ZeRO-3 (`zero3_collectives` "per-tensor", v0.3–0.5.4) holds whole only the
+    """DeepSpeed's per-tensor ZeRO-3 (`zero3_collectives` "per-tensor", v0.3–0.5.10) holds whole only the
     submodule computing (at most the largest tensor) and the prefetch bucket, and unsharded gradients up to its
     reduce bucket (`reduce_bucket_size`, 5e8 elements, or one larger tensor: stage3.py's ipg bucket) — not
     whole blocks as FSDP's per-unit gathers do."""

@@ -808,11 +808,13 @@ def _run_collectives(runs: Sequence[UnitRun], training: Training, config: Parall
 
 def _partition_copies_s(collectives: int, ranks: int, calibration: Calibration) -> float:
     """The per-rank copies of `collectives` list-form NCCL collectives over `ranks` GPUs: DeepSpeed's per-tensor
-    ZeRO-3 (v0.3–0.5.4, `partition_parameters._allgather_param` / `_reduce_scatter_gradient`) hands
+    ZeRO-3 (v0.3–0.5.10, `partition_parameters._allgather_param` / `_reduce_scatter_gradient`) hands
     torch.distributed one tensor per rank, and PyTorch's ProcessGroupNCCL (before `_all_gather_base`) stages a
     list through one flat buffer, copying each rank's partition out of it (all-gather) or into it (reduce-scatter)
     with its own kernel: `ranks` kernels per collective, each at least a kernel's launch cost. Linear in the GPU
-    count, which is why those runs lose more time the more GPUs they use."""
+    count, which is why those runs lose more time the more GPUs they use. From v0.5.5 the gathers call
+    `_all_gather_base` where PyTorch has it (pytorch#56304, 2021-04), which copies nothing (the reduce-scatters
+    stay list-form); the PyTorch of a run is rarely stated, so every per-tensor run is charged the copies."""
     return collectives * ranks * calibration.kernel_launch_s
 
 
