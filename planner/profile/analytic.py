@@ -68,6 +68,14 @@ _BACKWARD_KERNELS_PER_FORWARD = 2
 _GROUPED_LINEARS = 2
 # Kernels of the dispatched tokens' path besides the experts' GEMMs: the permute, the un-permute, the activation
 _ROUTED_ELEMENTWISE_KERNELS = 3
+# Expert linears with biases (GPT-OSS): TEGroupedMLP fuses linear_fc1's bias into the activation, but adds linear_fc2's
+# (skip_bias_add) in eager PyTorch, weighted by each token's routing probability, one local expert at a time
+# (Megatron-Core 0.15-0.19 `TEGroupedMLP._apply_bias`: `torch.cat([t + b * p for t, b, p in zip(split(out), biases,
+# split(probs))])`): per local expert a multiply and an add kernel, then one concatenation; per routed copy of a
+# token the product is written (h 16-bit values), the add reads the GEMM output and the product and writes the sum,
+# and the concatenation copies the sums: 6 reads or writes of h 16-bit values.
+_EXPERT_BIAS_KERNELS_PER_EXPERT = 2
+_EXPERT_BIAS_ACCESSES = 6
 
 
 @dataclass(frozen=True)
@@ -409,8 +417,18 @@ class AnalyticProfile:
         return 6 if self.model.activation == "swiglu" else 4
 
     def _routed_bytes_per_token(self, setting: UnitSetting) -> float:
-        """HBM bytes per token of an MoE block's dispatched-token path: its permutes and the routed activation."""
-        return self._permute_bytes_per_token(setting) + self._routed_activation_bytes_per_token(setting)
+        """HBM bytes per token of an MoE block's dispatched-token path: its permutes, the routed activation and the
+        experts' output bias (`_expert_bias_bytes_per_token`)."""
+        return (self._permute_bytes_per_token(setting) + self._routed_activation_bytes_per_token(setting)
+                + self._expert_bias_bytes_per_token(setting))
+
+    def _expert_bias_bytes_per_token(self, setting: UnitSetting) -> float:
+        """The eager per-expert add of linear_fc2's probability-weighted bias over the routed copies of a token
+        (`_EXPERT_BIAS_ACCESSES`); zero without expert biases."""
+        m = self.model
+        if not m.moe_bias:
+            return 0.0
+        return _EXPERT_BIAS_ACCESSES * 2 * m.moe_top_k * setting.expert_load * m.hidden_size / setting.tp
 
     def _permute_bytes_per_token(self, setting: UnitSetting) -> float:
         """The dispatcher's permute and un-permute of every routed copy (top-k, times the busiest rank's load):
@@ -435,7 +453,7 @@ class AnalyticProfile:
         gemms = len(m.attention_linears())
         if moe:
             gemms += 1 + (m.mlp_matrices if m.shared_expert_ffn_hidden_size else 0) + self._routed_kernels(setting)[1]
-            elementwise += 2 + _ROUTED_ELEMENTWISE_KERNELS - 1  # the activation is one of the block's five
+            elementwise += 2 + self._routed_kernels(setting)[0] - 1  # the activation is one of the block's five
         else:
             gemms += m.mlp_matrices
         core = 1
@@ -447,11 +465,13 @@ class AnalyticProfile:
 
     def _routed_kernels(self, setting: UnitSetting) -> tuple[int, float]:
         """(memory-bound kernels, other kernels) of an MoE block's dispatched-token path in the forward on one rank:
-        the permute, un-permute and activation, and per local expert one GEMM in each of the two grouped linears
-        and, with FP8, one quantisation of its input split (`_GROUPED_LINEARS`)."""
+        the permute, un-permute and activation (with expert biases, the per-expert bias add and its concatenation:
+        `_EXPERT_BIAS_KERNELS_PER_EXPERT`), and per local expert one GEMM in each of the two grouped linears and,
+        with FP8, one quantisation of its input split (`_GROUPED_LINEARS`)."""
         local = self.model.num_experts / setting.ep
         per_expert = 2 if setting.dtype == "fp8" else 1
-        return _ROUTED_ELEMENTWISE_KERNELS, _GROUPED_LINEARS * local * per_expert
+        bias = _EXPERT_BIAS_KERNELS_PER_EXPERT * local + 1 if self.model.moe_bias else 0
+        return _ROUTED_ELEMENTWISE_KERNELS + bias, _GROUPED_LINEARS * local * per_expert
 
     def _synced_forward(self, setting: UnitSetting, gpu: GPUSpec, gpu_s: float, kernels: float) -> float:
         """Forward of an MoE block of `gpu_s` GPU seconds and `kernels` launches, split by the token dispatcher's
@@ -612,7 +632,8 @@ class AnalyticProfile:
             shared_act = kernel(per_element * shared / t) if shared else 0.0
             parts["shared_experts"] = shared_up + shared_down + shared_act
             permutes = kernel(self._permute_bytes_per_token(setting))
-            parts["moe"] = up + down + router + permutes + parts["moe_act"] + shared_act
+            bias = kernel(self._expert_bias_bytes_per_token(setting)) if m.moe_bias else 0.0
+            parts["moe"] = up + down + router + permutes + bias + parts["moe_act"] + shared_act
         return tuple(parts.items())
 
     def _embedding(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
