@@ -14,14 +14,15 @@ Precision: FP8 (H100 current scaling or 128-blockwise), MXFP8 and "FP8-MX" all r
 layers in 8-bit floats with higher-precision accumulation: planner's "fp8". Recompute: "full" is full; the
 modules a row names ("selective: mlp, moe_act", "selective [layernorm, moe_act]", the Megatron-MoE model zoo's
 "norm, act") are Megatron-LM's selective recompute of those modules (`ParallelConfig.recompute_modules`); a row
-that states nothing runs its preset's modules where `PRESET_RECOMPUTE_MODULES` knows them, else none; "none" and
+that states nothing runs its preset's modules where `PRESETS` knows them, else none; "none" and
 "selective []" recompute nothing.
 Dispatcher and EP overlap: the first dispatcher the row's dispatcher_routing names ("flex", "HybridEP" or
 "DeepEP": flex; "alltoall", "A2A": alltoall; the H100 rows quote the HEAD perf recipe there), its model's
 presets' dispatcher when it names none and they agree (`MODEL_DISPATCHERS`: DeepSeek-V3, flex), else alltoall
 (Megatron-Bridge's scripts/performance/utils/overrides.py sets alltoall unless a flex backend is given); EP
-communication overlap where dispatcher_routing or notes say "EP overlap on", or where the HEAD recipe a row
-quotes for its settings sets it (`EP_OVERLAP_RECIPES`).
+communication overlap where dispatcher_routing or notes say "EP overlap on", where the HEAD recipe a row
+quotes for its settings sets it (`EP_OVERLAP_RECIPES`), or where the preset that ran the row's layout does
+(`PRESETS`).
 Time is scored only on force-balanced, dropless rows (`Training.moe_load_imbalance` = 1): the others
 depend on a router imbalance or capacity factor the rows do not state.
 Iteration time = the stated step time, else global-batch tokens / (tokens/s/GPU × GPUs).
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -41,7 +43,7 @@ from planner.errors import PlannerError
 from planner.gpu import GIB, lookup_gpu
 from planner.model import load_model
 
-__all__ = ["MOE_FILE", "PRESET_RECOMPUTE_MODULES", "moe_runs", "rack_segment_gpus"]
+__all__ = ["MOE_FILE", "PRESETS", "Preset", "moe_runs", "rack_segment_gpus"]
 
 MOE_FILE = "moe_ep_throughput.csv"
 _CATALOG = {"DeepSeek-V3": "deepseek-v3", "Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-235B-A22B": "qwen3-235b-a22b",
@@ -63,20 +65,54 @@ MODEL_DISPATCHERS = {"DeepSeek-V3": "flex"}
 # on too). The other recipes rows quote (Qwen3-30B-A3B FP8 on 16 H100, GPT-OSS-120B BF16 on 64 H100) leave it off.
 EP_OVERLAP_RECIPES = frozenset({"qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config",
                                 "qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config"})
-# Megatron-Bridge performance presets that set recompute modules, for rows that state no recompute but run the
-# preset's model, GPU, precision and layout (tp, pp, vpp, ep, micro-batch): DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V1
-# (= ..._GB300_V1) in scripts/performance/configs/deepseek/deepseek_workload_base_configs.py sets
-# recompute_modules ["mla_up_proj"] with exactly this layout from 941c0b23a (2026-02-09, before the 26.02 container)
-# through 8af195c0a (2026-06-06, after 26.04.01), the releases of the rows that run it.
-PRESET_RECOMPUTE_MODULES = {("DeepSeek-V3", "GB300", "MXFP8", (1, 2, 8, 32, 2)): ("mla_up_proj",)}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """What a Megatron-Bridge performance preset sets that its rows do not state: recompute modules (empty: none)
+    and Megatron-Core's EP communication overlap (`overlap_moe_expert_parallel_comm`, the presets'
+    `moe_a2a_overlap`)."""
+
+    recompute_modules: tuple[str, ...] = ()
+    ep_overlap: bool = False
+
+
+# Megatron-Bridge performance presets, for rows that state no recompute or EP overlap but run the preset's model, GPU,
+# precision and layout (tp, pp, vpp, ep, micro-batch), a layout no other preset of that model, GPU and precision had.
+# scripts/performance/configs/<model>/*_workload_base_configs.py until c8327cfc2 (2026-07-08), then
+# src/megatron/bridge/perf_recipes/<model>/<gpu>/*.py (HEAD @067f987df0):
+# * DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V1 (= ..._GB300_V1), micro-batch 2: recompute ["mla_up_proj"], overlap
+#   off, from 941c0b23a (2026-02-09, before the 26.02 container) through 8af195c0a (2026-06-06, after 26.04.01).
+# * the same preset at micro-batch 1, from 8af195c0a (2026-06-06) through HEAD's deepseek_v3_pretrain_256gpu_gb300_fp8mx
+#   config (26.06, 26.08 rows): moe_a2a_overlap True (HEAD: _enable_deepseek_full_iteration_mxfp8), recompute [].
+# * DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2, pp 8 × vpp 2, EP 32, from 5acef9309 (2026-04-18, the 26.04.01 row)
+#   through HEAD's deepseek_v3_pretrain_256gpu_b200_fp8mx_config: DeepEP, moe_a2a_overlap True, recompute
+#   ["mla_up_proj", "mlp"].
+# * GPT-OSS-120B BF16 on B200 and GB200 (GPT_OSS_120B_B200/GB200_BF16_BASE_CONFIG from cb62f8620, 2025-11-21, then
+#   ..._BF16_V1/V2; HEAD gpt_oss_120b_pretrain_64gpu_b200_bf16_config): recompute ["layernorm", "moe_act"] in every
+#   version, at EP 64 (25.11-26.02) and EP 8 (from 7260d6214, 2026-03-23), micro-batch 4; their EP overlap and
+#   dispatcher changed between releases (hybridep until 2026-04-29 / 05-05), so those stay unstated.
+_GPT_OSS_RECOMPUTE = Preset(("layernorm", "moe_act"))
+PRESETS = {("DeepSeek-V3", "GB300", "MXFP8", (1, 2, 8, 32, 2)): Preset(("mla_up_proj",)),
+           ("DeepSeek-V3", "GB300", "MXFP8", (1, 2, 8, 32, 1)): Preset(ep_overlap=True),
+           ("DeepSeek-V3", "B200", "MXFP8", (1, 8, 2, 32, 1)): Preset(("mla_up_proj", "mlp"), ep_overlap=True),
+           ("GPT-OSS-120B", "B200", "BF16", (1, 1, 1, 8, 4)): _GPT_OSS_RECOMPUTE,
+           ("GPT-OSS-120B", "B200", "BF16", (1, 1, 1, 64, 4)): _GPT_OSS_RECOMPUTE,
+           ("GPT-OSS-120B", "GB200", "BF16", (1, 1, 1, 64, 4)): _GPT_OSS_RECOMPUTE}
 _RECIPE_NAME = re.compile(r"\b\w+_pretrain_\w+_config\b")
 _DISPATCHER_WORDS = re.compile(r"flex|hybridep|deepep|alltoall|a2a", re.IGNORECASE)
 
 
+def _preset(row: pd.Series) -> Preset | None:
+    """The performance preset that ran the row's model, GPU, precision and layout (`PRESETS`), or None."""
+    layout = tuple(_int(row, key) for key in ("tp", "pp", "vpp", "ep", "micro_batch"))
+    return PRESETS.get((str(row["model"]), str(row["hardware"]).split()[0], str(row["precision"]), layout))
+
+
 def _dispatch(row: pd.Series) -> tuple[str, bool]:
     """(dispatcher, EP overlap) a row states: its first-named dispatcher, else its model's (`MODEL_DISPATCHERS`),
-    else alltoall; overlap if "EP overlap on" or the HEAD recipe the row quotes for its settings turns it on
-    (`EP_OVERLAP_RECIPES`)."""
+    else alltoall; overlap if "EP overlap on", the HEAD recipe the row quotes for its settings turns it on
+    (`EP_OVERLAP_RECIPES`) or the preset of its layout does (`PRESETS`)."""
     routing = str(row["dispatcher_routing"])
     named = _DISPATCHER_WORDS.search(routing)
     if named is None:
@@ -84,7 +120,9 @@ def _dispatch(row: pd.Series) -> tuple[str, bool]:
     else:
         dispatcher = "alltoall" if named.group(0).lower() in ("alltoall", "a2a") else "flex"
     quoted = set(_RECIPE_NAME.findall(f"{row['recompute']} {row['notes']}"))
-    return dispatcher, "ep overlap on" in f"{routing} {row['notes']}".lower() or bool(quoted & EP_OVERLAP_RECIPES)
+    preset = _preset(row)
+    return dispatcher, ("ep overlap on" in f"{routing} {row['notes']}".lower() or bool(quoted & EP_OVERLAP_RECIPES)
+                        or (preset is not None and preset.ep_overlap))
 
 
 def _number(value: object) -> float | None:
@@ -145,13 +183,12 @@ _MODULE_WORDS = re.compile(r"\b(" + "|".join((*RECOMPUTE_MODULES, *_MODULE_ALIAS
 
 def _recompute(row: pd.Series) -> tuple[Recompute, tuple[str, ...]]:
     """(recompute, recompute_modules) a row states: 'full' → full; the Megatron-LM modules it names (or their short
-    names) → selective recompute of those; nothing stated → its preset's modules (`PRESET_RECOMPUTE_MODULES`), else
-    none; anything else (none, 'selective []') → none."""
+    names) → selective recompute of those; nothing stated → its preset's modules (`PRESETS`), else none; anything
+    else (none, 'selective []') → none."""
     text = str(row["recompute"]).strip().lower()
-    layout = tuple(_int(row, key) for key in ("tp", "pp", "vpp", "ep", "micro_batch"))
-    preset = (str(row["model"]), str(row["hardware"]).split()[0], str(row["precision"]), layout)
-    if text in ("", "nan") and preset in PRESET_RECOMPUTE_MODULES:
-        return Recompute.SELECTIVE, PRESET_RECOMPUTE_MODULES[preset]
+    preset = _preset(row)
+    if text in ("", "nan") and preset is not None and preset.recompute_modules:
+        return Recompute.SELECTIVE, preset.recompute_modules
     if text.startswith("full"):
         return Recompute.FULL, DEFAULT_RECOMPUTE_MODULES
     named = {_MODULE_ALIASES.get(word, word) for word in _MODULE_WORDS.findall(text)}

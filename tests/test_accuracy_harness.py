@@ -15,6 +15,7 @@ from benchmarks.ranking import AUTOTUNING_FILE, VTRAIN_FILE, group_scores
 from benchmarks.sources import skipped_files, sources
 from benchmarks.titan_runs import TITAN_FILES, titan_runs
 from benchmarks.validation_runs import DATA
+from planner.config import Recompute
 from planner.placement import GroupLinks, default_placement
 from planner.profile.calibration import default_calibration
 
@@ -91,6 +92,21 @@ def test_moe_rows_quoting_a_head_recipe_take_its_ep_overlap() -> None:
     runs = {r.source.split()[-1]: r for r in moe_runs()[0]}
     assert runs["MB-075"].config.moe_ep_overlap and runs["MB-075"].config.moe_dispatcher == "alltoall"
     assert not runs["MB-043"].config.moe_ep_overlap and runs["MB-043"].config.moe_dispatcher == "flex"
+
+
+def test_moe_rows_that_state_nothing_run_the_preset_of_their_layout() -> None:
+    """DeepSeek-V3 MXFP8 on 256 B200 at pp 8 × vpp 2, EP 32 (MB-060) ran DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2:
+    EP overlap and recompute of mla_up_proj and mlp; on 256 GB300 at micro-batch 1 (MB-001) the full-iteration preset
+    with EP overlap and no recompute, at micro-batch 2 (MB-057) the one without overlap; GPT-OSS-120B BF16 on B200 and
+    GB200 (MB-064, MB-062) recomputes layernorm and moe_act as every preset there sets, on GB300 (MB-061) nothing."""
+    runs = {r.source.split()[-1]: r.config for rack in (False, True) for r in moe_runs(rack)[0]}
+    assert runs["MB-060"].moe_ep_overlap and runs["MB-060"].recompute_modules == ("mla_up_proj", "mlp")
+    assert runs["MB-001"].moe_ep_overlap and runs["MB-001"].recompute is Recompute.NONE
+    assert not runs["MB-057"].moe_ep_overlap and runs["MB-057"].recompute_modules == ("mla_up_proj",)
+    for row in ("MB-064", "MB-062"):
+        assert runs[row].recompute is Recompute.SELECTIVE
+        assert set(runs[row].recompute_modules) == {"layernorm", "moe_act"}
+    assert runs["MB-061"].recompute is Recompute.NONE and not runs["MB-061"].moe_ep_overlap
 
 
 def test_deepseek_v3_rows_that_name_no_dispatcher_run_its_presets_flex_backend() -> None:
