@@ -92,13 +92,21 @@ class Preset:
 #   ..._BF16_V1/V2; HEAD gpt_oss_120b_pretrain_64gpu_b200_bf16_config): recompute ["layernorm", "moe_act"] in every
 #   version, at EP 64 (25.11-26.02) and EP 8 (from 7260d6214, 2026-03-23), micro-batch 4; their EP overlap and
 #   dispatcher changed between releases (hybridep until 2026-04-29 / 05-05), so those stay unstated.
+# * QWEN3_235B_A22B_H100_FP8_CS_BASE_CONFIG (cb62f8620, the 25.11 row; later ..._H100_FP8_CS_V1 and HEAD's
+#   qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config, `EP_OVERLAP_RECIPES`), tp 2 × pp 8 × vpp 4, EP 32:
+#   moe_a2a_overlap.
+# * QWEN3_30B_A3B_H100_FP8_CS_BASE_CONFIG / ..._PRETRAIN_CONFIG_H100_FP8_CS_V1, pp 2 × vpp 12, EP 8
+#   (BASE_QWEN3_30B_A3B), from cb62f8620 (2025-11-21) until acc52e249 (2026-03-14) moved H100 to EP 16 without
+#   overlap: moe_a2a_overlap.
 _GPT_OSS_RECOMPUTE = Preset(("layernorm", "moe_act"))
 PRESETS = {("DeepSeek-V3", "GB300", "MXFP8", (1, 2, 8, 32, 2)): Preset(("mla_up_proj",)),
            ("DeepSeek-V3", "GB300", "MXFP8", (1, 2, 8, 32, 1)): Preset(ep_overlap=True),
            ("DeepSeek-V3", "B200", "MXFP8", (1, 8, 2, 32, 1)): Preset(("mla_up_proj", "mlp"), ep_overlap=True),
            ("GPT-OSS-120B", "B200", "BF16", (1, 1, 1, 8, 4)): _GPT_OSS_RECOMPUTE,
            ("GPT-OSS-120B", "B200", "BF16", (1, 1, 1, 64, 4)): _GPT_OSS_RECOMPUTE,
-           ("GPT-OSS-120B", "GB200", "BF16", (1, 1, 1, 64, 4)): _GPT_OSS_RECOMPUTE}
+           ("GPT-OSS-120B", "GB200", "BF16", (1, 1, 1, 64, 4)): _GPT_OSS_RECOMPUTE,
+           ("Qwen3-235B-A22B", "H100", "FP8-CS", (2, 8, 4, 32, 1)): Preset(ep_overlap=True),
+           ("Qwen3-30B-A3B", "H100", "FP8", (1, 2, 12, 8, 1)): Preset(ep_overlap=True)}
 _RECIPE_NAME = re.compile(r"\b\w+_pretrain_\w+_config\b")
 _DISPATCHER_WORDS = re.compile(r"flex|hybridep|deepep|alltoall|a2a", re.IGNORECASE)
 

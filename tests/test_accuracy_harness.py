@@ -98,7 +98,9 @@ def test_moe_rows_that_state_nothing_run_the_preset_of_their_layout() -> None:
     """DeepSeek-V3 MXFP8 on 256 B200 at pp 8 × vpp 2, EP 32 (MB-060) ran DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2:
     EP overlap and recompute of mla_up_proj and mlp; on 256 GB300 at micro-batch 1 (MB-001) the full-iteration preset
     with EP overlap and no recompute, at micro-batch 2 (MB-057) the one without overlap; GPT-OSS-120B BF16 on B200 and
-    GB200 (MB-064, MB-062) recomputes layernorm and moe_act as every preset there sets, on GB300 (MB-061) nothing."""
+    GB200 (MB-064, MB-062) recomputes layernorm and moe_act as every preset there sets, on GB300 (MB-061) nothing;
+    Qwen3-235B-A22B FP8-CS on 256 H100 (MB-179, 25.11) and Qwen3-30B-A3B FP8 on 16 H100 at pp 2 × vpp 12 (MB-134)
+    run their H100 presets' EP overlap."""
     runs = {r.source.split()[-1]: r.config for rack in (False, True) for r in moe_runs(rack)[0]}
     assert runs["MB-060"].moe_ep_overlap and runs["MB-060"].recompute_modules == ("mla_up_proj", "mlp")
     assert runs["MB-001"].moe_ep_overlap and runs["MB-001"].recompute is Recompute.NONE
@@ -107,6 +109,8 @@ def test_moe_rows_that_state_nothing_run_the_preset_of_their_layout() -> None:
         assert runs[row].recompute is Recompute.SELECTIVE
         assert set(runs[row].recompute_modules) == {"layernorm", "moe_act"}
     assert runs["MB-061"].recompute is Recompute.NONE and not runs["MB-061"].moe_ep_overlap
+    assert runs["MB-179"].moe_ep_overlap and runs["MB-134"].moe_ep_overlap  # the H100 Qwen3 presets' moe_a2a_overlap
+    assert not runs["MB-178"].moe_ep_overlap  # vpp 24, micro-batch 2: no preset ran that layout
 
 
 def test_deepseek_v3_rows_that_name_no_dispatcher_run_its_presets_flex_backend() -> None:
