@@ -71,10 +71,21 @@ EP_OVERLAP_RECIPES = frozenset({"qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_conf
 class Preset:
     """What a Megatron-Bridge performance preset sets that its rows do not state: recompute modules (empty: none)
     and Megatron-Core's EP communication overlap (`overlap_moe_expert_parallel_comm`, the presets'
-    `moe_a2a_overlap`)."""
+    `moe_a2a_overlap`); `since`, the first NeMo container release whose presets set them ((): every release)."""
 
     recompute_modules: tuple[str, ...] = ()
     ep_overlap: bool = False
+    since: tuple[int, ...] = ()
+
+
+# Megatron-Bridge 0.5.0, the NeMo 26.06 container's (docs/releases/software-versions.md), turned its MXFP8 presets on
+# GB200 / GB300 / B300 into full-iteration CUDA graphs with EP overlap (moe_a2a_overlap True): Qwen3-30B-A3B's and
+# Qwen3-235B-A22B's ..._FP8_MX_V1/V2, DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_FP8_MX_V1/V2 (with recompute
+# ["mla_up_proj"]), GPT_OSS_120B_PRETRAIN_CONFIG_GB200/GB300_FP8_MX_V2; v0.5.1 and HEAD's perf recipes
+# (_enable_hybridep_full_iteration_mxfp8, _apply_gpt_oss_120b_full_iter_fp8mx_configs: the 26.06.01 and 26.08 rows)
+# keep it; v0.4.1 (26.04.01) and earlier had it off at the same layouts.
+_FULL_ITERATION = (26, 6)
+_FULL_ITERATION_OVERLAP = Preset(ep_overlap=True, since=_FULL_ITERATION)
 
 
 # Megatron-Bridge performance presets, for rows that state no recompute or EP overlap but run the preset's model, GPU,
@@ -106,15 +117,33 @@ PRESETS = {("DeepSeek-V3", "GB300", "MXFP8", (1, 2, 8, 32, 2)): Preset(("mla_up_
            ("GPT-OSS-120B", "B200", "BF16", (1, 1, 1, 64, 4)): _GPT_OSS_RECOMPUTE,
            ("GPT-OSS-120B", "GB200", "BF16", (1, 1, 1, 64, 4)): _GPT_OSS_RECOMPUTE,
            ("Qwen3-235B-A22B", "H100", "FP8-CS", (2, 8, 4, 32, 1)): Preset(ep_overlap=True),
-           ("Qwen3-30B-A3B", "H100", "FP8", (1, 2, 12, 8, 1)): Preset(ep_overlap=True)}
+           ("Qwen3-30B-A3B", "H100", "FP8", (1, 2, 12, 8, 1)): Preset(ep_overlap=True),
+           **{("Qwen3-30B-A3B", gpu, "MXFP8", (1, 1, 1, 8, micro_batch)): _FULL_ITERATION_OVERLAP
+              for gpu, micro_batch in (("GB300", 8), ("GB200", 4), ("B300", 8))},
+           ("Qwen3-235B-A22B", "GB300", "MXFP8", (1, 4, 12, 32, 2)): _FULL_ITERATION_OVERLAP,
+           ("Qwen3-235B-A22B", "GB200", "MXFP8", (1, 8, 3, 32, 1)): _FULL_ITERATION_OVERLAP,
+           ("DeepSeek-V3", "GB200", "MXFP8", (1, 4, 4, 64, 1)): Preset(("mla_up_proj",), True, _FULL_ITERATION),
+           ("GPT-OSS-120B", "GB300", "MXFP8", (1, 1, 1, 16, 4)): _FULL_ITERATION_OVERLAP,
+           ("GPT-OSS-120B", "GB200", "MXFP8", (1, 1, 1, 64, 4)): _FULL_ITERATION_OVERLAP}
+_RELEASE = re.compile(r"NeMo (\d+)\.(\d+)(?:\.(\d+))? container")
 _RECIPE_NAME = re.compile(r"\b\w+_pretrain_\w+_config\b")
 _DISPATCHER_WORDS = re.compile(r"flex|hybridep|deepep|alltoall|a2a", re.IGNORECASE)
 
 
+def _release(row: pd.Series) -> tuple[int, ...]:
+    """The NeMo container release a row ran, e.g. (26, 4, 1) for "NeMo 26.04.01 container"; () when not stated."""
+    stated = _RELEASE.search(str(row["framework_version"]))
+    return tuple(int(part) for part in stated.groups() if part) if stated else ()
+
+
 def _preset(row: pd.Series) -> Preset | None:
-    """The performance preset that ran the row's model, GPU, precision and layout (`PRESETS`), or None."""
+    """The performance preset that ran the row's model, GPU, precision and layout (`PRESETS`) in the row's release
+    (`Preset.since`), or None."""
     layout = tuple(_int(row, key) for key in ("tp", "pp", "vpp", "ep", "micro_batch"))
-    return PRESETS.get((str(row["model"]), str(row["hardware"]).split()[0], str(row["precision"]), layout))
+    preset = PRESETS.get((str(row["model"]), str(row["hardware"]).split()[0], str(row["precision"]), layout))
+    if preset is None or (preset.since and _release(row) < preset.since):
+        return None
+    return preset
 
 
 def _dispatch(row: pd.Series) -> tuple[str, bool]:

@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.accuracy import score, summary_lines
 from benchmarks.loso import fit_sources, source_objective
-from benchmarks.moe_runs import MOE_FILE, moe_runs, rack_segment_gpus
+from benchmarks.moe_runs import MOE_FILE, _release, moe_runs, rack_segment_gpus
 from benchmarks.ranking import AUTOTUNING_FILE, VTRAIN_FILE, group_scores
 from benchmarks.sources import skipped_files, sources
 from benchmarks.titan_runs import TITAN_FILES, titan_runs
@@ -111,6 +111,22 @@ def test_moe_rows_that_state_nothing_run_the_preset_of_their_layout() -> None:
     assert runs["MB-061"].recompute is Recompute.NONE and not runs["MB-061"].moe_ep_overlap
     assert runs["MB-179"].moe_ep_overlap and runs["MB-134"].moe_ep_overlap  # the H100 Qwen3 presets' moe_a2a_overlap
     assert not runs["MB-178"].moe_ep_overlap  # vpp 24, micro-batch 2: no preset ran that layout
+
+
+def test_moe_presets_from_the_26_06_release_on_overlap_ep_at_layouts_older_releases_ran_without() -> None:
+    """Megatron-Bridge 0.5.0 (NeMo 26.06) turned the MXFP8 GB200/GB300 presets to full-iteration CUDA graphs with EP
+    overlap: Qwen3-30B-A3B on 8 GB300 at micro-batch 8 overlaps in 26.08 (MB-007), not in 26.04.01 (MB-066), the same
+    layout; DeepSeek-V3 on 256 GB200 also recomputes mla_up_proj from then (MB-002, 26.08; MB-058, 26.04.01: none)."""
+    runs = {r.source.split()[-1]: r.config for r in moe_runs(rack_scale=True)[0]}
+    assert runs["MB-007"].moe_ep_overlap and not runs["MB-066"].moe_ep_overlap
+    assert runs["MB-002"].moe_ep_overlap and runs["MB-002"].recompute_modules == ("mla_up_proj",)
+    assert not runs["MB-058"].moe_ep_overlap and runs["MB-058"].recompute is Recompute.NONE
+
+
+def test_a_rows_release_is_its_nemo_container() -> None:
+    row = pd.Series({"framework_version": "Megatron-Bridge, NeMo 26.04.01 container"})
+    assert _release(row) == (26, 4, 1) < (26, 6) <= _release(pd.Series({"framework_version": "NeMo 26.06 container"}))
+    assert _release(pd.Series({"framework_version": "Megatron-Bridge (2026-07-25 run; container not stated)"})) == ()
 
 
 def test_deepseek_v3_rows_that_name_no_dispatcher_run_its_presets_flex_backend() -> None:
