@@ -123,6 +123,16 @@ def test_moe_presets_from_the_26_06_release_on_overlap_ep_at_layouts_older_relea
     assert not runs["MB-058"].moe_ep_overlap and runs["MB-058"].recompute is Recompute.NONE
 
 
+def test_gpt_oss_bf16_rows_of_26_04_run_that_releases_hybridep_presets() -> None:
+    """Megatron-Bridge 0.4.x (26.04, 26.04.01) ran GPT-OSS-120B BF16 on GB200 with HybridEP and EP overlap (MB-062),
+    0.3.x (26.02) with alltoall and none (MB-149); on B200 at EP 8 with HybridEP (MB-064)."""
+    runs = {r.source.split()[-1]: r.config for rack in (False, True) for r in moe_runs(rack)[0]}
+    assert runs["MB-062"].moe_dispatcher == "flex" and runs["MB-062"].moe_ep_overlap
+    assert runs["MB-149"].moe_dispatcher == "alltoall" and not runs["MB-149"].moe_ep_overlap
+    assert runs["MB-149"].recompute is Recompute.SELECTIVE  # every release's GB200 preset recomputes
+    assert runs["MB-064"].moe_dispatcher == "flex" and not runs["MB-064"].moe_ep_overlap
+
+
 def test_a_rows_release_is_its_nemo_container() -> None:
     row = pd.Series({"framework_version": "Megatron-Bridge, NeMo 26.04.01 container"})
     assert _release(row) == (26, 4, 1) < (26, 6) <= _release(pd.Series({"framework_version": "NeMo 26.06 container"}))
