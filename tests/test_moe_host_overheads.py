@@ -74,6 +74,19 @@ def test_expert_biases_add_a_multiply_and_an_add_per_local_expert_and_one_concat
     assert profile._routed_kernels(_setting()) == (3 + 33, 32)
     assert profile._routed_kernels(_setting(ep=64)) == (3 + 5, 4)
     assert AnalyticProfile(QWEN, default_calibration())._expert_bias_bytes_per_token(_setting()) == 0.0
+    assert AnalyticProfile(QWEN, default_calibration())._expert_bias_kernels(_setting()) == 0.0
+
+
+def test_moe_recompute_re_runs_the_expert_bias_add() -> None:
+    """The 'moe' recompute module re-runs the whole layer, the expert-bias add included: its bytes at HBM bandwidth
+    and one launch per kernel (16 local experts × 2 + 1)."""
+    calibration = default_calibration()
+    profile, setting, gpu = AnalyticProfile(GPT_OSS, calibration), _setting(), lookup_gpu("B200")
+    without = AnalyticProfile(replace(GPT_OSS, moe_bias=False), calibration)
+    moe = dict(profile._module_forward_s(setting, gpu, moe=True))["moe"]
+    moe_without = dict(without._module_forward_s(setting, gpu, moe=True))["moe"]
+    bias = profile.memory_time(gpu, 4096 * 138_240) + 33 * calibration.kernel_launch_s
+    assert moe - moe_without == pytest.approx(bias, rel=1e-3)
 
 
 def test_expert_bias_bytes_are_six_accesses_of_each_routed_copy() -> None:

@@ -443,7 +443,7 @@ class AnalyticProfile:
         return self._activation_bytes_per_channel() * routed * m.expert_ffn_hidden_size / setting.tp
 
 
-    def _block_kernels(self, setting: UnitSetting, moe: bool) -> tuple[int, int]:
+    def _block_kernels(self, setting: UnitSetting, moe: bool) -> tuple[float, float]:
         """(memory-bound kernels, all kernels) a block's forward launches on one rank. GEMMs: one per attention
         weight matrix and MLP matrix; an MoE block adds the router GEMM, its top-k and softmax, the shared experts'
         GEMMs and the routed path's kernels (`_routed_kernels`). The unfused attention core's two batched GEMMs
@@ -463,15 +463,21 @@ class AnalyticProfile:
         collectives = (4 if setting.sequence_parallel else 2) if setting.tp > 1 else 0
         return elementwise, elementwise + gemms + core + collectives
 
-    def _routed_kernels(self, setting: UnitSetting) -> tuple[int, float]:
+    def _routed_kernels(self, setting: UnitSetting) -> tuple[float, float]:
         """(memory-bound kernels, other kernels) of an MoE block's dispatched-token path in the forward on one rank:
         the permute, un-permute and activation (with expert biases, the per-expert bias add and its concatenation:
         `_EXPERT_BIAS_KERNELS_PER_EXPERT`), and per local expert one GEMM in each of the two grouped linears and,
         with FP8, one quantisation of its input split (`_GROUPED_LINEARS`)."""
         local = self.model.num_experts / setting.ep
         per_expert = 2 if setting.dtype == "fp8" else 1
-        bias = _EXPERT_BIAS_KERNELS_PER_EXPERT * local + 1 if self.model.moe_bias else 0
-        return _ROUTED_ELEMENTWISE_KERNELS + bias, _GROUPED_LINEARS * local * per_expert
+        return _ROUTED_ELEMENTWISE_KERNELS + self._expert_bias_kernels(setting), _GROUPED_LINEARS * local * per_expert
+
+    def _expert_bias_kernels(self, setting: UnitSetting) -> float:
+        """Kernels of the eager expert-bias add on one rank: per local expert `_EXPERT_BIAS_KERNELS_PER_EXPERT`, and
+        the concatenation; none without expert biases."""
+        if not self.model.moe_bias:
+            return 0.0
+        return _EXPERT_BIAS_KERNELS_PER_EXPERT * self.model.num_experts / setting.ep + 1
 
     def _synced_forward(self, setting: UnitSetting, gpu: GPUSpec, gpu_s: float, kernels: float) -> float:
         """Forward of an MoE block of `gpu_s` GPU seconds and `kernels` launches, split by the token dispatcher's
@@ -632,7 +638,8 @@ class AnalyticProfile:
             shared_act = kernel(per_element * shared / t) if shared else 0.0
             parts["shared_experts"] = shared_up + shared_down + shared_act
             permutes = kernel(self._permute_bytes_per_token(setting))
-            bias = kernel(self._expert_bias_bytes_per_token(setting)) if m.moe_bias else 0.0
+            bias = (self.memory_time(gpu, setting.tokens * self._expert_bias_bytes_per_token(setting))
+                    + self._expert_bias_kernels(setting) * self.calibration.kernel_launch_s)
             parts["moe"] = up + down + router + permutes + bias + parts["moe_act"] + shared_act
         return tuple(parts.items())
 
