@@ -14,14 +14,16 @@ Precision: FP8 (H100 current scaling or 128-blockwise), MXFP8 and "FP8-MX" all r
 layers in 8-bit floats with higher-precision accumulation: planner's "fp8". Recompute: "full" is full; the
 modules a row names ("selective: mlp, moe_act", "selective [layernorm, moe_act]", the Megatron-MoE model zoo's
 "norm, act") are Megatron-LM's selective recompute of those modules (`ParallelConfig.recompute_modules`); a row
-that states nothing runs its preset's modules where `PRESET_RECOMPUTE_MODULES` knows them, else none; "none" and
+that states nothing runs its preset's modules where `PRESETS` knows them, else none; "none" and
 "selective []" recompute nothing.
 Dispatcher and EP overlap: the first dispatcher the row's dispatcher_routing names ("flex", "HybridEP" or
-"DeepEP": flex; "alltoall", "A2A": alltoall; the H100 rows quote the HEAD perf recipe there), its model's
-presets' dispatcher when it names none and they agree (`MODEL_DISPATCHERS`: DeepSeek-V3, flex), else alltoall
-(Megatron-Bridge's scripts/performance/utils/overrides.py sets alltoall unless a flex backend is given); EP
-communication overlap where dispatcher_routing or notes say "EP overlap on", or where the HEAD recipe a row
-quotes for its settings sets it (`EP_OVERLAP_RECIPES`).
+"DeepEP": flex; "alltoall", "A2A": alltoall; the H100 rows quote the HEAD perf recipe there), else the flex
+backend of the preset that ran the row's layout in its release (`PRESETS`), else its model's presets' dispatcher
+when they agree (`MODEL_DISPATCHERS`: DeepSeek-V3, flex), else alltoall (Megatron-Bridge's
+scripts/performance/utils/overrides.py sets alltoall unless a flex backend is given); EP
+communication overlap where dispatcher_routing or notes say "EP overlap on", where the HEAD recipe a row
+quotes for its settings sets it (`EP_OVERLAP_RECIPES`), or where the preset that ran the row's layout does
+(`PRESETS`).
 Time is scored only on force-balanced, dropless rows (`Training.moe_load_imbalance` = 1): the others
 depend on a router imbalance or capacity factor the rows do not state.
 Iteration time = the stated step time, else global-batch tokens / (tokens/s/GPU × GPUs).
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -41,7 +44,7 @@ from planner.errors import PlannerError
 from planner.gpu import GIB, lookup_gpu
 from planner.model import load_model
 
-__all__ = ["MOE_FILE", "PRESET_RECOMPUTE_MODULES", "moe_runs", "rack_segment_gpus"]
+__all__ = ["MOE_FILE", "PRESETS", "Preset", "moe_runs", "rack_segment_gpus"]
 
 MOE_FILE = "moe_ep_throughput.csv"
 _CATALOG = {"DeepSeek-V3": "deepseek-v3", "Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-235B-A22B": "qwen3-235b-a22b",
@@ -63,28 +66,108 @@ MODEL_DISPATCHERS = {"DeepSeek-V3": "flex"}
 # on too). The other recipes rows quote (Qwen3-30B-A3B FP8 on 16 H100, GPT-OSS-120B BF16 on 64 H100) leave it off.
 EP_OVERLAP_RECIPES = frozenset({"qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config",
                                 "qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config"})
-# Megatron-Bridge performance presets that set recompute modules, for rows that state no recompute but run the
-# preset's model, GPU, precision and layout (tp, pp, vpp, ep, micro-batch): DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V1
-# (= ..._GB300_V1) in scripts/performance/configs/deepseek/deepseek_workload_base_configs.py sets
-# recompute_modules ["mla_up_proj"] with exactly this layout from 941c0b23a (2026-02-09, before the 26.02 container)
-# through 8af195c0a (2026-06-06, after 26.04.01), the releases of the rows that run it.
-PRESET_RECOMPUTE_MODULES = {("DeepSeek-V3", "GB300", "MXFP8", (1, 2, 8, 32, 2)): ("mla_up_proj",)}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """What a Megatron-Bridge performance preset sets that its rows do not state: recompute modules (empty: none),
+    Megatron-Core's EP communication overlap (`overlap_moe_expert_parallel_comm`, the presets' `moe_a2a_overlap`) and
+    the token dispatcher (None: the rule of `_dispatch`); `since`, the first NeMo container release whose presets set
+    them ((): every release)."""
+
+    recompute_modules: tuple[str, ...] = ()
+    ep_overlap: bool = False
+    dispatcher: str | None = None
+    since: tuple[int, ...] = ()
+
+
+# Megatron-Bridge performance presets, for rows that state no recompute, EP overlap or dispatcher but run the
+# preset's model, GPU, precision and layout (tp, pp, vpp, ep, micro-batch) in a release whose presets ran that layout;
+# per layout the presets in release order (`Preset.since`), the row taking the last one its release has reached.
+# Releases: Megatron-Bridge 0.2.0, 0.3.0, 0.4.0 and 0.5.0 are the NeMo 25.11, 26.02, 26.04 and 26.06 containers'
+# (docs/releases/software-versions.md), 0.3.1 the 26.02.01 one's (docs/releases/known-issues.md); presets in
+# scripts/performance/configs/<model>/*_workload_base_configs.py at those tags (commits named where no tag decides),
+# HEAD's (@067f987df0, the 26.08 rows) in src/megatron/bridge/perf_recipes/<model>/<gpu>/*.py.
+# * DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V1 (= ..._GB300_V1), micro-batch 2: recompute ["mla_up_proj"], overlap
+#   off, from 941c0b23a (2026-02-09, before the 26.02 container) through 8af195c0a (2026-06-06, after 26.04.01).
+# * the same preset at micro-batch 1, from 8af195c0a (2026-06-06) through HEAD's deepseek_v3_pretrain_256gpu_gb300_fp8mx
+#   config (26.06, 26.08 rows): moe_a2a_overlap True (HEAD: _enable_deepseek_full_iteration_mxfp8), recompute [].
+# * DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2, pp 8 × vpp 2, EP 32, from 5acef9309 (2026-04-18, the 26.04.01 row)
+#   through HEAD's deepseek_v3_pretrain_256gpu_b200_fp8mx_config: DeepEP, moe_a2a_overlap True, recompute
+#   ["mla_up_proj", "mlp"].
+# * GPT-OSS-120B BF16 on B200 and GB200 (GPT_OSS_120B_B200/GB200_BF16_BASE_CONFIG at v0.2.0, then ..._BF16_V1/V2;
+#   HEAD gpt_oss_120b_pretrain_64gpu_b200_bf16_config): recompute ["layernorm", "moe_act"] in every release. v0.4.0
+#   and v0.4.1 (26.04, 26.04.01; no later BF16 rows) run B200 and B300 at EP 8 with HybridEP (flex), GB200 at EP 64
+#   with HybridEP and moe_a2a_overlap; v0.3.x ran EP 64 on B200 and B300 and alltoall without overlap on GB200.
+# * QWEN3_235B_A22B_H100_FP8_CS_BASE_CONFIG (v0.2.0, the 25.11 row; later ..._H100_FP8_CS_V1 and HEAD's
+#   qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config, `EP_OVERLAP_RECIPES`), tp 2 × pp 8 × vpp 4, EP 32:
+#   moe_a2a_overlap.
+# * QWEN3_30B_A3B_H100_FP8_CS_BASE_CONFIG / ..._PRETRAIN_CONFIG_H100_FP8_CS_V1, pp 2 × vpp 12, EP 8
+#   (BASE_QWEN3_30B_A3B), from v0.2.0 until acc52e249 (2026-03-14) moved H100 to EP 16 without overlap:
+#   moe_a2a_overlap.
+# * v0.5.0 (26.06) turned the MXFP8 presets on GB200 / GB300 / B300 into full-iteration CUDA graphs with
+#   moe_a2a_overlap True: Qwen3-30B-A3B's and Qwen3-235B-A22B's ..._FP8_MX_V1/V2, DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_
+#   FP8_MX_V1/V2 (with recompute ["mla_up_proj"]), GPT_OSS_120B_PRETRAIN_CONFIG_GB200/GB300_FP8_MX_V2; v0.5.1 and
+#   HEAD's recipes (_enable_hybridep_full_iteration_mxfp8, _apply_gpt_oss_120b_full_iter_fp8mx_configs: the 26.06.01
+#   and 26.08 rows) keep it; v0.4.1 (26.04.01) and earlier ran the same layouts without it.
+_FULL_ITERATION = (Preset(ep_overlap=True, since=(26, 6)),)
+_GPT_OSS_RECOMPUTE = ("layernorm", "moe_act")
+PRESETS: dict[tuple[str, str, str, tuple[int, ...]], tuple[Preset, ...]] = {
+    ("DeepSeek-V3", "GB300", "MXFP8", (1, 2, 8, 32, 2)): (Preset(("mla_up_proj",)),),
+    ("DeepSeek-V3", "GB300", "MXFP8", (1, 2, 8, 32, 1)): (Preset(ep_overlap=True),),
+    ("DeepSeek-V3", "B200", "MXFP8", (1, 8, 2, 32, 1)): (Preset(("mla_up_proj", "mlp"), ep_overlap=True),),
+    ("DeepSeek-V3", "GB200", "MXFP8", (1, 4, 4, 64, 1)): (Preset(("mla_up_proj",), ep_overlap=True, since=(26, 6)),),
+    ("GPT-OSS-120B", "B200", "BF16", (1, 1, 1, 8, 4)): (
+        Preset(_GPT_OSS_RECOMPUTE), Preset(_GPT_OSS_RECOMPUTE, dispatcher="flex", since=(26, 4))),
+    ("GPT-OSS-120B", "B200", "BF16", (1, 1, 1, 64, 4)): (Preset(_GPT_OSS_RECOMPUTE),),
+    ("GPT-OSS-120B", "GB200", "BF16", (1, 1, 1, 64, 4)): (
+        Preset(_GPT_OSS_RECOMPUTE), Preset(_GPT_OSS_RECOMPUTE, ep_overlap=True, dispatcher="flex", since=(26, 4))),
+    ("GPT-OSS-120B", "B300", "BF16", (1, 1, 1, 8, 4)): (Preset(dispatcher="flex", since=(26, 4)),),
+    ("GPT-OSS-120B", "GB300", "MXFP8", (1, 1, 1, 16, 4)): _FULL_ITERATION,
+    ("GPT-OSS-120B", "GB200", "MXFP8", (1, 1, 1, 64, 4)): _FULL_ITERATION,
+    ("Qwen3-235B-A22B", "H100", "FP8-CS", (2, 8, 4, 32, 1)): (Preset(ep_overlap=True),),
+    ("Qwen3-30B-A3B", "H100", "FP8", (1, 2, 12, 8, 1)): (Preset(ep_overlap=True),),
+    **{("Qwen3-30B-A3B", gpu, "MXFP8", (1, 1, 1, 8, micro_batch)): _FULL_ITERATION
+       for gpu, micro_batch in (("GB300", 8), ("GB200", 4), ("B300", 8))},
+    ("Qwen3-235B-A22B", "GB300", "MXFP8", (1, 4, 12, 32, 2)): _FULL_ITERATION,
+    ("Qwen3-235B-A22B", "GB200", "MXFP8", (1, 8, 3, 32, 1)): _FULL_ITERATION,
+}
+_RELEASE = re.compile(r"NeMo (\d+)\.(\d+)(?:\.(\d+))? container")
 _RECIPE_NAME = re.compile(r"\b\w+_pretrain_\w+_config\b")
 _DISPATCHER_WORDS = re.compile(r"flex|hybridep|deepep|alltoall|a2a", re.IGNORECASE)
 
 
+def _release(row: pd.Series) -> tuple[int, ...]:
+    """The NeMo container release a row ran, e.g. (26, 4, 1) for "NeMo 26.04.01 container"; () when not stated."""
+    stated = _RELEASE.search(str(row["framework_version"]))
+    return tuple(int(part) for part in stated.groups() if part) if stated else ()
+
+
+def _preset(row: pd.Series) -> Preset | None:
+    """The performance preset that ran the row's model, GPU, precision and layout (`PRESETS`) in the row's release:
+    the last whose `since` it has reached (a row stating no release reaches only ()), or None."""
+    layout = tuple(_int(row, key) for key in ("tp", "pp", "vpp", "ep", "micro_batch"))
+    presets = PRESETS.get((str(row["model"]), str(row["hardware"]).split()[0], str(row["precision"]), layout), ())
+    release = _release(row)
+    return next((preset for preset in reversed(presets) if release >= preset.since), None)
+
+
 def _dispatch(row: pd.Series) -> tuple[str, bool]:
-    """(dispatcher, EP overlap) a row states: its first-named dispatcher, else its model's (`MODEL_DISPATCHERS`),
-    else alltoall; overlap if "EP overlap on" or the HEAD recipe the row quotes for its settings turns it on
-    (`EP_OVERLAP_RECIPES`)."""
+    """(dispatcher, EP overlap) a row states: its first-named dispatcher, else its release's preset's for its layout
+    (`PRESETS`), else its model's (`MODEL_DISPATCHERS`), else alltoall; overlap if "EP overlap on", the HEAD recipe
+    the row quotes for its settings turns it on (`EP_OVERLAP_RECIPES`) or the preset does."""
     routing = str(row["dispatcher_routing"])
     named = _DISPATCHER_WORDS.search(routing)
-    if named is None:
-        dispatcher = MODEL_DISPATCHERS.get(str(row["model"]), "alltoall")
-    else:
+    preset = _preset(row)
+    if named is not None:
         dispatcher = "alltoall" if named.group(0).lower() in ("alltoall", "a2a") else "flex"
+    elif preset is not None and preset.dispatcher is not None:
+        dispatcher = preset.dispatcher
+    else:
+        dispatcher = MODEL_DISPATCHERS.get(str(row["model"]), "alltoall")
     quoted = set(_RECIPE_NAME.findall(f"{row['recompute']} {row['notes']}"))
-    return dispatcher, "ep overlap on" in f"{routing} {row['notes']}".lower() or bool(quoted & EP_OVERLAP_RECIPES)
+    return dispatcher, ("ep overlap on" in f"{routing} {row['notes']}".lower() or bool(quoted & EP_OVERLAP_RECIPES)
+                        or (preset is not None and preset.ep_overlap))
 
 
 def _number(value: object) -> float | None:
@@ -145,13 +228,12 @@ _MODULE_WORDS = re.compile(r"\b(" + "|".join((*RECOMPUTE_MODULES, *_MODULE_ALIAS
 
 def _recompute(row: pd.Series) -> tuple[Recompute, tuple[str, ...]]:
     """(recompute, recompute_modules) a row states: 'full' → full; the Megatron-LM modules it names (or their short
-    names) → selective recompute of those; nothing stated → its preset's modules (`PRESET_RECOMPUTE_MODULES`), else
-    none; anything else (none, 'selective []') → none."""
+    names) → selective recompute of those; nothing stated → its preset's modules (`PRESETS`), else none; anything
+    else (none, 'selective []') → none."""
     text = str(row["recompute"]).strip().lower()
-    layout = tuple(_int(row, key) for key in ("tp", "pp", "vpp", "ep", "micro_batch"))
-    preset = (str(row["model"]), str(row["hardware"]).split()[0], str(row["precision"]), layout)
-    if text in ("", "nan") and preset in PRESET_RECOMPUTE_MODULES:
-        return Recompute.SELECTIVE, PRESET_RECOMPUTE_MODULES[preset]
+    preset = _preset(row)
+    if text in ("", "nan") and preset is not None and preset.recompute_modules:
+        return Recompute.SELECTIVE, preset.recompute_modules
     if text.startswith("full"):
         return Recompute.FULL, DEFAULT_RECOMPUTE_MODULES
     named = {_MODULE_ALIASES.get(word, word) for word in _MODULE_WORDS.findall(text)}

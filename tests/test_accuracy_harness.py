@@ -10,11 +10,12 @@ import pytest
 
 from benchmarks.accuracy import score, summary_lines
 from benchmarks.loso import fit_sources, source_objective
-from benchmarks.moe_runs import MOE_FILE, moe_runs, rack_segment_gpus
+from benchmarks.moe_runs import MOE_FILE, _release, moe_runs, rack_segment_gpus
 from benchmarks.ranking import AUTOTUNING_FILE, VTRAIN_FILE, group_scores
 from benchmarks.sources import skipped_files, sources
 from benchmarks.titan_runs import TITAN_FILES, titan_runs
 from benchmarks.validation_runs import DATA
+from planner.config import Recompute
 from planner.placement import GroupLinks, default_placement
 from planner.profile.calibration import default_calibration
 
@@ -91,6 +92,51 @@ def test_moe_rows_quoting_a_head_recipe_take_its_ep_overlap() -> None:
     runs = {r.source.split()[-1]: r for r in moe_runs()[0]}
     assert runs["MB-075"].config.moe_ep_overlap and runs["MB-075"].config.moe_dispatcher == "alltoall"
     assert not runs["MB-043"].config.moe_ep_overlap and runs["MB-043"].config.moe_dispatcher == "flex"
+
+
+def test_moe_rows_that_state_nothing_run_the_preset_of_their_layout() -> None:
+    """DeepSeek-V3 MXFP8 on 256 B200 at pp 8 × vpp 2, EP 32 (MB-060) ran DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2:
+    EP overlap and recompute of mla_up_proj and mlp; on 256 GB300 at micro-batch 1 (MB-001) the full-iteration preset
+    with EP overlap and no recompute, at micro-batch 2 (MB-057) the one without overlap; GPT-OSS-120B BF16 on B200 and
+    GB200 (MB-064, MB-062) recomputes layernorm and moe_act as every preset there sets, on GB300 (MB-061) nothing;
+    Qwen3-235B-A22B FP8-CS on 256 H100 (MB-179, 25.11) and Qwen3-30B-A3B FP8 on 16 H100 at pp 2 × vpp 12 (MB-134)
+    run their H100 presets' EP overlap."""
+    runs = {r.source.split()[-1]: r.config for rack in (False, True) for r in moe_runs(rack)[0]}
+    assert runs["MB-060"].moe_ep_overlap and runs["MB-060"].recompute_modules == ("mla_up_proj", "mlp")
+    assert runs["MB-001"].moe_ep_overlap and runs["MB-001"].recompute is Recompute.NONE
+    assert not runs["MB-057"].moe_ep_overlap and runs["MB-057"].recompute_modules == ("mla_up_proj",)
+    for row in ("MB-064", "MB-062"):
+        assert runs[row].recompute is Recompute.SELECTIVE
+        assert set(runs[row].recompute_modules) == {"layernorm", "moe_act"}
+    assert runs["MB-061"].recompute is Recompute.NONE and not runs["MB-061"].moe_ep_overlap
+    assert runs["MB-179"].moe_ep_overlap and runs["MB-134"].moe_ep_overlap  # the H100 Qwen3 presets' moe_a2a_overlap
+    assert not runs["MB-178"].moe_ep_overlap  # vpp 24, micro-batch 2: no preset ran that layout
+
+
+def test_moe_presets_from_the_26_06_release_on_overlap_ep_at_layouts_older_releases_ran_without() -> None:
+    """Megatron-Bridge 0.5.0 (NeMo 26.06) turned the MXFP8 GB200/GB300 presets to full-iteration CUDA graphs with EP
+    overlap: Qwen3-30B-A3B on 8 GB300 at micro-batch 8 overlaps in 26.08 (MB-007), not in 26.04.01 (MB-066), the same
+    layout; DeepSeek-V3 on 256 GB200 also recomputes mla_up_proj from then (MB-002, 26.08; MB-058, 26.04.01: none)."""
+    runs = {r.source.split()[-1]: r.config for r in moe_runs(rack_scale=True)[0]}
+    assert runs["MB-007"].moe_ep_overlap and not runs["MB-066"].moe_ep_overlap
+    assert runs["MB-002"].moe_ep_overlap and runs["MB-002"].recompute_modules == ("mla_up_proj",)
+    assert not runs["MB-058"].moe_ep_overlap and runs["MB-058"].recompute is Recompute.NONE
+
+
+def test_gpt_oss_bf16_rows_of_26_04_run_that_releases_hybridep_presets() -> None:
+    """Megatron-Bridge 0.4.x (26.04, 26.04.01) ran GPT-OSS-120B BF16 on GB200 with HybridEP and EP overlap (MB-062),
+    0.3.x (26.02) with alltoall and none (MB-149); on B200 at EP 8 with HybridEP (MB-064)."""
+    runs = {r.source.split()[-1]: r.config for rack in (False, True) for r in moe_runs(rack)[0]}
+    assert runs["MB-062"].moe_dispatcher == "flex" and runs["MB-062"].moe_ep_overlap
+    assert runs["MB-149"].moe_dispatcher == "alltoall" and not runs["MB-149"].moe_ep_overlap
+    assert runs["MB-149"].recompute is Recompute.SELECTIVE  # every release's GB200 preset recomputes
+    assert runs["MB-064"].moe_dispatcher == "flex" and not runs["MB-064"].moe_ep_overlap
+
+
+def test_a_rows_release_is_its_nemo_container() -> None:
+    row = pd.Series({"framework_version": "Megatron-Bridge, NeMo 26.04.01 container"})
+    assert _release(row) == (26, 4, 1) < (26, 6) <= _release(pd.Series({"framework_version": "NeMo 26.06 container"}))
+    assert _release(pd.Series({"framework_version": "Megatron-Bridge (2026-07-25 run; container not stated)"})) == ()
 
 
 def test_deepseek_v3_rows_that_name_no_dispatcher_run_its_presets_flex_backend() -> None:

@@ -61,3 +61,39 @@ def test_moe_permute_bytes_count_for_every_activation() -> None:
     + residuals 12·2048 + permutes 8·8·2048 + activation 4·8·768 + RoPE 4·(4096 + 512) = 215,040 bytes."""
     gelu = AnalyticProfile(replace(QWEN, activation="gelu"), default_calibration())
     assert gelu._elementwise_bytes_per_token(_setting(), moe=True) == 215_040
+
+
+GPT_OSS = load_model("gpt-oss-120b")  # 128 experts, top-4, h 2880, biases on every expert linear
+
+
+def test_expert_biases_add_a_multiply_and_an_add_per_local_expert_and_one_concatenation() -> None:
+    """Megatron-Core's TEGroupedMLP adds linear_fc2's probability-weighted bias one local expert at a time: 128 experts
+    over ep 8 are 16 local experts, 2 kernels each + the concatenation = 33 memory-bound kernels beside the permute,
+    un-permute and activation; a model without expert biases (Qwen3) launches none."""
+    profile = AnalyticProfile(GPT_OSS, default_calibration())
+    assert profile._routed_kernels(_setting()) == (3 + 33, 32)
+    assert profile._routed_kernels(_setting(ep=64)) == (3 + 5, 4)
+    assert AnalyticProfile(QWEN, default_calibration())._expert_bias_bytes_per_token(_setting()) == 0.0
+    assert AnalyticProfile(QWEN, default_calibration())._expert_bias_kernels(_setting()) == 0.0
+
+
+def test_moe_recompute_re_runs_the_expert_bias_add() -> None:
+    """The 'moe' recompute module re-runs the whole layer, the expert-bias add included: its bytes at HBM bandwidth
+    and one launch per kernel (16 local experts × 2 + 1)."""
+    calibration = default_calibration()
+    profile, setting, gpu = AnalyticProfile(GPT_OSS, calibration), _setting(), lookup_gpu("B200")
+    without = AnalyticProfile(replace(GPT_OSS, moe_bias=False), calibration)
+    moe = dict(profile._module_forward_s(setting, gpu, moe=True))["moe"]
+    moe_without = dict(without._module_forward_s(setting, gpu, moe=True))["moe"]
+    bias = profile.memory_time(gpu, 4096 * 138_240) + 33 * calibration.kernel_launch_s
+    assert moe - moe_without == pytest.approx(bias, rel=1e-3)
+
+
+def test_expert_bias_bytes_are_six_accesses_of_each_routed_copy() -> None:
+    """Per token: top-4 routed copies × h 2880 × 2 bytes × 6 accesses (product written; GEMM output and product read,
+    sum written; sum copied by the concatenation) = 138,240 bytes, part of the dispatched-token path's bytes."""
+    profile = AnalyticProfile(GPT_OSS, default_calibration())
+    setting = _setting()
+    assert profile._expert_bias_bytes_per_token(setting) == 4 * 2880 * 2 * 6 == 138_240
+    assert profile._routed_bytes_per_token(setting) == pytest.approx(
+        profile._permute_bytes_per_token(setting) + profile._routed_activation_bytes_per_token(setting) + 138_240)

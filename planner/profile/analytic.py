@@ -79,6 +79,14 @@ _ROUTED_ELEMENTWISE_KERNELS = 3
 _EAGER_NORM_EXTRA = (32, 7)  # (bytes per element, kernels) per RMSNorm
 _EAGER_ROPE_EXTRA = (16, 2)  # per rotated tensor (q, k)
 _EAGER_GATED_EXTRA = (4, 1)  # per gated-activation channel / per activation
+# Expert linears with biases (GPT-OSS): TEGroupedMLP fuses linear_fc1's bias into the activation, but adds linear_fc2's
+# (skip_bias_add) in eager PyTorch, weighted by each token's routing probability, one local expert at a time
+# (Megatron-Core 0.15-0.19 `TEGroupedMLP._apply_bias`: `torch.cat([t + b * p for t, b, p in zip(split(out), biases,
+# split(probs))])`): per local expert a multiply and an add kernel, then one concatenation; per routed copy of a
+# token the product is written (h 16-bit values), the add reads the GEMM output and the product and writes the sum,
+# and the concatenation copies the sums: 6 reads or writes of h 16-bit values.
+_EXPERT_BIAS_KERNELS_PER_EXPERT = 2
+_EXPERT_BIAS_ACCESSES = 6
 
 
 @dataclass(frozen=True)
@@ -426,8 +434,18 @@ class AnalyticProfile:
         return 6 if self.model.activation == "swiglu" else 4
 
     def _routed_bytes_per_token(self, setting: UnitSetting) -> float:
-        """HBM bytes per token of an MoE block's dispatched-token path: its permutes and the routed activation."""
-        return self._permute_bytes_per_token(setting) + self._routed_activation_bytes_per_token(setting)
+        """HBM bytes per token of an MoE block's dispatched-token path: its permutes, the routed activation and the
+        experts' output bias (`_expert_bias_bytes_per_token`)."""
+        return (self._permute_bytes_per_token(setting) + self._routed_activation_bytes_per_token(setting)
+                + self._expert_bias_bytes_per_token(setting))
+
+    def _expert_bias_bytes_per_token(self, setting: UnitSetting) -> float:
+        """The eager per-expert add of linear_fc2's probability-weighted bias over the routed copies of a token
+        (`_EXPERT_BIAS_ACCESSES`); zero without expert biases."""
+        m = self.model
+        if not m.moe_bias:
+            return 0.0
+        return _EXPERT_BIAS_ACCESSES * 2 * m.moe_top_k * setting.expert_load * m.hidden_size / setting.tp
 
     def _permute_bytes_per_token(self, setting: UnitSetting) -> float:
         """The dispatcher's permute and un-permute of every routed copy (top-k, times the busiest rank's load):
@@ -445,7 +463,7 @@ class AnalyticProfile:
         m = self.model
         return m.moe_top_k * setting.expert_load * m.expert_ffn_hidden_size / setting.tp
 
-    def _block_kernels(self, setting: UnitSetting, moe: bool) -> tuple[int, int]:
+    def _block_kernels(self, setting: UnitSetting, moe: bool) -> tuple[float, float]:
         """(memory-bound kernels, all kernels) a block's forward launches on one rank. GEMMs: one per attention
         weight matrix and MLP matrix; an MoE block adds the router GEMM, its top-k and softmax, the shared experts'
         GEMMs and the routed path's kernels (`_routed_kernels`). The unfused attention core's two batched GEMMs
@@ -456,7 +474,7 @@ class AnalyticProfile:
         gemms = len(m.attention_linears())
         if moe:
             gemms += 1 + (m.mlp_matrices if m.shared_expert_ffn_hidden_size else 0) + self._routed_kernels(setting)[1]
-            elementwise += 2 + _ROUTED_ELEMENTWISE_KERNELS - 1  # the activation is one of the block's five
+            elementwise += 2 + self._routed_kernels(setting)[0] - 1  # the activation is one of the block's five
         else:
             gemms += m.mlp_matrices
         core = 1
@@ -466,13 +484,21 @@ class AnalyticProfile:
         collectives = (4 if setting.sequence_parallel else 2) if setting.tp > 1 else 0
         return elementwise, elementwise + gemms + core + collectives
 
-    def _routed_kernels(self, setting: UnitSetting) -> tuple[int, float]:
+    def _routed_kernels(self, setting: UnitSetting) -> tuple[float, float]:
         """(memory-bound kernels, other kernels) of an MoE block's dispatched-token path in the forward on one rank:
-        the permute, un-permute and activation, and per local expert one GEMM in each of the two grouped linears
-        and, with FP8, one quantisation of its input split (`_GROUPED_LINEARS`)."""
+        the permute, un-permute and activation (with expert biases, the per-expert bias add and its concatenation:
+        `_EXPERT_BIAS_KERNELS_PER_EXPERT`), and per local expert one GEMM in each of the two grouped linears and,
+        with FP8, one quantisation of its input split (`_GROUPED_LINEARS`)."""
         local = self.model.num_experts / setting.ep
         per_expert = 2 if setting.dtype == "fp8" else 1
-        return _ROUTED_ELEMENTWISE_KERNELS, _GROUPED_LINEARS * local * per_expert
+        return _ROUTED_ELEMENTWISE_KERNELS + self._expert_bias_kernels(setting), _GROUPED_LINEARS * local * per_expert
+
+    def _expert_bias_kernels(self, setting: UnitSetting) -> float:
+        """Kernels of the eager expert-bias add on one rank: per local expert `_EXPERT_BIAS_KERNELS_PER_EXPERT`, and
+        the concatenation; none without expert biases."""
+        if not self.model.moe_bias:
+            return 0.0
+        return _EXPERT_BIAS_KERNELS_PER_EXPERT * self.model.num_experts / setting.ep + 1
 
     def _synced_forward(self, setting: UnitSetting, gpu: GPUSpec, gpu_s: float, kernels: float) -> float:
         """Forward of an MoE block of `gpu_s` GPU seconds and `kernels` launches, split by the token dispatcher's
@@ -633,7 +659,9 @@ class AnalyticProfile:
             shared_act = kernel(per_element * shared / t) if shared else 0.0
             parts["shared_experts"] = shared_up + shared_down + shared_act
             permutes = kernel(self._permute_bytes_per_token(setting))
-            parts["moe"] = up + down + router + permutes + parts["moe_act"] + shared_act
+            bias = (self.memory_time(gpu, setting.tokens * self._expert_bias_bytes_per_token(setting))
+                    + self._expert_bias_kernels(setting) * self.calibration.kernel_launch_s)
+            parts["moe"] = up + down + router + permutes + bias + parts["moe_act"] + shared_act
         return tuple(parts.items())
 
     def _embedding(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
