@@ -171,3 +171,28 @@ def test_expert_gradients_reduce_over_their_own_group_and_its_ring() -> None:
     assert apart.total_s == pytest.approx(expected)
     together = data_parallel_time([dc_replace(unit)], training, config, links.dp[0], calibration, 1)
     assert apart.total_s > 3 * together.total_s  # the old charge: every parameter over the dense 64-rank ring
+
+
+def test_zero3_gathers_and_reduces_experts_over_their_own_group_per_unit() -> None:
+    """Under ZeRO-3 (torchtitan's FSDP over dp_shard_mod_ep, Megatron-FSDP over the expert DP group) a unit's
+    routed experts are gathered before each pass and reduce-scattered after its backward over the edp ranks on
+    their ring, the rest over dp: per micro-batch two gathers (forward, backward) and one reduce-scatter each."""
+    from planner.cost.comm import all_gather_time, reduce_scatter_time
+    from planner.cost.time import UnitCost, data_parallel_time
+    from planner.finetune import full_parameter_states
+
+    cluster = parse_shorthand("8x8xH100-80GB")
+    config = ParallelConfig(dp=64, tp=1, pp=1, ep=8, zero_stage=3)
+    links = GroupLinks.from_placement(cluster, config, default_placement(cluster, config))
+    calibration = default_calibration()
+    unit = UnitCost(1.0, 2.0, 0.0, 0.0, 0.0, 0.0, params=1e9 + 1.2e9, expert_params=1e9, expert_state_params=1.2e9)
+    training = Training(global_batch=64, seq_len=4096)
+    apart = data_parallel_time([unit], training, config, links.dp[0], calibration, 1, states=full_parameter_states(
+        training), expert_link=links.edp[0])
+    expected = (2 * all_gather_time(1e9 * 2, 64, links.dp[0], calibration)
+                + 2 * all_gather_time(1e9 * 2, 8, links.edp[0], calibration)
+                + reduce_scatter_time(1e9 * training.grad_bytes, 64, links.dp[0], calibration)
+                + reduce_scatter_time(1e9 * training.grad_bytes, 8, links.edp[0], calibration))
+    assert apart.total_s == pytest.approx(expected)
+    together = data_parallel_time([unit], training, config, links.dp[0], calibration, 1)
+    assert apart.total_s > 3 * together.total_s  # the old charge: every parameter over the dense 64-rank ring

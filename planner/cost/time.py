@@ -711,17 +711,18 @@ def data_parallel_time_of_runs(
     With pipelining, FSDP runs as PyTorch's pipeline stages drive it (`_pipelined_fsdp_s`). Under HSDP the
     R replicas (`replicate_link`) all-reduce their gradient shards once per iteration, behind the last backward.
     Fine-tuning (`states`, planner.finetune) reduces and re-gathers only the trainable parameters; ZeRO-3 still
-    gathers the frozen base weights as stored. Under DDP and ZeRO-1 / the distributed optimizer, routed experts'
-    gradients and weights go over their expert data-parallel group instead (`UnitCost.expert_params`: edp ranks
-    on `expert_link`, which may span more nodes than the dense group, e.g. one rank per node when EP fills a
-    node); ZeRO-2/3's per-unit collectives send them with the dense parameters.
+    gathers the frozen base weights as stored. Routed experts' gradients and weights go over their expert
+    data-parallel group instead (`UnitCost.expert_params`: edp ranks on `expert_link`, which may span more nodes
+    than the dense group, e.g. one rank per node when EP fills a node), under ZeRO-2/3 in collectives of their own
+    per unit (torchtitan's FSDP wraps the experts over the dp_shard_mod_ep mesh, Megatron-FSDP over the expert
+    data-parallel group); DeepSpeed's per-tensor ZeRO-3 has no expert parallelism and keeps them with the rest.
     """
     if config.replicas == 1 and config.edp == 1:
         return DataParallelTime(0.0, 0.0)
     states = states or full_parameter_states(training)  # a fine-tune without its states is a bug: ValueError
     group = config.shard_group
     sharding = config.optimizer_sharding
-    apart = sharding < 2 and expert_link is not None  # experts reduced over their own group
+    apart = expert_link is not None and config.zero3_collectives == "per-unit"  # experts over their own group
     params = sum((unit.params - unit.expert_state_params * apart) * count for unit, count in runs)
     trainable = params * states.trainable
     grads = trainable * training.grad_bytes
@@ -748,10 +749,12 @@ def data_parallel_time_of_runs(
         reduce_s = both_groups(reduce_scatter_time, grads, experts * training.grad_bytes)
         exposed = _exposed(reduce_s, last_backward, config.overlap_grad_reduce) + gather_exposed
         return DataParallelTime(reduce_s + gather_s, exposed)
+    experts_link = expert_link if apart else None
     if config.pp > 1:
-        total, exposed = _pipelined_fsdp_s(runs, training, config, link, calibration, num_microbatches, states)
+        total, exposed = _pipelined_fsdp_s(runs, training, config, link, calibration, num_microbatches, states,
+                                           experts_link)
     else:
-        total, exposed = _sharded_microbatch_s(runs, training, config, link, calibration, states)
+        total, exposed = _sharded_microbatch_s(runs, training, config, link, calibration, states, experts_link)
         total, exposed = num_microbatches * total, num_microbatches * exposed
     return DataParallelTime(total + gather_s + replicate.total_s, exposed + gather_exposed + replicate.exposed_s)
 
@@ -768,15 +771,15 @@ class _PassRun:
 
 
 def _pipelined_fsdp_s(runs: Sequence[UnitRun], training: Training, config: ParallelConfig, link: Link,
-                      calibration: Calibration, num_microbatches: int,
-                      states: ParameterStates) -> tuple[float, float]:
+                      calibration: Calibration, num_microbatches: int, states: ParameterStates,
+                      expert_link: Link | None = None) -> tuple[float, float]:
     """(total, exposed) seconds per iteration of ZeRO-2/3 under a pipeline schedule, as PyTorch's pipeline
     stages drive FSDP (torch.distributed.pipelining, used by torchtitan): gradient sync and resharding after
     backward are off until the last micro-batch's backward, which reduce-scatters each unit's gradients once
     (behind the remaining backward). ZeRO-3 gathers each unit's weights before the first forward; with
     `reshard_after_forward` (off by default under PP, as torchtitan sets it) it frees them after every
     forward and gathers them again before every backward: m + 1 gathers, else one."""
-    collectives = _run_collectives(runs, training, config, link, calibration, states)
+    collectives = _run_collectives(runs, training, config, link, calibration, states, expert_link)
     backward = [(gather, reduce, unit.backward_s + unit.recompute_s, count)
                 for (unit, count), (gather, reduce) in zip(runs[::-1], collectives[::-1], strict=True)]
     first = _prefetch_exposed_s([_PassRun(gather, 0.0, unit.forward_s, count)
@@ -790,20 +793,38 @@ def _pipelined_fsdp_s(runs: Sequence[UnitRun], training: Training, config: Paral
 
 
 def _run_collectives(runs: Sequence[UnitRun], training: Training, config: ParallelConfig, link: Link,
-                     calibration: Calibration, states: ParameterStates) -> list[tuple[float, float]]:
+                     calibration: Calibration, states: ParameterStates,
+                     expert_link: Link | None = None) -> list[tuple[float, float]]:
     """Per run, one unit's ZeRO-3 weight all-gather (0 under ZeRO-2; the weights as stored) and gradient
     reduce-scatter (its trainable parameters') over the shard group: one collective each, or with
-    `zero3_collectives` "per-tensor" one per gathered / trainable tensor, each paying the ring's latency."""
+    `zero3_collectives` "per-tensor" one per gathered / trainable tensor, each paying the ring's latency. With
+    `expert_link` a unit's routed experts (`UnitCost.expert_params`) are gathered and reduced apart, over the
+    edp ranks on that ring."""
     group = config.shard_group
     per_tensor = config.zero3_collectives == "per-tensor"
-    return [(all_gather_time(unit.params * states.weight_bytes - _fp8_saved_bytes(unit, config), group, link,
-                             calibration, messages=unit.gathered_tensors if per_tensor else 1)
-             + (_partition_copies_s(unit.gathered_tensors, group, calibration) if per_tensor else 0.0)
-             if config.optimizer_sharding == 3 else 0.0,
-             reduce_scatter_time(unit.params * states.trainable * training.grad_bytes, group, link, calibration,
-                                 messages=unit.tensors if per_tensor else 1)
-             + (_partition_copies_s(unit.tensors, group, calibration) if per_tensor else 0.0))
-            for unit, _ in runs]
+    zero3 = config.optimizer_sharding == 3
+    apart = expert_link is not None
+    expert_weight_bytes = FP8_PARAM_BYTES if config.fp8_param_gather else states.weight_bytes
+
+    def collectives(unit: UnitCost) -> tuple[float, float]:
+        dense = unit.params - unit.expert_state_params * apart
+        experts = unit.expert_params * apart
+        gather = reduce = 0.0
+        if zero3:
+            gather = (all_gather_time(dense * states.weight_bytes - _fp8_saved_bytes(unit, config, apart), group,
+                                      link, calibration, messages=unit.gathered_tensors if per_tensor else 1)
+                      + (_partition_copies_s(unit.gathered_tensors, group, calibration) if per_tensor else 0.0))
+        reduce = (reduce_scatter_time(dense * states.trainable * training.grad_bytes, group, link, calibration,
+                                      messages=unit.tensors if per_tensor else 1)
+                  + (_partition_copies_s(unit.tensors, group, calibration) if per_tensor else 0.0))
+        if experts:
+            if zero3:
+                gather += all_gather_time(experts * expert_weight_bytes, config.edp, expert_link, calibration)
+            reduce += reduce_scatter_time(experts * states.trainable * training.grad_bytes, config.edp, expert_link,
+                                          calibration)
+        return gather, reduce
+
+    return [collectives(unit) for unit, _ in runs]
 
 
 def _partition_copies_s(collectives: int, ranks: int, calibration: Calibration) -> float:
@@ -828,7 +849,8 @@ def _fp8_saved_bytes(unit: UnitCost, config: ParallelConfig, experts_apart: bool
 
 
 def _sharded_microbatch_s(runs: Sequence[UnitRun], training: Training, config: ParallelConfig, link: Link,
-                          calibration: Calibration, states: ParameterStates) -> tuple[float, float]:
+                          calibration: Calibration, states: ParameterStates,
+                          expert_link: Link | None = None) -> tuple[float, float]:
     """(total, exposed) seconds of one micro-batch's ZeRO-2/3 collectives, one per FSDP unit and pass.
 
     The wrapping unit is one model unit (a transformer block; FSDP's auto-wrap policy, DeepSpeed's
@@ -842,9 +864,9 @@ def _sharded_microbatch_s(runs: Sequence[UnitRun], training: Training, config: P
     FSDP without `no_sync`, the default of Composer and torchtitan; `no_sync` would reduce once
     per iteration at the memory of unsharded gradients). Each collective is a ring over the shard
     group's n ranks with its own (n − 1)·α latency, and prefetch hides it only behind the compute of the
-    neighbouring unit (`_prefetch_exposed_s`).
+    neighbouring unit (`_prefetch_exposed_s`); routed experts' collectives go over their own group (`expert_link`).
     """
-    collectives = _run_collectives(runs, training, config, link, calibration, states)
+    collectives = _run_collectives(runs, training, config, link, calibration, states, expert_link)
     regather = config.reshard_after_forward
     total = sum((gather * (1 + regather) + reduce) * count
                 for (_, count), (gather, reduce) in zip(runs, collectives, strict=True))
