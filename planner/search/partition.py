@@ -30,6 +30,7 @@ from planner.cost.time import stage_boundary_s
 __all__ = [
     "PartitionProblem",
     "PartitionResult",
+    "balanced_objective_s",
     "bound_partition",
     "dp_partition",
     "fits",
@@ -228,22 +229,22 @@ def rank_loads(problem: PartitionProblem, counts: Sequence[int]) -> list[float]:
     return loads
 
 
-# ---- exact dynamic programme (one chunk per rank) ---------------------------------------------
+# ---- stage-balanced dynamic programme (the closed form's optimum for one chunk per rank) ----------
 
 def _min_sum(problem: PartitionProblem, cap_s: float) -> tuple[float, list[int]] | None:
-    """Least Σ stage times with every stage ≤ cap_s and within memory; None if impossible."""
+    """Least Σ stage times with every stage ≤ cap_s and within its share of memory (`_stage_budgets`); None if
+    impossible."""
     n, stages = problem.num_units, problem.num_stages
     best = np.full(n + 1, np.inf)
     best[0] = 0.0
     choices = []
     upper = np.triu(np.ones((n + 1, n + 1), dtype=bool), 1)  # segment [i, j) with i < j
-    boundaries = problem.boundaries()
-    for k in range(stages):
-        prefix_t = np.concatenate(([0.0], np.cumsum(problem.unit_time_s[k])))
-        prefix_m = np.concatenate(([0.0], np.cumsum(problem.unit_memory_bytes[k])))
+    boundaries, budgets = problem.boundaries(), _stage_budgets(problem)
+    for k, rank in enumerate(problem.stage_ranks):
+        prefix_t = np.concatenate(([0.0], np.cumsum(problem.unit_time_s[rank])))
+        prefix_m = np.concatenate(([0.0], np.cumsum(problem.unit_memory_bytes[rank])))
         cost = prefix_t[None, :] - prefix_t[:, None] + boundaries[k]
-        ok = upper & (cost <= cap_s) & within_budget(prefix_m[None, :] - prefix_m[:, None],
-                                                     problem.memory_budget_bytes[k])
+        ok = upper & (cost <= cap_s) & within_budget(prefix_m[None, :] - prefix_m[:, None], budgets[k])
         total = np.where(ok, best[:, None] + cost, np.inf)
         choices.append(np.argmin(total, axis=0))
         best = total[choices[-1], np.arange(n + 1)]
@@ -257,16 +258,26 @@ def _min_sum(problem: PartitionProblem, cap_s: float) -> tuple[float, list[int]]
     return float(best[n]), counts[::-1]
 
 
-def dp_partition(problem: PartitionProblem) -> PartitionResult | None:
-    """Exact optimum for one chunk per rank (1F1B, GPipe): min over bottleneck T of a·T + min Σ.
+def _stage_budgets(problem: PartitionProblem) -> list[float]:
+    """Each stage's memory budget in the DP: an even share of its rank's (the whole budget for one chunk per rank),
+    so every split the DP returns fits."""
+    return [problem.memory_budget_bytes[rank] / problem.vpp for rank in problem.stage_ranks]
 
-    The optimal bottleneck is some segment's stage time, so it is enough to try those values in
-    increasing order: binary search finds the smallest feasible one, and the scan stops once a·T
-    plus the least possible Σ cannot beat the best found. None: no partition fits in memory.
+
+def dp_partition(problem: PartitionProblem) -> PartitionResult | None:
+    """Exact optimum of a·vpp·max_k τ_k + b·Σ τ_k over contiguous splits with every stage within its memory share
+    (`_stage_budgets`): min over the largest stage time T of a·vpp·T + min Σ. For one chunk per rank (1F1B,
+    GPipe) that is the closed form itself; with vpp chunks per rank vpp·max τ ≥ max_r R_r, so it is the closed
+    form with each rank paced by its slowest chunk — the stage-balanced splits the simulated interleaved order
+    runs near its closed form (a split with one-block chunks beside heavy ones meets the closed form's optimum
+    and simulates 50 % slower).
+
+    The optimal T is some segment's stage time, so it is enough to try those values in increasing order: binary
+    search finds the smallest feasible one, and the scan stops once a·vpp·T plus the least possible Σ cannot
+    beat the best found. None: no split fits the memory shares.
     """
-    if problem.vpp != 1:
-        raise ValueError("dp_partition handles one chunk per rank; use ilp_partition for interleaving")
     a, b = linear_form(problem)
+    a *= problem.vpp
     candidates = _segment_times(problem)
     lo, hi = 0, len(candidates) - 1
     if _min_sum(problem, candidates[hi]) is None:
@@ -284,11 +295,19 @@ def dp_partition(problem: PartitionProblem) -> PartitionResult | None:
             break
         found = _min_sum(problem, cap)
         if found is not None:
-            value = a * max(stage_times(problem, found[1])) + b * found[0]
+            value = balanced_objective_s(problem, found[1])
             if best is None or value < best[0] - 1e-15:
                 best = (value, found[1])
     assert best is not None
     return PartitionResult(Partition(tuple(best[1])), objective_s(problem, best[1]), True, "dp")
+
+
+def balanced_objective_s(problem: PartitionProblem, counts: Sequence[int]) -> float:
+    """`dp_partition`'s objective: a·vpp·max_k τ_k + b·Σ τ_k, the closed form with every rank at vpp times its
+    slowest stage (the closed form itself for one chunk per rank)."""
+    a, b = linear_form(problem)
+    times = stage_times(problem, counts)
+    return a * problem.vpp * max(times) + b * sum(times)
 
 
 def _segment_times(problem: PartitionProblem) -> np.ndarray:
@@ -296,8 +315,8 @@ def _segment_times(problem: PartitionProblem) -> np.ndarray:
     values = []
     n = problem.num_units
     rows, cols = np.triu_indices(n + 1, 1)
-    for k, boundary in enumerate(problem.boundaries()):
-        prefix = np.concatenate(([0.0], np.cumsum(problem.unit_time_s[k])))
+    for rank, boundary in zip(problem.stage_ranks, problem.boundaries(), strict=True):
+        prefix = np.concatenate(([0.0], np.cumsum(problem.unit_time_s[rank])))
         values.append(prefix[cols] - prefix[rows] + boundary)
     return np.unique(np.concatenate(values))
 
