@@ -311,18 +311,18 @@ def test_unlike_units_fall_back_to_the_ilp_and_reach_the_optimum() -> None:
 
 def test_interleaved_unlike_units_take_the_stage_balanced_dp_or_else_the_ilp() -> None:
     """With chunks and unlike blocks the DP's stage-balanced split is taken; where no split fits the stages' memory
-    shares (the embedding alone outgrows half of the first rank's budget) the ILP finds the closed form's optimum."""
+    shares (counted in each rank's largest block, which holds one on either rank: the five small blocks and the
+    large one cannot go around the end units) the ILP finds the closed form's optimum."""
     times = (0.5, 4.0, 1.0, 1.0, 3.0, 1.0, 2.0, 0.5)
 
-    def problem(embedding_bytes: float, first_rank_budget: float) -> PartitionProblem:
-        memory = (embedding_bytes, *(1e9,) * 7)
-        return PartitionProblem((times, times), (0.1, 0.1), (memory, memory), (first_rank_budget, 8e9), 2, 4,
-                                Schedule.INTERLEAVED)
+    def problem(memory: tuple[float, ...], budgets: tuple[float, float]) -> PartitionProblem:
+        return PartitionProblem((times, times), (0.1, 0.1), (memory, memory), budgets, 2, 4, Schedule.INTERLEAVED)
 
-    found, how = _partition(problem(1e9, 8e9), 5.0)
-    assert how == "dp" and found == dp_partition(problem(1e9, 8e9))
-    tight = problem(2e9, 3e9)
-    assert dp_partition(tight) is None
+    loose = problem((1e9,) * 8, (8e9, 8e9))
+    found, how = _partition(loose, 5.0)
+    assert how == "dp" and found == dp_partition(loose)
+    tight = problem((0.0, *(1e9,) * 5, 3e9, 0.0), (3e9, 5e9))
+    assert dp_partition(tight) is None and _brute_force(tight) is not None
     found, how = _partition(tight, 5.0)
     assert how == "ilp" and found is not None and fits(tight, found.partition.unit_counts)
     assert found.objective_s == pytest.approx(_brute_force(tight), rel=1e-4)
@@ -357,8 +357,12 @@ def test_problems_differing_only_in_memory_share_the_unlimited_optimum_where_it_
     ctx = _Context.__new__(_Context)
     ctx.unlimited = {}
     loose, looser, tight = problem(8e9), problem(9e9), problem(2.5e9)
-    # the optimum of the partitioner's objective: the closed form's, or with chunks the DP's stage-balanced one
-    optimum = _brute_force if vpp == 1 else (lambda p: dp_partition(p).objective_s)
+    def optimum(problem: PartitionProblem) -> float | None:
+        """What the partitioner optimises: the closed form, or with chunks the DP's stage-balanced objective where
+        a split fits its memory shares."""
+        balanced = dp_partition(problem) if vpp > 1 else None
+        return _brute_force(problem) if balanced is None else balanced.objective_s
+
     assert _partition_reusing(ctx, loose, 5.0)[1] in ("ilp", "bound", "dp")  # first of its times: solved as it is
     found, how = _partition_reusing(ctx, looser, 5.0)
     assert how.startswith("unlimited") and found is not None and found.optimal

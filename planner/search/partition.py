@@ -259,9 +259,27 @@ def _min_sum(problem: PartitionProblem, cap_s: float) -> tuple[float, list[int]]
 
 
 def _stage_budgets(problem: PartitionProblem) -> list[float]:
-    """Each stage's memory budget in the DP: an even share of its rank's (the whole budget for one chunk per rank),
-    so every split the DP returns fits."""
-    return [problem.memory_budget_bytes[rank] / problem.vpp for rank in problem.stage_ranks]
+    """Each stage's memory budget in the DP, together at most its rank's so every split the DP returns fits: for
+    one chunk per rank the rank's budget; with chunks its end unit (the embedding in the first stage, the head in
+    the last) plus a whole number of the rank's largest blocks — the c blocks its rank holds beside its end units
+    dealt out evenly, c mod vpp of its stages one more, those without an end unit first (even byte shares would
+    round every stage down: a rank with room for 16 blocks over 5 chunks would hold 15)."""
+    n, stages, ranks = problem.num_units, problem.num_stages, problem.stage_ranks
+    if problem.vpp == 1:
+        return [problem.memory_budget_bytes[rank] for rank in ranks]
+    ends = [0.0] * stages
+    ends[0] += problem.unit_memory_bytes[ranks[0]][0]
+    ends[-1] += problem.unit_memory_bytes[ranks[-1]][n - 1]
+    budgets = [0.0] * stages
+    for rank in range(problem.pp):
+        own = sorted((k for k in range(stages) if ranks[k] == rank), key=lambda k: (k in (0, stages - 1), k))
+        room = problem.memory_budget_bytes[rank] - sum(ends[k] for k in own)
+        largest = max(problem.unit_memory_bytes[rank][1:n - 1], default=0.0)
+        blocks = math.floor(room / largest) if largest > 0 and room >= 0 else 0
+        for dealt, k in enumerate(own):
+            share = (blocks // problem.vpp + (dealt < blocks % problem.vpp)) * largest if blocks else room / problem.vpp
+            budgets[k] = ends[k] + share
+    return budgets
 
 
 def dp_partition(problem: PartitionProblem) -> PartitionResult | None:
