@@ -8,7 +8,10 @@ micro-batches, sharding), so mixed clusters need no other model.
 `ilp_partition` solves it with PuLP (HiGHS in-process when importable, else CBC), bounded by
 `dp_partition` — an exact dynamic programme for one chunk per rank — as DESIGN.md "Search"
 describes: the DP optimum is an upper bound, units are fixed outside the stage window that bound
-allows, and the perfectly balanced stage time is a lower bound on T.
+allows, and the perfectly balanced stage time is a lower bound on T. With chunks per rank the DP
+minimises the closed form with every rank paced by its slowest chunk instead (`balanced_objective_s`),
+whose stage-balanced splits the search takes: the closed form alone cannot tell them from splits
+with one-block chunks beside heavy ones, which the simulated order runs far slower.
 """
 
 from __future__ import annotations
@@ -294,8 +297,7 @@ def dp_partition(problem: PartitionProblem) -> PartitionResult | None:
     search finds the smallest feasible one, and the scan stops once a·vpp·T plus the least possible Σ cannot
     beat the best found. None: no split fits the memory shares.
     """
-    a, b = linear_form(problem)
-    a *= problem.vpp
+    a, b = _balanced_form(problem)
     candidates = _segment_times(problem)
     lo, hi = 0, len(candidates) - 1
     if _min_sum(problem, candidates[hi]) is None:
@@ -323,9 +325,15 @@ def dp_partition(problem: PartitionProblem) -> PartitionResult | None:
 def balanced_objective_s(problem: PartitionProblem, counts: Sequence[int]) -> float:
     """`dp_partition`'s objective: a·vpp·max_k τ_k + b·Σ τ_k, the closed form with every rank at vpp times its
     slowest stage (the closed form itself for one chunk per rank)."""
-    a, b = linear_form(problem)
+    a, b = _balanced_form(problem)
     times = stage_times(problem, counts)
-    return a * problem.vpp * max(times) + b * sum(times)
+    return a * max(times) + b * sum(times)
+
+
+def _balanced_form(problem: PartitionProblem) -> tuple[float, float]:
+    """(a·vpp, b): the coefficients of the largest stage time and of their sum in `balanced_objective_s`."""
+    a, b = linear_form(problem)
+    return a * problem.vpp, b
 
 
 def _segment_times(problem: PartitionProblem) -> np.ndarray:
