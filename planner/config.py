@@ -384,6 +384,8 @@ class ParallelConfig:
         """Known modules, at least one, in Megatron's order once each; the default outside selective recompute;
         none but the default under torchtitan's per-op policy (one-line errors)."""
         modules = self.recompute_modules
+        if modules is DEFAULT_RECOMPUTE_MODULES:  # valid and stored as it is under every recompute and policy
+            return
         if isinstance(modules, str) or not isinstance(modules, (tuple, list)):
             raise PlannerError(f"parallel config: recompute_modules must be a list of module names, got {modules!r}")
         odd = next((name for name in modules if not isinstance(name, str)), None)
