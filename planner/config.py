@@ -9,6 +9,7 @@ order of Megatron-LM's `--pipeline-model-parallel-layout`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import Enum
 
@@ -39,6 +40,7 @@ __all__ = [
     "Schedule",
     "Training",
     "deepspeed_zero3_collectives",
+    "ep_overlap_why_not",
     "parse_recompute_modules",
 ]
 
@@ -235,6 +237,42 @@ class Training:
         return self.global_batch * self.seq_len
 
 
+@functools.cache
+def _ordered_recompute_modules(modules: tuple[str, ...], recompute: Recompute, selective_recompute: str
+                               ) -> tuple[str, ...]:
+    """`ParallelConfig.recompute_modules` as stored: known modules, at least one, in Megatron's order once each; the
+    default outside selective recompute; none but the default under torchtitan's per-op policy (one-line errors).
+    Cached: the search builds every configuration with one of a few lists."""
+    unknown = [name for name in modules if name not in RECOMPUTE_MODULES]
+    if unknown:
+        raise PlannerError(f"parallel config: recompute_modules must be among {', '.join(RECOMPUTE_MODULES)}, "
+                           f"got {unknown[0]!r}")
+    if not modules:
+        raise PlannerError("parallel config: recompute_modules must name at least one module (selective "
+                           "recompute of nothing is recompute none), got none")
+    ordered = tuple(name for name in RECOMPUTE_MODULES if name in modules)
+    if recompute is not Recompute.SELECTIVE:
+        ordered = DEFAULT_RECOMPUTE_MODULES
+    if ordered != DEFAULT_RECOMPUTE_MODULES and selective_recompute != "attention":
+        raise PlannerError(f"parallel config: recompute_modules {','.join(ordered)} are Megatron-LM's selective "
+                           f"recompute; selective_recompute {selective_recompute!r} has its own policy")
+    return ordered
+
+
+def ep_overlap_why_not(ep: int, recompute: Recompute, pp: int, vpp: int) -> str | None:
+    """None if Megatron-Core 0.16 can overlap EP all-to-alls with compute under these degrees, else why not
+    (TransformerConfig.__post_init__: expert parallelism, no full recompute, and with pp > 1 a virtual pipeline,
+    since the overlap pairs one micro-batch's forward with another's backward); a function of the fields, so the
+    search decides it before building a configuration."""
+    if ep == 1:
+        return "EP communication overlap needs expert parallelism (ep > 1)"
+    if recompute is Recompute.FULL:
+        return "EP communication overlap cannot run with full recompute"
+    if pp > 1 and vpp == 1:
+        return f"EP communication overlap with pp={pp} needs the interleaved schedule (vpp > 1)"
+    return None
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """How one training job is split. Degrees multiply to the GPUs used: dp·tp·pp·cp.
@@ -308,7 +346,9 @@ class ParallelConfig:
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batch", "vpp", "cp", "hsdp_replicas", "ep", "etp", "local_queue_depth"):
-            _positive("parallel config", name, getattr(self, name))
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:  # the search builds 10⁵ configurations: plain ints skip the call
+                _positive("parallel config", name, value)
         if self.local_head not in LOCAL_HEADS:
             raise PlannerError(f"parallel config: local_head must be one of {', '.join(LOCAL_HEADS)}, "
                                f"got {self.local_head!r}")
@@ -374,22 +414,16 @@ class ParallelConfig:
         """Known modules, at least one, in Megatron's order once each; the default outside selective recompute;
         none but the default under torchtitan's per-op policy (one-line errors)."""
         modules = self.recompute_modules
+        if modules is DEFAULT_RECOMPUTE_MODULES:  # valid and stored as it is under every recompute and policy
+            return
         if isinstance(modules, str) or not isinstance(modules, (tuple, list)):
             raise PlannerError(f"parallel config: recompute_modules must be a list of module names, got {modules!r}")
-        unknown = [name for name in modules if name not in RECOMPUTE_MODULES]
-        if unknown:
+        odd = next((name for name in modules if not isinstance(name, str)), None)
+        if odd is not None:  # before hashing: the ordering is cached per list
             raise PlannerError(f"parallel config: recompute_modules must be among {', '.join(RECOMPUTE_MODULES)}, "
-                               f"got {unknown[0]!r}")
-        if not modules:
-            raise PlannerError("parallel config: recompute_modules must name at least one module (selective "
-                               "recompute of nothing is recompute none), got none")
-        ordered = tuple(name for name in RECOMPUTE_MODULES if name in modules)
-        if self.recompute is not Recompute.SELECTIVE:
-            ordered = DEFAULT_RECOMPUTE_MODULES
-        if ordered != DEFAULT_RECOMPUTE_MODULES and self.selective_recompute != "attention":
-            raise PlannerError(f"parallel config: recompute_modules {','.join(ordered)} are Megatron-LM's selective "
-                               f"recompute; selective_recompute {self.selective_recompute!r} has its own policy")
-        object.__setattr__(self, "recompute_modules", ordered)
+                               f"got {odd!r}")
+        object.__setattr__(self, "recompute_modules",
+                           _ordered_recompute_modules(tuple(modules), self.recompute, self.selective_recompute))
 
     @property
     def selective_modules(self) -> frozenset[str]:
@@ -413,15 +447,8 @@ class ParallelConfig:
 
     def ep_overlap_why_not(self) -> str | None:
         """None if Megatron-Core 0.16 can overlap this configuration's EP all-to-alls with compute, else why not
-        (TransformerConfig.__post_init__: expert parallelism, no full recompute, and with pp > 1 a virtual
-        pipeline, since the overlap pairs one micro-batch's forward with another's backward)."""
-        if self.ep == 1:
-            return "EP communication overlap needs expert parallelism (ep > 1)"
-        if self.recompute is Recompute.FULL:
-            return "EP communication overlap cannot run with full recompute"
-        if self.pp > 1 and self.vpp == 1:
-            return f"EP communication overlap with pp={self.pp} needs the interleaved schedule (vpp > 1)"
-        return None
+        (`ep_overlap_why_not`)."""
+        return ep_overlap_why_not(self.ep, self.recompute, self.pp, self.vpp)
 
     @property
     def expert_group_ranks(self) -> int:

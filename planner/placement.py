@@ -71,14 +71,19 @@ def expert_link(cluster: Cluster, config: ParallelConfig, members: tuple[GpuId, 
     is the ranks e + etp·(j + ep·d), j < ep: ep ranks at stride etp."""
     ep, etp = config.ep, config.etp
     groups = [members[e + etp * ep * d:etp * ep * (d + 1):etp] for d in range(config.edp) for e in range(etp)]
+    alike = _nodes_alike(cluster)
+    shapes: dict[tuple[int, int], ExpertLink] = {}  # with alike nodes a group's link depends on its shape alone
     worst = None
     for group in groups if ep > 1 else ():
         nodes: dict[int, int] = {}
         for node, _gpu in group:
             nodes[node] = nodes.get(node, 0) + 1
-        first = next(iter(nodes))
-        inter = _worst_between(cluster, list(nodes)) if len(nodes) > 1 else cluster.link(first, first)
-        link = ExpertLink(_worst(cluster.link(n, n) for n in nodes), inter, min(nodes.values()))
+        shape = (len(nodes), min(nodes.values()))
+        if not alike or shape not in shapes:
+            first = next(iter(nodes))
+            inter = _worst_between(cluster, list(nodes)) if len(nodes) > 1 else cluster.link(first, first)
+            shapes[shape] = ExpertLink(_worst(cluster.link(n, n) for n in nodes), inter, shape[1])
+        link = shapes[shape]
         if worst is None or (link.ranks_per_node, link.inter.bandwidth_bytes_per_s) < (
                 worst.ranks_per_node, worst.inter.bandwidth_bytes_per_s):
             worst = link
@@ -174,12 +179,7 @@ def _strided_rings(cluster: Cluster, placement: Placement):
 def _ring_links(cluster: Cluster):
     """`cluster.ring_link`, memoised where that is exact: with all nodes alike and no per-pair links,
     a ring depends only on how many nodes it spans and how many of its GPUs each holds."""
-    first = cluster.nodes[0]
-    alike = not cluster.pair_links and all(
-        (n.gpu, n.num_gpus, n.intra_bandwidth_bytes_per_s, n.nic_bandwidth_bytes_per_s)
-        == (first.gpu, first.num_gpus, first.intra_bandwidth_bytes_per_s, first.nic_bandwidth_bytes_per_s)
-        for n in cluster.nodes)
-    if not alike:
+    if not _nodes_alike(cluster):
         return cluster.ring_link
     memo: dict[tuple[bool, int, int, bool], Link] = {}
 
@@ -193,6 +193,16 @@ def _ring_links(cluster: Cluster):
         return memo[shape]
 
     return ring
+
+
+def _nodes_alike(cluster: Cluster) -> bool:
+    """Whether every node has the same GPUs and bandwidths and no pair of nodes its own link: then a group's links
+    depend only on how its GPUs spread over nodes."""
+    first = cluster.nodes[0]
+    return not cluster.pair_links and all(
+        (n.gpu, n.num_gpus, n.intra_bandwidth_bytes_per_s, n.nic_bandwidth_bytes_per_s)
+        == (first.gpu, first.num_gpus, first.intra_bandwidth_bytes_per_s, first.nic_bandwidth_bytes_per_s)
+        for n in cluster.nodes)
 
 
 def _worst_between(cluster: Cluster, nodes: list[int]) -> Link:

@@ -58,6 +58,8 @@ def test_modules_are_validated_and_stored_in_megatrons_order() -> None:
         selective("core_attn", "attn")
     with pytest.raises(PlannerError, match="at least one module"):
         selective()
+    with pytest.raises(PlannerError, match=r"must be among core_attn, .*\['mlp'\]$"):  # unhashable: named, not hashed
+        selective("core_attn", ["mlp"])
     with pytest.raises(PlannerError, match="must be a list"):
         ParallelConfig(dp=1, tp=1, pp=1, recompute=Recompute.SELECTIVE, recompute_modules="mlp")
     with pytest.raises(PlannerError, match="selective_recompute 'op' has its own policy"):

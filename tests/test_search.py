@@ -21,7 +21,7 @@ from planner.model import ModelSpec, load_model
 from planner.placement import default_placement
 from planner.profile.analytic import AnalyticProfile
 from planner.profile.calibration import default_calibration
-from planner.search.partition import PartitionProblem, bound_partition, fits, objective_s
+from planner.search.partition import PartitionProblem, bound_partition, dp_partition, fits, objective_s
 from planner.search.search import (
     _bound,
     _Context,
@@ -299,14 +299,33 @@ def test_relaxed_rank_counts_is_the_least_over_every_count_vector(ranks, blocks,
     assert found[0] == pytest.approx(value(found[1]), rel=1e-9, abs=1e-12)
 
 
-@pytest.mark.parametrize("schedule, vpp", [(Schedule.ONE_F_ONE_B, 1), (Schedule.INTERLEAVED, 2)])
-def test_unlike_units_fall_back_to_the_ilp_and_reach_the_optimum(schedule, vpp) -> None:
+def test_unlike_units_fall_back_to_the_ilp_and_reach_the_optimum() -> None:
     """Where blocks differ (the relaxation cannot close the gap), the ILP runs, bounded by it."""
     times = (0.5, 4.0, 1.0, 1.0, 3.0, 1.0, 2.0, 0.5)
-    problem = PartitionProblem((times, times), (0.1, 0.1), ((1e9,) * 8, (1e9,) * 8), (8e9, 8e9), vpp, 4, schedule)
+    problem = PartitionProblem((times, times), (0.1, 0.1), ((1e9,) * 8, (1e9,) * 8), (8e9, 8e9), 1, 4,
+                               Schedule.ONE_F_ONE_B)
     found, how = _partition(problem, 5.0)
     assert how == "ilp" and found is not None and found.optimal
     assert found.objective_s == pytest.approx(_brute_force(problem), rel=1e-9)
+
+
+def test_interleaved_unlike_units_take_the_stage_balanced_dp_or_else_the_ilp() -> None:
+    """With chunks and unlike blocks the DP's stage-balanced split is taken; where no split fits the stages' memory
+    shares (counted in each rank's largest block, which holds one on either rank: the five small blocks and the
+    large one cannot go around the end units) the ILP finds the closed form's optimum."""
+    times = (0.5, 4.0, 1.0, 1.0, 3.0, 1.0, 2.0, 0.5)
+
+    def problem(memory: tuple[float, ...], budgets: tuple[float, float]) -> PartitionProblem:
+        return PartitionProblem((times, times), (0.1, 0.1), (memory, memory), budgets, 2, 4, Schedule.INTERLEAVED)
+
+    loose = problem((1e9,) * 8, (8e9, 8e9))
+    found, how = _partition(loose, 5.0)
+    assert how == "dp" and found == dp_partition(loose)
+    tight = problem((0.0, *(1e9,) * 5, 3e9, 0.0), (3e9, 5e9))
+    assert dp_partition(tight) is None and _brute_force(tight) is not None
+    found, how = _partition(tight, 5.0)
+    assert how == "ilp" and found is not None and fits(tight, found.partition.unit_counts)
+    assert found.objective_s == pytest.approx(_brute_force(tight), rel=1e-4)
 
 
 def test_the_bound_counts_each_block_type_at_its_own_time_and_bytes() -> None:
@@ -338,15 +357,21 @@ def test_problems_differing_only_in_memory_share_the_unlimited_optimum_where_it_
     ctx = _Context.__new__(_Context)
     ctx.unlimited = {}
     loose, looser, tight = problem(8e9), problem(9e9), problem(2.5e9)
-    assert _partition_reusing(ctx, loose, 5.0)[1] in ("ilp", "bound")  # first of its times: solved as it is
+    def optimum(problem: PartitionProblem) -> float | None:
+        """What the partitioner optimises: the closed form, or with chunks the DP's stage-balanced objective where
+        a split fits its memory shares."""
+        balanced = dp_partition(problem) if vpp > 1 else None
+        return _brute_force(problem) if balanced is None else balanced.objective_s
+
+    assert _partition_reusing(ctx, loose, 5.0)[1] in ("ilp", "bound", "dp")  # first of its times: solved as it is
     found, how = _partition_reusing(ctx, looser, 5.0)
     assert how.startswith("unlimited") and found is not None and found.optimal
-    assert found.objective_s == pytest.approx(_brute_force(looser), rel=1e-9)
+    assert found.objective_s == pytest.approx(optimum(looser), rel=1e-9)
     assert not fits(tight, found.partition.unit_counts)  # two units on the first rank at most
     found, how = _partition_reusing(ctx, tight, 5.0)
     assert how != "unlimited" and found is not None
     assert fits(tight, found.partition.unit_counts)
-    assert found.objective_s == pytest.approx(_brute_force(tight), rel=1e-9)
+    assert found.objective_s == pytest.approx(optimum(tight), rel=1e-9)
 
 
 def _all_splits(layers: int, stages: int):

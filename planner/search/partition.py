@@ -8,7 +8,10 @@ micro-batches, sharding), so mixed clusters need no other model.
 `ilp_partition` solves it with PuLP (HiGHS in-process when importable, else CBC), bounded by
 `dp_partition` — an exact dynamic programme for one chunk per rank — as DESIGN.md "Search"
 describes: the DP optimum is an upper bound, units are fixed outside the stage window that bound
-allows, and the perfectly balanced stage time is a lower bound on T.
+allows, and the perfectly balanced stage time is a lower bound on T. With chunks per rank the DP
+minimises the closed form with every rank paced by its slowest chunk instead (`balanced_objective_s`),
+whose stage-balanced splits the search takes: the closed form alone cannot tell them from splits
+with one-block chunks beside heavy ones, which the simulated order runs far slower.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from planner.cost.time import stage_boundary_s
 __all__ = [
     "PartitionProblem",
     "PartitionResult",
+    "balanced_objective_s",
     "bound_partition",
     "dp_partition",
     "fits",
@@ -228,22 +232,22 @@ def rank_loads(problem: PartitionProblem, counts: Sequence[int]) -> list[float]:
     return loads
 
 
-# ---- exact dynamic programme (one chunk per rank) ---------------------------------------------
+# ---- stage-balanced dynamic programme (the closed form's optimum for one chunk per rank) ----------
 
 def _min_sum(problem: PartitionProblem, cap_s: float) -> tuple[float, list[int]] | None:
-    """Least Σ stage times with every stage ≤ cap_s and within memory; None if impossible."""
+    """Least Σ stage times with every stage ≤ cap_s and within its share of memory (`_stage_budgets`); None if
+    impossible."""
     n, stages = problem.num_units, problem.num_stages
     best = np.full(n + 1, np.inf)
     best[0] = 0.0
     choices = []
     upper = np.triu(np.ones((n + 1, n + 1), dtype=bool), 1)  # segment [i, j) with i < j
-    boundaries = problem.boundaries()
-    for k in range(stages):
-        prefix_t = np.concatenate(([0.0], np.cumsum(problem.unit_time_s[k])))
-        prefix_m = np.concatenate(([0.0], np.cumsum(problem.unit_memory_bytes[k])))
+    boundaries, budgets = problem.boundaries(), _stage_budgets(problem)
+    for k, rank in enumerate(problem.stage_ranks):
+        prefix_t = np.concatenate(([0.0], np.cumsum(problem.unit_time_s[rank])))
+        prefix_m = np.concatenate(([0.0], np.cumsum(problem.unit_memory_bytes[rank])))
         cost = prefix_t[None, :] - prefix_t[:, None] + boundaries[k]
-        ok = upper & (cost <= cap_s) & within_budget(prefix_m[None, :] - prefix_m[:, None],
-                                                     problem.memory_budget_bytes[k])
+        ok = upper & (cost <= cap_s) & within_budget(prefix_m[None, :] - prefix_m[:, None], budgets[k])
         total = np.where(ok, best[:, None] + cost, np.inf)
         choices.append(np.argmin(total, axis=0))
         best = total[choices[-1], np.arange(n + 1)]
@@ -257,16 +261,43 @@ def _min_sum(problem: PartitionProblem, cap_s: float) -> tuple[float, list[int]]
     return float(best[n]), counts[::-1]
 
 
-def dp_partition(problem: PartitionProblem) -> PartitionResult | None:
-    """Exact optimum for one chunk per rank (1F1B, GPipe): min over bottleneck T of a·T + min Σ.
+def _stage_budgets(problem: PartitionProblem) -> list[float]:
+    """Each stage's memory budget in the DP, together at most its rank's so every split the DP returns fits: for
+    one chunk per rank the rank's budget; with chunks its end unit (the embedding in the first stage, the head in
+    the last) plus a whole number of the rank's largest blocks — the c blocks its rank holds beside its end units
+    dealt out evenly, c mod vpp of its stages one more, those without an end unit first (even byte shares would
+    round every stage down: a rank with room for 16 blocks over 5 chunks would hold 15)."""
+    n, stages, ranks = problem.num_units, problem.num_stages, problem.stage_ranks
+    if problem.vpp == 1:
+        return [problem.memory_budget_bytes[rank] for rank in ranks]
+    ends = [0.0] * stages
+    ends[0] += problem.unit_memory_bytes[ranks[0]][0]
+    ends[-1] += problem.unit_memory_bytes[ranks[-1]][n - 1]
+    budgets = [0.0] * stages
+    for rank in range(problem.pp):
+        own = sorted((k for k in range(stages) if ranks[k] == rank), key=lambda k: (k in (0, stages - 1), k))
+        room = problem.memory_budget_bytes[rank] - sum(ends[k] for k in own)
+        largest = max(problem.unit_memory_bytes[rank][1:n - 1], default=0.0)
+        blocks = math.floor(room / largest) if largest > 0 and room >= 0 else 0
+        for dealt, k in enumerate(own):
+            share = (blocks // problem.vpp + (dealt < blocks % problem.vpp)) * largest if blocks else room / problem.vpp
+            budgets[k] = ends[k] + share
+    return budgets
 
-    The optimal bottleneck is some segment's stage time, so it is enough to try those values in
-    increasing order: binary search finds the smallest feasible one, and the scan stops once a·T
-    plus the least possible Σ cannot beat the best found. None: no partition fits in memory.
+
+def dp_partition(problem: PartitionProblem) -> PartitionResult | None:
+    """Exact optimum of a·vpp·max_k τ_k + b·Σ τ_k over contiguous splits with every stage within its memory share
+    (`_stage_budgets`): min over the largest stage time T of a·vpp·T + min Σ. For one chunk per rank (1F1B,
+    GPipe) that is the closed form itself; with vpp chunks per rank vpp·max τ ≥ max_r R_r, so it is the closed
+    form with each rank paced by its slowest chunk — the stage-balanced splits the simulated interleaved order
+    runs near its closed form (a split with one-block chunks beside heavy ones meets the closed form's optimum
+    and simulates 50 % slower).
+
+    The optimal T is some segment's stage time, so it is enough to try those values in increasing order: binary
+    search finds the smallest feasible one, and the scan stops once a·vpp·T plus the least possible Σ cannot
+    beat the best found. None: no split fits the memory shares.
     """
-    if problem.vpp != 1:
-        raise ValueError("dp_partition handles one chunk per rank; use ilp_partition for interleaving")
-    a, b = linear_form(problem)
+    a, b = _balanced_form(problem)
     candidates = _segment_times(problem)
     lo, hi = 0, len(candidates) - 1
     if _min_sum(problem, candidates[hi]) is None:
@@ -284,11 +315,25 @@ def dp_partition(problem: PartitionProblem) -> PartitionResult | None:
             break
         found = _min_sum(problem, cap)
         if found is not None:
-            value = a * max(stage_times(problem, found[1])) + b * found[0]
+            value = balanced_objective_s(problem, found[1])
             if best is None or value < best[0] - 1e-15:
                 best = (value, found[1])
     assert best is not None
     return PartitionResult(Partition(tuple(best[1])), objective_s(problem, best[1]), True, "dp")
+
+
+def balanced_objective_s(problem: PartitionProblem, counts: Sequence[int]) -> float:
+    """`dp_partition`'s objective: a·vpp·max_k τ_k + b·Σ τ_k, the closed form with every rank at vpp times its
+    slowest stage (the closed form itself for one chunk per rank)."""
+    a, b = _balanced_form(problem)
+    times = stage_times(problem, counts)
+    return a * max(times) + b * sum(times)
+
+
+def _balanced_form(problem: PartitionProblem) -> tuple[float, float]:
+    """(a·vpp, b): the coefficients of the largest stage time and of their sum in `balanced_objective_s`."""
+    a, b = linear_form(problem)
+    return a * problem.vpp, b
 
 
 def _segment_times(problem: PartitionProblem) -> np.ndarray:
@@ -296,8 +341,8 @@ def _segment_times(problem: PartitionProblem) -> np.ndarray:
     values = []
     n = problem.num_units
     rows, cols = np.triu_indices(n + 1, 1)
-    for k, boundary in enumerate(problem.boundaries()):
-        prefix = np.concatenate(([0.0], np.cumsum(problem.unit_time_s[k])))
+    for rank, boundary in zip(problem.stage_ranks, problem.boundaries(), strict=True):
+        prefix = np.concatenate(([0.0], np.cumsum(problem.unit_time_s[rank])))
         values.append(prefix[cols] - prefix[rows] + boundary)
     return np.unique(np.concatenate(values))
 

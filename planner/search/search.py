@@ -668,9 +668,11 @@ def _partition_reusing(ctx: _Context, problem: PartitionProblem, time_limit_s: f
 
 
 def _partition(problem: PartitionProblem, time_limit_s: float) -> tuple[PartitionResult | None, str]:
-    """(result, how: "single stage", "bound", "ilp" or "none"). The rank-load bound settles most problems without a
-    solver; otherwise the ILP runs with that bound from below and the best known split from above
-    (the exact DP for one chunk per rank; the relaxation's or the uniform split when interleaved)."""
+    """(result, how: "single stage", "bound", "dp", "ilp" or "none"). The rank-load bound settles most problems
+    without a solver. Otherwise, with one chunk per rank the exact DP gives the closed form's optimum and the ILP
+    confirms it; with chunks the DP's stage-balanced split (`dp_partition`: each rank paced by its slowest chunk, as
+    the simulated order runs) is taken, and only where no split fits its memory shares the ILP runs on the closed
+    form, bounded by the relaxation's or the uniform split."""
     lower_s, relaxed = bound_partition(problem)
     if problem.num_stages == 1:
         return relaxed, "single stage"
@@ -678,14 +680,16 @@ def _partition(problem: PartitionProblem, time_limit_s: float) -> tuple[Partitio
         return relaxed, "bound"
     if math.isinf(lower_s):
         return None, "none"
+    upper = dp_partition(problem)
     if schedule_of(problem.schedule).chunked:
+        if upper is not None:
+            return upper, "dp"
         uniform = Partition.uniform(problem.num_units - 2, problem.num_stages).unit_counts
         known = [found for found in (relaxed, PartitionResult(Partition(uniform), objective_s(problem, uniform),
                                                                False, "uniform") if fits(problem, uniform) else None)
                  if found is not None]
         upper = min(known, key=lambda found: found.objective_s) if known else None
     else:
-        upper = dp_partition(problem)
         if upper is None:
             return None, "none"
         lower_s = upper.objective_s  # the DP is exact for one chunk per rank: the ILP only has to meet it

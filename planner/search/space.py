@@ -34,6 +34,7 @@ from planner.config import (
     Recompute,
     Schedule,
     Training,
+    ep_overlap_why_not,
     fp8_param_gather_why_not,
     parse_recompute_modules,
 )
@@ -326,10 +327,11 @@ def _tp_comm_overlaps(fixed: FixedOptions, sequence_parallel: bool) -> list[bool
     return [True] if fixed.tp_comm_overlap is None else [fixed.tp_comm_overlap]
 
 
-def _ep_overlap(config: ParallelConfig, fixed: FixedOptions) -> bool | None:
-    """EP communication overlap for `config`: wherever Megatron-Core can run it, unless fixed (it only hides
-    communication, like `_tp_comm_overlaps`); None drops a configuration a fixed --moe-ep-overlap cannot run."""
-    allowed = config.ep_overlap_why_not() is None
+def _ep_overlap(ep: int, recompute: Recompute, pp: int, vpp: int, fixed: FixedOptions) -> bool | None:
+    """EP communication overlap for a configuration of these degrees: wherever Megatron-Core can run it
+    (`ep_overlap_why_not`), unless fixed (it only hides communication, like `_tp_comm_overlaps`); None drops a
+    configuration a fixed --moe-ep-overlap cannot run."""
+    allowed = ep_overlap_why_not(ep, recompute, pp, vpp) is None
     if fixed.moe_ep_overlap is None:
         return allowed
     return None if fixed.moe_ep_overlap and not allowed else fixed.moe_ep_overlap
@@ -450,8 +452,9 @@ def runnable_by_framework(configs: Iterable[ParallelConfig], fixed: FixedOptions
         if sharding_open and (config.zero_stage, config.distributed_optimizer) == (0, True):
             if framework.optimizer_sharding_only is None:
                 continue
-            zero_stage, distributed_optimizer = framework.optimizer_sharding_only
-            config = replace(config, zero_stage=zero_stage, distributed_optimizer=distributed_optimizer)
+            if framework.optimizer_sharding_only != (0, True):  # Megatron-LM's own: the configuration as it is
+                zero_stage, distributed_optimizer = framework.optimizer_sharding_only
+                config = replace(config, zero_stage=zero_stage, distributed_optimizer=distributed_optimizer)
         if overlap_open and config.tp_comm_overlap and not framework.overlaps_tp(config):
             config = replace(config, tp_comm_overlap=False)
         if framework.why_not(config) is None and (training is None or training.optimizer_states == "fp32"
@@ -477,18 +480,19 @@ def _layouts(model: ModelSpec, cluster: Cluster, training: Training, fixed: Fixe
                 for zero_stage, dist_opt, hsdp in _sharding_options(dp * cp, fixed):
                     for (recompute, modules), overlap, comm, (ep, etp) in product(
                             recomputes, _tp_comm_overlaps(fixed, sp), comms, experts):
-                        config = ParallelConfig(
+                        ep_overlap = _ep_overlap(ep, recompute, pp, vpp, fixed)
+                        if ep_overlap is None:
+                            continue
+                        yield ParallelConfig(
                             dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, vpp=vpp, cp=cp, cp_comm=comm, ep=ep, etp=etp,
                             hsdp_replicas=hsdp, sequence_parallel=sp, recompute=recompute, recompute_modules=modules,
                             zero_stage=zero_stage,
                             distributed_optimizer=dist_opt, schedule=schedule, tp_comm_overlap=overlap,
                             moe_dispatcher=fixed.moe_dispatcher or ("flex" if ep > 1 else "alltoall"),
+                            moe_ep_overlap=ep_overlap,
                             fp8_param_gather=bool(fixed.fp8_param_gather) and (zero_stage > 0 or dist_opt),
                             **fixed.local_options(),
                         )
-                        ep_overlap = _ep_overlap(config, fixed)
-                        if ep_overlap is not None:
-                            yield replace(config, moe_ep_overlap=ep_overlap) if ep_overlap else config
 
 
 def require_nonempty(configs: list[ParallelConfig], model: ModelSpec, cluster: Cluster, training: Training,
