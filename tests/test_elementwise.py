@@ -13,7 +13,7 @@ from test_export_plans import plan_document
 from cli import main
 from planner.config import Training
 from planner.errors import PlannerError
-from planner.export.torchtitan import torchtitan_toml
+from planner.export.torchtitan import export_torchtitan, torchtitan_toml
 from planner.frameworks import FRAMEWORKS
 from planner.gpu import lookup_gpu
 from planner.model import UnitKind, load_model
@@ -111,3 +111,15 @@ def test_torchtitan_export_compiles_fused_plans_only() -> None:
     eager = torchtitan_toml(parse_plan_document(document))
     assert "[compile]\nenable = true" in fused
     assert "\n[compile]" not in eager and "--elementwise eager" in eager
+
+
+def test_torchtitan_zero_bubble_export_leaves_compile_off_and_says_so() -> None:
+    """A split backward needs each block's own autograd graph: a zero-bubble plan's export runs uncompiled and
+    notes that its fused element-wise costing does not hold there."""
+    document = plan_document(cluster="1x8xH100-80GB", blocks=(8, 8, 8, 8), tp=1, pp=2, vpp=2, dp=4, zero_stage=3,
+                             schedule="zb-v")
+    plan = parse_plan_document(document)
+    text = torchtitan_toml(plan)
+    assert "\n[compile]" not in text and "zero-bubble" in text
+    notes = export_torchtitan(plan).notes
+    assert any("--elementwise eager" in note for note in notes)

@@ -137,11 +137,13 @@ def torchtitan_toml(plan: Plan, notes: tuple[str, ...] = ()) -> str:
         lines += [f"  {_value(part)}," for part in module_fqns(plan)]
         lines.append("]")
     mode = {Recompute.NONE: "none", Recompute.SELECTIVE: "selective", Recompute.FULL: "full"}[config.recompute]
-    if plan.training.elementwise == "fused" or config.tp_comm_overlap:
+    if _compiles(plan):
         # fused element-wise kernels, as costed, come from torch.compile; async TP only takes effect under it too
         lines += ["", "[compile]", f"enable = {_value(True)}", f"components = {_value(['model', 'loss'])}"]
-    else:
+    elif plan.training.elementwise == "eager":
         lines += ["", "# [compile] left off: the plan was costed with eager element-wise kernels (--elementwise eager)"]
+    else:
+        lines += ["", "# [compile] left off: a split backward (zero-bubble schedule) does not run compiled blocks"]
     lines += ["", "[checkpoint]", f"enable = {_value(True)}", '# folder = "checkpoint" under the dump folder']
     lines += ["", "[activation_checkpoint]", f"mode = {_value(mode)}"]
     if config.recompute is Recompute.SELECTIVE:
@@ -163,9 +165,26 @@ def torchtitan_program() -> Program:
                    ("Needs torchtitan 0.2.2 importable by this Python.",))
 
 
+def _compiles(plan: Plan) -> bool:
+    """Whether the export turns torch.compile on: for the fused element-wise kernels the plan was costed with, and
+    for async TP, which takes effect only compiled; not under a zero-bubble schedule, whose backward split into input
+    and weight passes needs each block's own autograd graph, which a compiled block's single backward node is not."""
+    if schedule_of(plan.parallel.schedule).splits_backward and plan.parallel.pp > 1:
+        return False
+    return plan.training.elementwise == "fused" or plan.parallel.tp_comm_overlap
+
+
+def _compile_notes(plan: Plan) -> tuple[str, ...]:
+    """A zero-bubble plan costed with fused element-wise kernels runs them eager under torchtitan."""
+    if _compiles(plan) or plan.training.elementwise == "eager":
+        return ()
+    return ("torchtitan runs a zero-bubble schedule's blocks uncompiled, so its norms, RoPE and activations run "
+            "eager, not fused as the plan was costed: estimate it with --elementwise eager",)
+
+
 def export_torchtitan(plan: Plan) -> ExportResult:
     """torchtitan.toml, torchrun.sh, slurm.sbatch and (several nodes) hostfile for the plan."""
-    notes = flavor_notes(plan.model)
+    notes = flavor_notes(plan.model) + _compile_notes(plan)
     if plan.parallel.sequence_parallel is False and plan.parallel.tp > 1:
         notes += ("torchtitan's tensor parallelism always shards activations along the sequence "
                   "(sequence parallel); the plan has it off",)
