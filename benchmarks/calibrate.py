@@ -38,6 +38,7 @@ from benchmarks.validation_runs import (
     korthikanti_layer_rows,
     predict,
     predict_layer,
+    shipped_before_fix_nic_ratio,
     split_fit_hold,
 )
 from planner.plan import write_atomic
@@ -169,47 +170,78 @@ def fit(start: Calibration, bloom: Callable[[float], tuple[Run, ...]], h100: tup
     return coordinate_descent(current, MEMORY_FITTED, lambda c: memory_objective(c, runs), verbose), ratio
 
 
-def _document(calibration: Calibration, ratio: float, previous: dict[str, str], source: str) -> dict:
-    fitted = {c.name: c for c in FITTED + MEMORY_FITTED}
+def _document(calibration: Calibration, ratio: float, previous: dict[str, str], source: str,
+              refitted: frozenset[str] | None = None) -> dict:
+    """The calibration file's document: the fitted constants (only `refitted` ones, when given) and the cluster
+    state with `source`, every other constant with its previous source."""
+    fitted = {c.name: c for c in FITTED + MEMORY_FITTED if refitted is None or c.name in refitted}
     constants = {}
     for key, value in calibration.__dict__.items():
         if key in fitted:
             constants[key] = {"value": round(value, 4), "source": f"{fitted[key].meaning}; {source}"}
         else:
             constants[key] = {"value": value, "source": previous.get(key, "default")}
-    state = {BEFORE_FIX_NIC_RATIO.name: round(ratio, 4), "source": f"{BEFORE_FIX_NIC_RATIO.meaning}; {source}"}
+    ratio_source = (f"{BEFORE_FIX_NIC_RATIO.meaning}; {source}" if refitted is None
+                    else previous.get(BEFORE_FIX_NIC_RATIO.name, BEFORE_FIX_NIC_RATIO.meaning))
+    state = {BEFORE_FIX_NIC_RATIO.name: round(ratio, 4), "source": ratio_source}
     return {"schema_version": 1, "constants": constants, "cluster_states": {JEAN_ZAY_BEFORE_FIX: state}}
 
 
 def _previous_sources() -> dict[str, str]:
     document = load_structured_file(profiles_dir() / "calibration.yaml")
-    return {k: v.get("source", "") for k, v in document["constants"].items() if isinstance(v, dict)}
+    sources = {k: v.get("source", "") for k, v in document["constants"].items() if isinstance(v, dict)}
+    state = (document.get("cluster_states") or {}).get(JEAN_ZAY_BEFORE_FIX, {})
+    return sources | ({BEFORE_FIX_NIC_RATIO.name: state["source"]} if "source" in state else {})
+
+
+def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--out", type=Path, help="write the fitted calibration here")
+    target.add_argument("--write", action="store_true", help="rewrite the tracked profiles/calibration.yaml")
+    parser.add_argument("--only", metavar="NAME[,NAME]", type=_fitted_named,
+                        help="refit only these constants, from their shipped values, the others kept as shipped "
+                             f"(one of {', '.join(c.name for c in FITTED)})")
+    return parser.parse_args(argv)
+
+
+def _fitted_named(text: str) -> tuple[Fitted, ...]:
+    """`--only gemm_efficiency,...`: the named fitted constants (argparse's error for any other name)."""
+    fitted = {c.name: c for c in FITTED}
+    unknown = [name for name in text.split(",") if name not in fitted]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"{unknown[0]!r} is not a fitted constant; one of {', '.join(fitted)}")
+    return tuple(fitted[name] for name in text.split(","))
 
 
 def destination(argv: Sequence[str] | None = None) -> Path | None:
     """Where the fitted calibration goes: `--out FILE`, the tracked profiles/calibration.yaml only when
     `--write` asks for it, otherwise nowhere (printed), so a trial fit never edits tracked data."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    target = parser.add_mutually_exclusive_group()
-    target.add_argument("--out", type=Path, help="write the fitted calibration here")
-    target.add_argument("--write", action="store_true", help="rewrite the tracked profiles/calibration.yaml")
-    args = parser.parse_args(argv)
+    args = _arguments(argv)
     return profiles_dir() / "calibration.yaml" if args.write else args.out
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    path = destination(argv)
-    fit_half = fit_half_runs(BEFORE_FIX_NIC_RATIO.prior)
+    path, only = destination(argv), _arguments(argv).only
+    ratio = shipped_before_fix_nic_ratio() if only else BEFORE_FIX_NIC_RATIO.prior
+    fit_half = fit_half_runs(ratio)
     h100, _ = h100_runs()
-    start = default_calibration().updated(**{c.name: c.prior for c in FITTED + MEMORY_FITTED})
+    start = (default_calibration() if only
+             else default_calibration().updated(**{c.name: c.prior for c in FITTED + MEMORY_FITTED}))
     print(f"fitting on {len(fit_half)} BLOOM rows (fit half), {len(korthikanti_layer_rows())} Korthikanti "
           f"Table 4 rows, {len(h100)} H100 runs; start objective {100 * objective(start, fit_half, h100):.2f} %")
-    result, ratio = fit(start, fit_half_runs, h100)
+    if only:
+        result = coordinate_descent(start, only, lambda c: objective(c, fit_half, h100))
+    else:
+        result, ratio = fit(start, fit_half_runs, h100)
     today = datetime.date.today().isoformat()
-    source = (f"fitted {today} by benchmarks/calibrate.py on {BLOOM_FILE} (fit half, {len(fit_half)} rows), "
+    how = (f"refitted {today} alone (the others as shipped) by benchmarks/calibrate.py --only "
+           f"{','.join(c.name for c in only)}" if only else f"fitted {today} by benchmarks/calibrate.py")
+    source = (f"{how} on {BLOOM_FILE} (fit half, {len(fit_half)} rows), "
               f"korthikanti2022_table4_layer_time_22b.csv, nemo_2407_h100_fp8_pretraining.csv and "
               f"megatron_bridge_2511_h100_dense.csv ({len(h100)} runs)")
-    document = _document(result, ratio, _previous_sources(), source)
+    document = _document(result, ratio, _previous_sources(), source,
+                         frozenset(c.name for c in only) if only else None)
     text = ("# Efficiencies and latencies of the analytic cost model. Every constant is physical (a fraction\n"
             "# of a peak, a latency in seconds) and names the data it came from. The fitted ones are rewritten\n"
             "# by `python -m benchmarks.calibrate --write` from ../shared/validation copies only.\n"

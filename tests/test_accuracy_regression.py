@@ -18,33 +18,34 @@ from benchmarks.validation_runs import bloom_runs, shipped_before_fix_nic_ratio
 from planner.profile.calibration import default_calibration
 
 SLACK = 0.02  # two points
-# source: (runs, time MAPE, median |memory error| or None, runs predicted to fit), measured 2026-12-01
+# source: (runs, time MAPE, median |memory error| or None, runs predicted to fit), measured 2026-12-01; 2026-12-02:
+# gemm_efficiency refitted alone (0.8435 -> 0.8262) once the interleaved pipeline transfers are overlapped
 RECORDED = {
-    "BLOOM-176B sweep (Megatron-DeepSpeed, A100)": (95, 0.066, 0.208, 95),  # bf16 rows: BF16_Optimizer's gradients
-    "Korthikanti 2022 Table 4 (22B layer, A100)": (10, 0.016, None, 0),
+    "BLOOM-176B sweep (Megatron-DeepSpeed, A100)": (95, 0.064, 0.208, 95),  # bf16 rows: BF16_Optimizer's gradients
+    "Korthikanti 2022 Table 4 (22B layer, A100)": (10, 0.020, None, 0),
     # NeMo / Megatron-Bridge: interleaved pipeline transfers overlapped as Megatron-LM runs them (2026-12-02)
-    "NeMo 24.07 (H100, FP8)": (7, 0.109, None, 7),  # 7th fits with FP8 saved inputs in one byte (2026-12-01)
-    "Megatron-Bridge 25.11 (H100, FP8)": (2, 0.053, None, 2),  # 16-bit gradient buffers of its perf recipes
-    "Narayanan 2021 Table 2 (DeepSpeed ZeRO-3, A100)": (6, 0.135, None, 6),  # per-tensor ZeRO-3 (DeepSpeed 2021)
-    "llm-foundry MPT (PyTorch FSDP, A100)": (139, 0.077, None, 139),
-    "NeMo / Megatron-Bridge long context CP (H100, FP8)": (14, 0.078, None, 14),
-    "torchtitan 2024-12 (FSDP2/TP, H100)": (18, 0.125, 0.199, 18),  # eager rows 1, 8; 9dec370 PP split
-    "torchtitan docs 2024 (FSDP2, A100/H100)": (9, 0.089, None, 9),  # its 405B Float8 rows gather in FP8
-    "torchao float8/MXFP8 (FSDP2, H100/MI300X/B200)": (12, 0.471, 0.131, 12),  # per-op SAC memory; FA2 on H100
+    "NeMo 24.07 (H100, FP8)": (7, 0.098, None, 7),  # 7th fits with FP8 saved inputs in one byte (2026-12-01)
+    "Megatron-Bridge 25.11 (H100, FP8)": (2, 0.064, None, 2),  # 16-bit gradient buffers of its perf recipes
+    "Narayanan 2021 Table 2 (DeepSpeed ZeRO-3, A100)": (6, 0.127, None, 6),  # per-tensor ZeRO-3 (DeepSpeed 2021)
+    "llm-foundry MPT (PyTorch FSDP, A100)": (139, 0.074, None, 139),
+    "NeMo / Megatron-Bridge long context CP (H100, FP8)": (14, 0.073, None, 14),
+    "torchtitan 2024-12 (FSDP2/TP, H100)": (18, 0.121, 0.199, 18),  # eager rows 1, 8; 9dec370 PP split
+    "torchtitan docs 2024 (FSDP2, A100/H100)": (9, 0.082, None, 9),  # its 405B Float8 rows gather in FP8
+    "torchao float8/MXFP8 (FSDP2, H100/MI300X/B200)": (12, 0.465, 0.131, 12),  # per-op SAC memory; FA2 on H100
     # issue 11 item 6 (2026-12-02; still above the 12 % target, see README "Accuracy"): rack-scale jobs in NVL72
     # racks as Megatron-Bridge launches them, BF16 gradient buffers, the recipes' EP overlap and DeepSeek-V3's flex
     # dispatcher, FP8 saved inputs in one byte; each row's recompute modules; GPT-OSS's eager expert-bias adds; the
     # recompute, EP overlap and dispatcher of the preset that ran each row's layout in its release (PRESETS)
-    "Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (37, 0.144, 0.074, 36),
-    "Megatron-Bridge MoE with EP (B300/GB200/GB300, force-balanced)": (82, 0.152, None, 82),
+    "Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (37, 0.142, 0.074, 36),
+    "Megatron-Bridge MoE with EP (B300/GB200/GB300, force-balanced)": (82, 0.149, None, 82),
 }
 # sweep: (median Spearman, mean regret) of benchmarks/ranking.py, measured 2026-12-01 (host-bound passes modelled;
 # 2026-12-02: the autotuning runs' ZeRO-3 per tensor, as DeepSpeed before v0.6.0 ran it)
-RANKING_RECORDED = {"vTrain single-node (A100)": (0.95, 1.056), "DeepSpeed autotuning GPT-2 (V100)": (1.0, 1.0)}
+RANKING_RECORDED = {"vTrain single-node (A100)": (0.95, 1.060), "DeepSpeed autotuning GPT-2 (V100)": (1.0, 1.0)}
 # Spread over tp 2/4/8, pp 6–24, micro-batch 1–4, global batch 512–2048 and three model shapes; 607 and 617
 # ran before the PCIe/NUMA fix; 836 and 838 (hold-out half) have 108-wide heads (misaligned fp16 GEMMs).
-BLOOM_LINES = {607: 0.03, 617: 0.03, 779: 0.07, 800: 0.04, 808: 0.03, 836: 0.03, 838: 0.09, 867: 0.04, 891: 0.02,
-               950: 0.09}
+BLOOM_LINES = {607: 0.03, 617: 0.03, 779: 0.07, 800: 0.05, 808: 0.03, 836: 0.03, 838: 0.09, 867: 0.04, 891: 0.02,
+               950: 0.10}
 
 
 @pytest.fixture(scope="module")

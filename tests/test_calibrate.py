@@ -177,3 +177,19 @@ def test_benchmark_calibrate_default_run_prints_and_leaves_the_tracked_file(monk
     assert "constants:" in capsys.readouterr().out and tracked.read_bytes() == before
     benchmark_calibrate.main(["--out", str(tmp_path / "trial.yaml")])
     assert load_calibration(tmp_path / "trial.yaml").gemm_efficiency == 1.0 and tracked.read_bytes() == before
+
+
+def test_benchmark_calibrate_only_refits_the_named_constant_from_its_shipped_value(monkeypatch, tmp_path) -> None:
+    """`--only NAME` moves that constant alone (here a stubbed descent sets it) and keeps every other constant, its
+    source and the cluster state as shipped; an unknown name is argparse's error (exit 2)."""
+    tracked = profiles_dir() / "calibration.yaml"
+    before = tracked.read_bytes()
+    monkeypatch.setattr(benchmark_calibrate, "coordinate_descent",
+                        lambda start, constants, loss: start.updated(**{c.name: 0.75 for c in constants}))
+    benchmark_calibrate.main(["--only", "gemm_efficiency", "--out", str(tmp_path / "only.yaml")])
+    shipped, refit = default_calibration(), load_calibration(tmp_path / "only.yaml")
+    assert refit.gemm_efficiency == 0.75 and tracked.read_bytes() == before
+    assert refit.updated(gemm_efficiency=shipped.gemm_efficiency) == shipped
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark_calibrate.destination(["--only", "warp_speed"])
+    assert exit_info.value.code == 2
