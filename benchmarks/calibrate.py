@@ -217,12 +217,16 @@ def _fitted_named(text: str) -> tuple[Fitted, ...]:
 def destination(argv: Sequence[str] | None = None) -> Path | None:
     """Where the fitted calibration goes: `--out FILE`, the tracked profiles/calibration.yaml only when
     `--write` asks for it, otherwise nowhere (printed), so a trial fit never edits tracked data."""
-    args = _arguments(argv)
+    return _destination(_arguments(argv))
+
+
+def _destination(args: argparse.Namespace) -> Path | None:
     return profiles_dir() / "calibration.yaml" if args.write else args.out
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    path, only = destination(argv), _arguments(argv).only
+    args = _arguments(argv)
+    path, only = _destination(args), args.only
     ratio = shipped_before_fix_nic_ratio() if only else BEFORE_FIX_NIC_RATIO.prior
     fit_half = fit_half_runs(ratio)
     h100, _ = h100_runs()

@@ -411,8 +411,8 @@ class ParallelConfig:
                                f"{self.replicas}")
 
     def _check_recompute_modules(self) -> None:
-        """Known modules, at least one, in Megatron's order once each; the default outside selective recompute;
-        none but the default under torchtitan's per-op policy (one-line errors)."""
+        """Store `recompute_modules` as `_ordered_recompute_modules` orders and checks them; a list that is not one of
+        module names is refused first (one-line errors)."""
         modules = self.recompute_modules
         if modules is DEFAULT_RECOMPUTE_MODULES:  # valid and stored as it is under every recompute and policy
             return

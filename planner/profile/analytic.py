@@ -458,16 +458,20 @@ class AnalyticProfile:
     def _expert_bias_bytes_per_token(self, setting: UnitSetting) -> float:
         """The eager per-expert add of linear_fc2's probability-weighted bias over the routed copies of a token
         (`_EXPERT_BIAS_ACCESSES`); zero without expert biases."""
-        m = self.model
-        if not m.moe_bias:
+        if not self.model.moe_bias:
             return 0.0
-        return _EXPERT_BIAS_ACCESSES * 2 * m.moe_top_k * setting.expert_load * m.hidden_size / setting.tp
+        return _EXPERT_BIAS_ACCESSES * 2 * self._routed_hidden(setting)
 
     def _permute_bytes_per_token(self, setting: UnitSetting) -> float:
         """The dispatcher's permute and un-permute of every routed copy (top-k, times the busiest rank's load):
         read + write of h 16-bit values each way."""
+        return 2 * 2 * 2 * self._routed_hidden(setting)
+
+    def _routed_hidden(self, setting: UnitSetting) -> float:
+        """Hidden values per token of its routed copies on one rank: top-k copies, times the busiest rank's load, of
+        h over TP (what the permutes and the expert-bias add move, 16-bit each)."""
         m = self.model
-        return 2 * 2 * 2 * m.moe_top_k * setting.expert_load * m.hidden_size / setting.tp
+        return m.moe_top_k * setting.expert_load * m.hidden_size / setting.tp
 
     def _routed_activation_bytes_per_token(self, setting: UnitSetting) -> float:
         """The routed experts' activation over the routed copies of a token."""
