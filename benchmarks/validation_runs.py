@@ -242,6 +242,20 @@ _NEMO_GPT3 = {
     "GPT3-5B": dict(num_layers=24, hidden_size=4096, num_attention_heads=32, ffn_hidden_size=16384),
     "GPT3-20B": dict(num_layers=44, hidden_size=6144, num_attention_heads=48, ffn_hidden_size=24576),
 }
+# NeMo 2.0 nemo/collections/llm/gpt/model/nemotron.py (Nemotron3Config8B / 22B, Nemotron4Config340B): squared-ReLU
+# MLP without a gate, LayerNorm (zero-centred gamma), RoPE on half of each head, no biases, untied embeddings,
+# the Nemotron tokenizer's 256,000 tokens (Nemotron-4 340B report, arXiv:2406.11704, §2)
+_NEMO_NEMOTRON = {
+    "Nemotron-8B": dict(num_layers=32, hidden_size=4096, num_attention_heads=32, ffn_hidden_size=16384),
+    "Nemotron-22B": dict(num_layers=40, hidden_size=6144, num_attention_heads=48, ffn_hidden_size=24576),
+    "Nemotron-340B": dict(num_layers=96, hidden_size=18432, num_attention_heads=96, num_key_value_heads=8,
+                          ffn_hidden_size=73728),
+}
+NEMOTRON_VOCAB = 256000
+# NeMo-Framework-Launcher's Nemotron-4 340B recipe (launcher_scripts/conf/training/nemotron/nemotron_340b.yaml) runs
+# Megatron-Core's distributed optimizer with `grad_sync_dtype: bf16`: 16-bit gradient buffers; the recipes of the
+# file's other models keep the default fp32 ones
+_NEMO_GRAD_BYTES = {"Nemotron-340B": 2}
 _CATALOG = {"GPT3-175B": "gpt3-175b", "LLAMA2-7B": "llama2-7b", "LLAMA2-13B": "llama2-13b",
             "LLAMA2-70B": "llama2-70b", "LLAMA3-8B": "llama3-8b", "LLAMA3-70B": "llama3-70b",
             "LLAMA3_8B": "llama3-8b", "LLAMA3_70B": "llama3-70b", "LLAMA3.1_405B": "llama3-405b"}
@@ -252,6 +266,9 @@ def _h100_model(name: str) -> ModelSpec | None:
         return ModelSpec(name=name.lower(), vocab_size=51200, activation="gelu", normalization="layernorm",
                          position_embedding="learned", tie_embeddings=True, linear_bias=True,
                          source="NeMo gpt3 config", **_NEMO_GPT3[name])
+    if name in _NEMO_NEMOTRON:
+        return ModelSpec(name=name.lower(), vocab_size=NEMOTRON_VOCAB, activation="relu2", normalization="layernorm",
+                         source="NeMo nemotron config", **_NEMO_NEMOTRON[name])
     return load_model(_CATALOG[name]) if name in _CATALOG else None
 
 
@@ -269,23 +286,23 @@ def h100_runs() -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
         tp, pp, cp = int(row["tp"]), int(row["pp"]), int(row["cp"])
         vp = int(_number(row["vp"]) or 1)
         model = _h100_model(name)
-        if model is None or cp > 1:
-            why = f"cp={cp} not modelled" if cp > 1 else "architecture not expressible"
-            skipped.append(Skipped(file, name, why))
+        if model is None:
+            skipped.append(Skipped(file, name, "architecture not expressible"))
             continue
-        dp = gpus // (tp * pp)
+        dp = gpus // (tp * pp * cp)
         fsdp = str(row.get("fsdp", "0")).startswith("1")
         # NeMo's H100 performance recipes run Transformer Engine's userbuffer TP overlap
         # (ub_tp_comm_overlap: True in gpt3/175b_fp8_performance.yaml, 20b_fp8_performance.yaml);
         # assumed for every TP row of these files, whose rows do not state it.
         config = ParallelConfig(
-            dp=dp, tp=tp, pp=pp, micro_batch=int(row["mbs"]), vpp=vp, sequence_parallel=tp > 1,
+            dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=int(row["mbs"]), vpp=vp, sequence_parallel=tp > 1,
             tp_comm_overlap=tp > 1,
             zero_stage=3 if fsdp else 0, distributed_optimizer=not fsdp, overlap_param_gather=True,
             schedule=Schedule.INTERLEAVED if vp > 1 else Schedule.ONE_F_ONE_B,
         )
+        grad_bytes = BRIDGE_PERF_GRAD_BYTES if file == BRIDGE_FILE else _NEMO_GRAD_BYTES.get(name)
         training = Training(global_batch=int(row["gbs"]), seq_len=int(row["seq_len"]), dtype="fp8",
-                            attention="flash", grad_bytes=BRIDGE_PERF_GRAD_BYTES if file == BRIDGE_FILE else None)
+                            attention="flash", grad_bytes=grad_bytes)
         iteration = training.tokens_per_iteration / (float(row["tokens_per_sec_per_gpu"]) * gpus)
         nodes = math.ceil(gpus / 8)
         label = f"{name} {gpus}xH100 {config.describe()}"

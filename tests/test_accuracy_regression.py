@@ -24,8 +24,9 @@ RECORDED = {
     "BLOOM-176B sweep (Megatron-DeepSpeed, A100)": (95, 0.064, 0.208, 95),  # bf16 rows: BF16_Optimizer's gradients
     "Korthikanti 2022 Table 4 (22B layer, A100)": (10, 0.020, None, 0),
     # NeMo / Megatron-Bridge: interleaved pipeline transfers overlapped as Megatron-LM runs them (2026-12-02)
-    "NeMo 24.07 (H100, FP8)": (7, 0.098, None, 7),  # 7th fits with FP8 saved inputs in one byte (2026-12-01)
-    "Megatron-Bridge 25.11 (H100, FP8)": (2, 0.064, None, 2),  # 16-bit gradient buffers of its perf recipes
+    # 2026-12-02 (eighth session): the CP rows (ring CP) and NeMo's Nemotron-3 8B/22B and Nemotron-4 340B rows join
+    "NeMo 24.07 (H100, FP8)": (12, 0.099, None, 12),  # FP8 saved inputs in one byte; 340B's 16-bit gradients
+    "Megatron-Bridge 25.11 (H100, FP8)": (3, 0.080, None, 3),  # 16-bit gradient buffers of its perf recipes
     "Narayanan 2021 Table 2 (DeepSpeed ZeRO-3, A100)": (6, 0.127, None, 6),  # per-tensor ZeRO-3 (DeepSpeed 2021)
     "llm-foundry MPT (PyTorch FSDP, A100)": (139, 0.074, None, 139),
     "NeMo / Megatron-Bridge long context CP (H100, FP8)": (14, 0.073, None, 14),
