@@ -37,23 +37,18 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from benchmarks.bridge_systems import BRIDGE_DTYPES, bridge_cluster, bridge_gpu
 from benchmarks.validation_runs import BRIDGE_PERF_GRAD_BYTES, DATA, Run, Skipped
-from planner.cluster import Cluster, load_cluster
 from planner.config import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES, ParallelConfig, Recompute, Schedule, Training
-from planner.errors import PlannerError
-from planner.gpu import GIB, lookup_gpu
+from planner.gpu import GIB
 from planner.model import load_model
 
-__all__ = ["MOE_FILE", "PRESETS", "Preset", "moe_runs", "rack_segment_gpus"]
+__all__ = ["MOE_FILE", "PRESETS", "Preset", "moe_runs"]
 
 MOE_FILE = "moe_ep_throughput.csv"
 _CATALOG = {"DeepSeek-V3": "deepseek-v3", "Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-235B-A22B": "qwen3-235b-a22b",
             "GPT-OSS-120B": "gpt-oss-120b", "Mixtral-8x7B": "mixtral-8x7b", "Mixtral-8x22B": "mixtral-8x22b"}
-# the file's hardware label (its first word) → catalog GPU; GPUs missing from profiles/gpus.yaml are skipped
-_GPUS = {"H100": "H100-80GB", "H800": "H800", "B200": "B200", "B300": "B300", "GB200": "GB200", "GB300": "GB300"}
 _RACK_SCALE = ("B300", "GB200", "GB300")  # scored apart: the issue's target covers H100 and B200
-_FP8 = ("FP8", "MXFP8", "FP8-MX", "FP8-CS")
-_DTYPES = {**{name: "fp8" for name in _FP8}, "BF16": "bf16"}
 # Models whose Megatron-Bridge performance presets all name a flex backend, so a row that names no dispatcher ran it:
 # every DeepSeek-V3 preset sets moe_flex_dispatcher_backend "hybridep" (GB200, GB300, B300 since the presets'
 # first version, 2025-12-03; B200 since 2026-02-03, before the 26.02 container) or "deepep" (H100)
@@ -178,15 +173,6 @@ def _number(value: object) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _gpu(hardware: str) -> str | None:
-    """The catalog GPU of a hardware label, or None when the catalog lacks it."""
-    name = _GPUS.get(hardware.split()[0])
-    try:
-        return lookup_gpu(name).name if name else None
-    except PlannerError:
-        return None
-
-
 def _routing_why(row: pd.Series) -> str | None:
     """Why a row's routing is not the force-balanced dropless one time is scored on, or None."""
     routing = str(row["dispatcher_routing"]).lower()
@@ -209,9 +195,9 @@ def _why(row: pd.Series) -> str | None:
     routing = _routing_why(row)
     if routing:
         return routing
-    if str(row["precision"]) not in _DTYPES:
+    if str(row["precision"]) not in BRIDGE_DTYPES:
         return f"precision {str(row['precision'])[:30]!r} not modelled (planner runs bf16, fp16 or fp8)"
-    if _gpu(hardware) is None:
+    if bridge_gpu(hardware) is None:
         return f"GPU {hardware.split()[0]} not in the catalog"
     if any(_number(row[key]) is None for key in ("tp", "pp", "ep", "micro_batch", "global_batch")):
         return "parallel layout or batch not stated"
@@ -260,41 +246,17 @@ def _run(row: pd.Series) -> Run:
                             recompute=recompute, recompute_modules=modules,
                             schedule=Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B)
     training = Training(global_batch=_int(row, "global_batch"), seq_len=int(row["seq_len"]),
-                        dtype=_DTYPES[str(row["precision"])], attention="flash", grad_bytes=BRIDGE_PERF_GRAD_BYTES)
+                        dtype=BRIDGE_DTYPES[str(row["precision"])], attention="flash",
+                        grad_bytes=BRIDGE_PERF_GRAD_BYTES)
     step = _number(row["step_time_s"])
     iteration = step or training.tokens_per_iteration / (float(row["tokens_per_sec_per_gpu"]) * gpus)
-    gpu = _gpu(str(row["hardware"])) or ""
+    gpu = bridge_gpu(str(row["hardware"])) or ""
     memory = _number(row["peak_memory"])
     unit = GIB if "GiB" in str(row["peak_memory"]) else 1e9
     model = load_model(_CATALOG[str(row["model"])])
     label = f"{row['row_id']} {row['model']} {row['precision']} {gpus}x{gpu} {config.describe()}"
-    return Run(MOE_FILE, label, model, _cluster(gpus, gpu), training, config, iteration,
+    return Run(MOE_FILE, label, model, bridge_cluster(gpus, gpu), training, config, iteration,
                None if memory is None else memory * unit, f"{MOE_FILE} row_id {row['row_id']}")
-
-
-def rack_segment_gpus(gpus: int, gpu: str) -> int:
-    """GPUs of a rack-scale job that share one NVLink domain as Megatron-Bridge launches it: its Slurm executor
-    (scripts/performance/utils/executors.py, 4-GPU nodes) asks for `--segment` = the job's trays when they fit one
-    rack, else their largest divisor that does (a GB200/GB300 NVL72 rack holds 18 trays of 4), so each segment
-    runs inside one rack's NVLink switch domain; its HybridEP topology (utils.py,
-    apply_target_topology_environment) puts all EP ranks, up to 72, in that domain. The Megatron-LM DeepSeek-V3
-    GB200 guide the file's notes quote ("every 32 GB200 GPUs (8 nodes) are in the same NVL domain") states
-    what its EP 32 needs, not the domain's size."""
-    spec = lookup_gpu(gpu)
-    host = spec.gpus_per_host or spec.gpus_per_node
-    trays, rack = gpus // host, spec.gpus_per_node // host
-    return host * next(s for s in range(min(trays, rack), 0, -1) if trays % s == 0)
-
-
-def _cluster(gpus: int, gpu: str) -> Cluster:
-    """Nodes of 8 (DGX H100/B200/B300); rack-scale GB200/GB300: trays of 4 in NVLink domains of
-    `rack_segment_gpus`."""
-    spec = lookup_gpu(gpu)
-    host = spec.gpus_per_host
-    if host is None:
-        per_node = min(gpus, spec.gpus_per_node)
-        return load_cluster(f"{gpus // per_node}x{per_node}x{gpu}")
-    return load_cluster(f"{gpus // host}x{host}x{gpu}:nvl{rack_segment_gpus(gpus, gpu)}")
 
 
 def moe_runs(rack_scale: bool = False) -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:

@@ -52,6 +52,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from benchmarks.bridge_systems import BRIDGE_DTYPES, bridge_cluster, bridge_gpu
 from planner.cluster import Cluster, load_cluster
 from planner.config import ParallelConfig, Recompute, Schedule, Training, deepspeed_zero3_collectives
 from planner.cost.estimate import Estimate, estimate, model_flops_per_iteration
@@ -312,7 +313,7 @@ def h100_runs() -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
 
 
 # ---- long-context runs with context parallelism -------------------------------------------------
-_LONG_CONTEXT_MODELS = {"Llama-2-7B": "llama2-7b", "Llama-3.1-405B": "llama3-405b"}
+_LONG_CONTEXT_MODELS = {"Llama-2-7B": "llama2-7b", "Llama-3-8B": "llama3-8b", "Llama-3.1-405B": "llama3-405b"}
 
 
 def _long_context_why(row: pd.Series) -> str | None:
@@ -323,17 +324,22 @@ def _long_context_why(row: pd.Series) -> str | None:
         return "MoE: scored with moe_ep_throughput.csv"
     if str(row["row_id"]).startswith("TT-"):
         return "same run as a torchtitan_benchmarks_llama3_h100_202412.csv row (scored there)"
-    if not str(row["hardware"]).startswith("H100 SXM"):
-        return "B200/GB200/GB300 rows: Blackwell FP8/MXFP8 GEMM efficiency not calibrated"
+    hardware = str(row["hardware"])
+    if bridge_gpu(hardware) is None or not hardware.startswith(("H100 SXM", "B200", "GB200", "GB300")):
+        return f"hardware {hardware[:40]!r} not a DGX/NVL72 system of the catalog"
+    if not hardware.startswith("H100") and str(row["precision"]) not in BRIDGE_DTYPES:
+        return f"precision {str(row['precision'])[:30]!r} not modelled (planner runs bf16, fp16 or fp8)"
     if str(row["model"]) not in _LONG_CONTEXT_MODELS or pd.isna(row["tp"]):
         return "parallel layout not stated (the source's best non-CP baseline)"
     return None
 
 
 def long_context_runs() -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
-    """NeMo long-sequence and Megatron-Bridge CP runs on H100 (FP8, Megatron-LM's ring CP, TE userbuffer TP
-    overlap as in NeMo's performance recipes): iteration time from tokens/s/GPU, or from model TFLOP/s/GPU
-    (NeMo's long-sequence table states only that; its FLOP count is planner's, no causal halving)."""
+    """NeMo long-sequence and Megatron-Bridge CP runs on H100, B200 and GB200/GB300 NVL72 racks (FP8 — the H100
+    rows' table is FP8 throughout, the Blackwell rows say which recipe —, Megatron-LM's ring CP, TE userbuffer TP
+    overlap as in NeMo's performance recipes; racks in the NVLink domains Megatron-Bridge's launcher asks for):
+    iteration time from tokens/s/GPU, or from model TFLOP/s/GPU (NeMo's long-sequence table states only that;
+    its FLOP count is planner's, no causal halving)."""
     runs, skipped = [], []
     for _, row in pd.read_csv(DATA / LONG_CONTEXT_FILE).iterrows():
         why = _long_context_why(row)
@@ -348,17 +354,19 @@ def long_context_runs() -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
                                 sequence_parallel=tp > 1, tp_comm_overlap=tp > 1, distributed_optimizer=dp * cp > 1,
                                 overlap_param_gather=True,
                                 schedule=Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B)
-        training = Training(global_batch=int(row["global_batch"]), seq_len=int(row["seq_len"]), dtype="fp8",
-                            attention="flash")
+        gpu = bridge_gpu(str(row["hardware"])) or ""
+        bridge = str(row["row_id"]).startswith("MB-")  # Megatron-Bridge's performance summary (NLS-: NeMo's)
+        training = Training(global_batch=int(row["global_batch"]), seq_len=int(row["seq_len"]),
+                            dtype=BRIDGE_DTYPES.get(str(row["precision"]), "fp8"), attention="flash",
+                            grad_bytes=BRIDGE_PERF_GRAD_BYTES if bridge else None)
         tokens_per_s = _number(row["tokens_per_sec_per_gpu"])
         if tokens_per_s:
             iteration = training.tokens_per_iteration / (tokens_per_s * gpus)
         else:
             flops = model_flops_per_iteration(model, training)
             iteration = flops / (float(row["model_tflops_per_gpu"]) * 1e12 * gpus)
-        cluster = load_cluster(f"{max(gpus // 8, 1)}x{min(gpus, 8)}xH100-80GB")
-        runs.append(Run(LONG_CONTEXT_FILE, f"{row['row_id']} {row['model']} s{row['seq_len']} {gpus}xH100 "
-                        f"{config.describe()}", model, cluster, training, config, iteration, None,
+        runs.append(Run(LONG_CONTEXT_FILE, f"{row['row_id']} {row['model']} s{row['seq_len']} {gpus}x{gpu} "
+                        f"{config.describe()}", model, bridge_cluster(gpus, gpu), training, config, iteration, None,
                         f"{LONG_CONTEXT_FILE} row_id {row['row_id']}"))
     return tuple(runs), tuple(skipped)
 

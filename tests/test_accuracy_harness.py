@@ -9,8 +9,9 @@ import pandas as pd
 import pytest
 
 from benchmarks.accuracy import score, summary_lines
+from benchmarks.bridge_systems import rack_segment_gpus
 from benchmarks.loso import fit_sources, source_objective
-from benchmarks.moe_runs import MOE_FILE, _release, moe_runs, rack_segment_gpus
+from benchmarks.moe_runs import MOE_FILE, _release, moe_runs
 from benchmarks.ranking import AUTOTUNING_FILE, VTRAIN_FILE, group_scores
 from benchmarks.sources import skipped_files, sources
 from benchmarks.titan_runs import TITAN_FILES, titan_runs

@@ -1,0 +1,51 @@
+"""The GPUs, precisions and job shapes of Megatron-Bridge's published runs: one reading shared by the MoE file
+(benchmarks/moe_runs.py) and the long-context file (benchmarks/validation_runs.py), whose rows name hardware and
+precision the same way."""
+
+from __future__ import annotations
+
+from planner.cluster import Cluster, load_cluster
+from planner.errors import PlannerError
+from planner.gpu import lookup_gpu
+
+__all__ = ["BRIDGE_DTYPES", "bridge_cluster", "bridge_gpu", "rack_segment_gpus"]
+
+# the files' hardware label (its first word) → catalog GPU; GPUs missing from profiles/gpus.yaml are skipped
+_GPUS = {"H100": "H100-80GB", "H800": "H800", "B200": "B200", "B300": "B300", "GB200": "GB200", "GB300": "GB300"}
+_FP8 = ("FP8", "MXFP8", "FP8-MX", "FP8-CS")
+# the files' precision labels planner runs (FP8 recipes differ in scaling granularity, which planner does not model)
+BRIDGE_DTYPES = {**{name: "fp8" for name in _FP8}, "BF16": "bf16"}
+
+
+def bridge_gpu(hardware: str) -> str | None:
+    """The catalog GPU of a hardware label, or None when the catalog lacks it."""
+    name = _GPUS.get(hardware.split()[0])
+    try:
+        return lookup_gpu(name).name if name else None
+    except PlannerError:
+        return None
+
+
+def rack_segment_gpus(gpus: int, gpu: str) -> int:
+    """GPUs of a rack-scale job that share one NVLink domain as Megatron-Bridge launches it: its Slurm executor
+    (scripts/performance/utils/executors.py, 4-GPU nodes) asks for `--segment` = the job's trays when they fit one
+    rack, else their largest divisor that does (a GB200/GB300 NVL72 rack holds 18 trays of 4), so each segment
+    runs inside one rack's NVLink switch domain; its HybridEP topology (utils.py,
+    apply_target_topology_environment) puts all EP ranks, up to 72, in that domain. The Megatron-LM DeepSeek-V3
+    GB200 guide the file's notes quote ("every 32 GB200 GPUs (8 nodes) are in the same NVL domain") states
+    what its EP 32 needs, not the domain's size."""
+    spec = lookup_gpu(gpu)
+    host = spec.gpus_per_host or spec.gpus_per_node
+    trays, rack = gpus // host, spec.gpus_per_node // host
+    return host * next(s for s in range(min(trays, rack), 0, -1) if trays % s == 0)
+
+
+def bridge_cluster(gpus: int, gpu: str) -> Cluster:
+    """Nodes of 8 (DGX H100/B200/B300); rack-scale GB200/GB300: trays of 4 in NVLink domains of
+    `rack_segment_gpus`."""
+    spec = lookup_gpu(gpu)
+    host = spec.gpus_per_host
+    if host is None:
+        per_node = min(gpus, spec.gpus_per_node)
+        return load_cluster(f"{gpus // per_node}x{per_node}x{gpu}")
+    return load_cluster(f"{gpus // host}x{host}x{gpu}:nvl{rack_segment_gpus(gpus, gpu)}")
