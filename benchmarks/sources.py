@@ -70,7 +70,7 @@ def sources() -> tuple[Source, ...]:
         Source("Narayanan 2021 Table 2 (DeepSpeed ZeRO-3, A100)", NARAYANAN_FILE, narayanan_zero3_runs(),
                narayanan_ptdp_skipped(), 0.15),
         Source("llm-foundry MPT (PyTorch FSDP, A100)", LLMFOUNDRY_FILE, llmfoundry_runs(), ()),
-        Source("NeMo / Megatron-Bridge long context CP (H100, FP8)", LONG_CONTEXT_FILE, *long_context_runs()),
+        Source("NeMo / Megatron-Bridge long context CP (H100/B200/GB300, FP8)", LONG_CONTEXT_FILE, *long_context_runs()),
         Source("torchtitan 2024-12 (FSDP2/TP, H100)", TITAN_FILES[0], *titan[TITAN_FILES[0]]),
         Source("torchtitan docs 2024 (FSDP2, A100/H100)", TITAN_FILES[1], *titan[TITAN_FILES[1]]),
         Source("torchao float8/MXFP8 (FSDP2, H100/MI300X/B200)", TITAN_FILES[2], *titan[TITAN_FILES[2]]),

@@ -14,6 +14,7 @@ from planner.errors import PlannerError
 from planner.export.flags import Dialect, model_flags
 from planner.gpu import gpu_from_dict, lookup_gpu
 from planner.model import UnitKind, load_model
+from planner.profile import analytic
 from planner.profile.analytic import AnalyticProfile, UnitSetting
 from planner.profile.calibration import default_calibration
 
@@ -38,6 +39,36 @@ def test_flash2_attention_runs_at_the_gpus_share_of_the_native_rate() -> None:
     assert share == pytest.approx(0.57)
     assert fa2_core - launch == pytest.approx((native_core - launch) / share)
     assert fa2_block - fa2_core == pytest.approx(native_block - native_core)
+
+
+def _core_at(seq_len: int, cp: int = 1) -> float:
+    profile = AnalyticProfile(MODEL, default_calibration())
+    setting = UnitSetting(tp=1, micro_batch=1, seq_len=seq_len, sequence_parallel=False, dtype="bf16",
+                          attention="flash", cp=cp)
+    return profile.times(UnitKind.BLOCK, setting, lookup_gpu("H100-80GB")).attention_core_forward_s
+
+
+def test_fused_attention_rate_rises_with_sequence_as_published_and_saturates() -> None:
+    """Each query tile's fixed work (1.8 key tiles' worth) reproduces the published non-causal ramp: FA2 and FA3
+    on H100 reach 0.69 of their 16K rate at 512 tokens (4 key tiles); under the causal mask the achieved rate per
+    FLOP keeps rising towards its asymptote, within 1 % of it by 256K tokens."""
+    overhead = analytic._FLASH_QUERY_TILE_OVERHEAD
+    assert (4 / (4 + overhead)) / (128 / (128 + overhead)) == pytest.approx(0.69, abs=0.02)
+    launch = default_calibration().kernel_launch_s
+    per_flop = [(_core_at(s) - launch) / (s * (s + analytic._FLASH_TILE)) for s in (2048, 8192, 32768, 262144)]
+    assert per_flop == sorted(per_flop, reverse=True)
+    assert analytic._flash_tile_utilisation(analytic._causal_mean_keys(262144)) == pytest.approx(1.0, abs=0.01)
+    assert analytic._flash_tile_utilisation(analytic._causal_mean_keys(4096)) == pytest.approx(16.5 / 18.3)
+
+
+def test_context_parallel_attention_streams_a_ranks_keys_per_step() -> None:
+    """Ring CP runs one kernel per step over s/cp keys: at cp = 4 a 32K sequence's attention runs at the rate
+    of 8K keys, a quarter of the FLOPs at a slightly lower rate."""
+    launch = default_calibration().kernel_launch_s
+    ratio = (_core_at(32768, cp=4) - launch) / (_core_at(32768) - launch)
+    causal = analytic._causal_mean_keys
+    expected = 0.25 * analytic._flash_tile_utilisation(causal(32768)) / analytic._flash_tile_utilisation(causal(8192))
+    assert ratio == pytest.approx(expected)
 
 
 def test_flash2_is_the_native_kernel_on_ampere() -> None:

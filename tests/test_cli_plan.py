@@ -23,7 +23,8 @@ def test_plan_without_arguments_prints_the_ranked_table_and_breakdown() -> None:
     for text in ("dp/tp/pp/vpp", "time/iter", "tokens/s", "MFU", "peak / capacity", "searched",
                  "proven optimal by the rank-load bound", "best plan:", "breakdown of one iteration"):
         assert text in result.stdout
-    assert "\n5  " in result.stdout and "\n6  " not in result.stdout  # default top 5
+    ranked = result.stdout.split("\n-  ", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    assert [row.split()[0] for row in ranked] == ["1", "2", "3", "4", "5"]  # default top 5
 
 
 def test_plan_json_is_one_document_with_alternatives_and_search_stats() -> None:

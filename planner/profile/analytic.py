@@ -38,6 +38,11 @@ __all__ = [
 
 _ATTENTION_BACKWARD_RATIO = 2.5  # FlashAttention-2 backward: 5 matmuls vs 2 forward (Dao 2023)
 _FLASH_TILE = 128  # FlashAttention-2/3 query/key block (Dao 2023; Shah et al. 2024): diagonal blocks run whole
+# Fixed work of one query tile (load Q, final rescale, write O and the log-sum-exp) in key tiles' worth: fused
+# attention's forward rate rises with the key tiles each query tile streams and saturates near 16K tokens. H100,
+# head dim 128, non-causal forward (pytorch/benchmark PR #2391, B·S = 16K): FA2 329 → 477 and FA3 430 → 621
+# TFLOP/s from 512 to 16,384 tokens, 0.69 of the 16K rate at 4 key tiles: n / (n + 1.8) = 0.69 · 128 / (128 + 1.8)
+_FLASH_QUERY_TILE_OVERHEAD = 1.8
 # FP8 (Transformer Engine, torchao float8) HBM bytes per element around each FP8 linear layer beyond the BF16
 # path, per-tensor scaling: the backward casts the BF16 output gradient to FP8 twice (row-major for dgrad,
 # transposed for wgrad; read 2 B, write 1 + 1 B) and the wgrad GEMM needs the saved FP8 input transposed
@@ -143,6 +148,20 @@ def weight_gradient_s(kind: UnitKind, times: UnitTimes) -> float:
     if kind is UnitKind.EMBEDDING:
         return times.backward_s
     return min(max(times.forward_s - times.attention_core_forward_s, 0.0), times.backward_s)
+
+
+def _flash_tile_utilisation(mean_keys: float) -> float:
+    """Share of a fused attention kernel's time spent on score tiles rather than each query tile's fixed work,
+    for queries that see `mean_keys` keys on average in one kernel call (causal: about half the keys; ring CP
+    runs one call per step over a rank's s/cp keys)."""
+    streamed = max(mean_keys / _FLASH_TILE, 1.0)
+    return streamed / (streamed + _FLASH_QUERY_TILE_OVERHEAD)
+
+
+def _causal_mean_keys(keys: float) -> float:
+    """Keys a query tile streams on average under the causal mask: half of them, plus the diagonal tile run
+    whole."""
+    return 0.5 * keys * (1 + min(_FLASH_TILE / keys, 1.0))
 
 
 def _local_heads(heads: int, tp: int) -> float:
@@ -325,19 +344,22 @@ class AnalyticProfile:
         """(forward, backward) of the attention core of `attention`'s kind, from `full`, the full causal core's
         at the same shape. FlashAttention skips the key tiles outside a window or chunk, so a query tile runs
         over the keys it sees plus a partly masked tile at each edge: bidirectional s, sliding (mean keys) +
-        tile, chunked c/2 · (1 + tile/c); unfused kernels compute the whole score matrix and mask it."""
+        tile, chunked c/2 · (1 + tile/c), at the rate of that many streamed key tiles (`_flash_tile_utilisation`);
+        unfused kernels compute the whole score matrix and mask it."""
         if attention.kind == "full" or setting.attention == "unfused":
             return full
         s, tile, launch = setting.seq_len, _FLASH_TILE, self.calibration.kernel_launch_s
-        causal = 0.5 * s * (1 + min(tile / s, 1.0))
+        causal = _causal_mean_keys(s)
         if attention.kind == "bidirectional":
             keys = float(s)
         elif attention.kind == "sliding":
             keys = min(causal, attention.keys_per_query(s, causal_halving=True) + tile)
         else:
             chunk = min(attention.window, s)
-            keys = 0.5 * chunk * (1 + min(tile / chunk, 1.0))
-        forward = (full[0] - launch) * keys / causal + launch
+            keys = _causal_mean_keys(chunk)
+        cp = setting.cp  # the full core's rate is that of a rank's s/cp keys per ring step
+        rate_ratio = _flash_tile_utilisation(causal / cp) / _flash_tile_utilisation(keys / cp)
+        forward = (full[0] - launch) * keys / causal * rate_ratio + launch
         return forward, _ATTENTION_BACKWARD_RATIO * forward
 
     def _composed_block(self, block: BlockSpec, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
@@ -412,7 +434,8 @@ class AnalyticProfile:
             # load balancing (2·cp chunks, rank i holding chunks i and 2cp−1−i) gives each rank 1/cp of the work
             width = heads * (m.qk_head_dim + m.value_head_dim)
             flops = 2 * b * s * s * width * 0.5 * (1 + min(_FLASH_TILE / s, 1.0)) / cp
-            rate = gpu.peak_flops(attention_dtype) * self.calibration.flash_attention_efficiency
+            rate = (gpu.peak_flops(attention_dtype) * self.calibration.flash_attention_efficiency
+                    * _flash_tile_utilisation(_causal_mean_keys(s / cp)))
             if setting.attention == "flash2":
                 rate *= gpu.flash_attention_2_share
             forward = flops / rate + self.calibration.kernel_launch_s
