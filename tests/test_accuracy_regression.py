@@ -20,8 +20,8 @@ from planner.profile.calibration import default_calibration
 SLACK = 0.02  # two points
 # source: (runs, time MAPE, median |memory error| or None, runs predicted to fit), measured 2026-12-01; 2026-12-02:
 # gemm_efficiency refitted alone (0.8435 -> 0.8262) once the interleaved pipeline transfers are overlapped; later
-# that day fused attention's rate ramps with the key tiles a query tile streams, and the long-context file's
-# Blackwell rows are scored
+# that day fused attention's rate ramps with the key tiles a query tile streams and falls at head dimension 64,
+# and the long-context file's Blackwell rows are scored
 RECORDED = {
     "BLOOM-176B sweep (Megatron-DeepSpeed, A100)": (95, 0.064, 0.208, 95),  # bf16 rows: BF16_Optimizer's gradients
     "Korthikanti 2022 Table 4 (22B layer, A100)": (10, 0.020, None, 0),
@@ -30,7 +30,7 @@ RECORDED = {
     "NeMo 24.07 (H100, FP8)": (12, 0.084, None, 12),  # FP8 saved inputs in one byte; 340B's 16-bit gradients
     "Megatron-Bridge 25.11 (H100, FP8)": (3, 0.087, None, 3),  # 16-bit gradient buffers of its perf recipes
     "Narayanan 2021 Table 2 (DeepSpeed ZeRO-3, A100)": (6, 0.127, None, 6),  # per-tensor ZeRO-3 (DeepSpeed 2021)
-    "llm-foundry MPT (PyTorch FSDP, A100)": (139, 0.067, None, 139),
+    "llm-foundry MPT (PyTorch FSDP, A100)": (139, 0.076, None, 139),
     "NeMo / Megatron-Bridge long context CP (H100/B200/GB300, FP8)": (31, 0.126, None, 31),
     "torchtitan 2024-12 (FSDP2/TP, H100)": (18, 0.117, 0.199, 18),  # eager rows 1, 8; 9dec370 PP split
     "torchtitan docs 2024 (FSDP2, A100/H100)": (9, 0.081, None, 9),  # its 405B Float8 rows gather in FP8
@@ -39,8 +39,8 @@ RECORDED = {
     # racks as Megatron-Bridge launches them, BF16 gradient buffers, the recipes' EP overlap and DeepSeek-V3's flex
     # dispatcher, FP8 saved inputs in one byte; each row's recompute modules; GPT-OSS's eager expert-bias adds; the
     # recompute, EP overlap and dispatcher of the preset that ran each row's layout in its release (PRESETS)
-    "Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (37, 0.137, 0.074, 36),
-    "Megatron-Bridge MoE with EP (B300/GB200/GB300, force-balanced)": (82, 0.141, None, 82),
+    "Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (37, 0.129, 0.074, 36),
+    "Megatron-Bridge MoE with EP (B300/GB200/GB300, force-balanced)": (82, 0.128, None, 82),
 }
 # sweep: (median Spearman, mean regret) of benchmarks/ranking.py, measured 2026-12-01 (host-bound passes modelled;
 # 2026-12-02: the autotuning runs' ZeRO-3 per tensor, as DeepSpeed before v0.6.0 ran it)

@@ -4,6 +4,8 @@ is exported."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from click.testing import CliRunner
 
@@ -69,6 +71,29 @@ def test_context_parallel_attention_streams_a_ranks_keys_per_step() -> None:
     causal = analytic._causal_mean_keys
     expected = 0.25 * analytic._flash_tile_utilisation(causal(32768)) / analytic._flash_tile_utilisation(causal(8192))
     assert ratio == pytest.approx(expected)
+
+
+def test_head_dimension_64_runs_at_the_published_share_of_128() -> None:
+    """FlashAttention-3 paper, H100 forward at 16K tokens: native kernels (cuDNN, FA3) reach 0.73 of their head-dim
+    128 rate at 64, FA2 0.88; 96 is half-way; 128 and wider heads run at the full rate."""
+    assert analytic._head_dim_share(64, "flash") == pytest.approx(0.73)
+    assert analytic._head_dim_share(64, "flash2") == pytest.approx(0.88)
+    assert analytic._head_dim_share(96, "flash") == pytest.approx((0.73 + 1) / 2)
+    assert analytic._head_dim_share(128, "flash") == analytic._head_dim_share(192, "flash") == 1.0
+    assert analytic._head_dim_share(32, "flash") == pytest.approx(0.73)
+
+
+def test_a_model_with_64_wide_heads_pays_the_slower_attention_rate() -> None:
+    """Same attention FLOPs (twice the heads at half the width), slower kernel: the core takes 1/0.73 as long."""
+    narrow = replace(MODEL, name="narrow", num_attention_heads=64, num_key_value_heads=16, head_dim=64)
+    launch = default_calibration().kernel_launch_s
+    times = []
+    for model in (MODEL, narrow):
+        setting = UnitSetting(tp=1, micro_batch=1, seq_len=8192, sequence_parallel=False, dtype="bf16",
+                              attention="flash")
+        core = AnalyticProfile(model, default_calibration()).times(UnitKind.BLOCK, setting, lookup_gpu("H100-80GB"))
+        times.append(core.attention_core_forward_s - launch)
+    assert times[1] / times[0] == pytest.approx(1 / 0.73)
 
 
 def test_flash2_is_the_native_kernel_on_ampere() -> None:

@@ -43,6 +43,10 @@ _FLASH_TILE = 128  # FlashAttention-2/3 query/key block (Dao 2023; Shah et al. 2
 # head dim 128, non-causal forward (pytorch/benchmark PR #2391, B·S = 16K): FA2 329 → 477 and FA3 430 → 621
 # TFLOP/s from 512 to 16,384 tokens, 0.69 of the 16K rate at 4 key tiles: n / (n + 1.8) = 0.69 · 128 / (128 + 1.8)
 _FLASH_QUERY_TILE_OVERHEAD = 1.8
+# Fused attention's rate at head dimension 64 relative to 128: each score tile does half the matmul work per
+# softmax element. H100 SXM5 forward at 16K tokens (Shah et al. 2024, FlashAttention-3, Fig. 5): cuDNN 413 vs 595
+# and FA3 497 vs 648 TFLOP/s, 0.69 and 0.77 (the native kernels: 0.73); FA2 324 vs 370, 0.88. At 128 and above 1.
+_HEAD_DIM_64_SHARE = {"flash": 0.73, "flash2": 0.88}
 # FP8 (Transformer Engine, torchao float8) HBM bytes per element around each FP8 linear layer beyond the BF16
 # path, per-tensor scaling: the backward casts the BF16 output gradient to FP8 twice (row-major for dgrad,
 # transposed for wgrad; read 2 B, write 1 + 1 B) and the wgrad GEMM needs the saved FP8 input transposed
@@ -156,6 +160,13 @@ def _flash_tile_utilisation(mean_keys: float) -> float:
     runs one call per step over a rank's s/cp keys)."""
     streamed = max(mean_keys / _FLASH_TILE, 1.0)
     return streamed / (streamed + _FLASH_QUERY_TILE_OVERHEAD)
+
+
+def _head_dim_share(head_dim: int, kernel: str) -> float:
+    """Fused attention's rate at `head_dim` relative to head dimension 128 (`_HEAD_DIM_64_SHARE`), linear in
+    between; smaller heads run at the 64 rate, larger ones at the 128 rate."""
+    low = _HEAD_DIM_64_SHARE[kernel]
+    return low + (1 - low) * min(max((head_dim - 64) / 64, 0.0), 1.0)
 
 
 def _causal_mean_keys(keys: float) -> float:
@@ -435,7 +446,8 @@ class AnalyticProfile:
             width = heads * (m.qk_head_dim + m.value_head_dim)
             flops = 2 * b * s * s * width * 0.5 * (1 + min(_FLASH_TILE / s, 1.0)) / cp
             rate = (gpu.peak_flops(attention_dtype) * self.calibration.flash_attention_efficiency
-                    * _flash_tile_utilisation(_causal_mean_keys(s / cp)))
+                    * _flash_tile_utilisation(_causal_mean_keys(s / cp))
+                    * _head_dim_share(m.qk_head_dim, setting.attention))
             if setting.attention == "flash2":
                 rate *= gpu.flash_attention_2_share
             forward = flops / rate + self.calibration.kernel_launch_s
