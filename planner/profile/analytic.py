@@ -41,7 +41,9 @@ _FLASH_TILE = 128  # FlashAttention-2/3 query/key block (Dao 2023; Shah et al. 2
 # Fixed work of one query tile (load Q, final rescale, write O and the log-sum-exp) in key tiles' worth: fused
 # attention's forward rate rises with the key tiles each query tile streams and saturates near 16K tokens. H100,
 # head dim 128, non-causal forward (pytorch/benchmark PR #2391, B·S = 16K): FA2 329 → 477 and FA3 430 → 621
-# TFLOP/s from 512 to 16,384 tokens, 0.69 of the 16K rate at 4 key tiles: n / (n + 1.8) = 0.69 · 128 / (128 + 1.8)
+# TFLOP/s from 512 to 16,384 tokens, 0.69 of the 16K rate at 4 key tiles: n / (n + 1.8) = 0.69 · 128 / (128 + 1.8).
+# The causal forward rates of Shah et al. 2024 (Fig. 5, head dim 256, 2.5 key tiles per query tile at 512 tokens)
+# give 1.1 (FA2), 1.7 (cuDNN) and 3.4 (FA3) on the same model
 _FLASH_QUERY_TILE_OVERHEAD = 1.8
 # Fused attention's rate at head dimension 64 relative to 128: each score tile does half the matmul work per
 # softmax element. H100 SXM5 forward at 16K tokens (Shah et al. 2024, FlashAttention-3, Fig. 5): cuDNN 413 vs 595
