@@ -25,7 +25,9 @@ communication overlap where dispatcher_routing or notes say "EP overlap on", whe
 quotes for its settings sets it (`EP_OVERLAP_RECIPES`), or where the preset that ran the row's layout does
 (`PRESETS`).
 Time is scored only on force-balanced, dropless rows (`Training.moe_load_imbalance` = 1): the others
-depend on a router imbalance or capacity factor the rows do not state.
+depend on a router imbalance or capacity factor the rows do not state. Rows documented as out of memory (their
+notes say OOM; they state no time) are estimated whatever their router, under a balanced one, and scored only on
+whether they are predicted not to fit.
 Iteration time = the stated step time, else global-batch tokens / (tokens/s/GPU × GPUs).
 """
 
@@ -44,7 +46,7 @@ from planner.errors import PlannerError
 from planner.gpu import GIB, lookup_gpu
 from planner.model import load_model
 
-__all__ = ["MOE_FILE", "PRESETS", "Preset", "documented_oom", "moe_runs", "rack_segment_gpus"]
+__all__ = ["MOE_FILE", "PRESETS", "Preset", "moe_runs", "rack_segment_gpus"]
 
 MOE_FILE = "moe_ep_throughput.csv"
 _CATALOG = {"DeepSeek-V3": "deepseek-v3", "Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-235B-A22B": "qwen3-235b-a22b",
@@ -241,7 +243,7 @@ def _why(row: pd.Series) -> str | None:
     return why
 
 
-def documented_oom(row: pd.Series) -> bool:
+def _documented_oom(row: pd.Series) -> bool:
     """Whether the row documents a run that ran out of memory (its notes say "OOM")."""
     return "OOM" in str(row["notes"])
 
@@ -333,7 +335,7 @@ def moe_runs(rack_scale: bool = False) -> tuple[tuple[Run, ...], tuple[Skipped, 
     for _, row in pd.read_csv(DATA / MOE_FILE).iterrows():
         if str(row["hardware"]).startswith(_RACK_SCALE) != rack_scale:
             continue
-        oom = documented_oom(row)
+        oom = _documented_oom(row)
         why = _inexpressible(row) if oom else _why(row)
         if why:
             skipped.append(Skipped(MOE_FILE, f"row_id {row['row_id']}", ("documented OOM; " if oom else "") + why))
