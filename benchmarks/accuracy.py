@@ -7,7 +7,8 @@ Every file of ../shared/validation is a source (benchmarks/sources.py): each run
 through `planner.cost.estimate.estimate` with its model, cluster, training and parallel configuration,
 using the shipped profiles/calibration.yaml; rows planner cannot express are counted with the reason.
 Per source: time MAPE and worst error, peak-memory error where the source publishes it, and how many
-runs documented as having run are predicted to fit.
+runs documented as having run are predicted to fit, and how many documented out-of-memory runs are predicted
+not to fit.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from dataclasses import dataclass
 
 from benchmarks.sources import Source, skipped_files, sources
 from benchmarks.validation_runs import Run, predict, predict_layer, shipped_before_fix_nic_ratio, split_fit_hold
+from planner.gpu import GIB
 from planner.profile.calibration import Calibration, default_calibration
 from planner.render import format_table
 
-__all__ = ["Outcome", "Score", "SourceScore", "outcomes", "score", "score_source", "summary_lines", "time_errors"]
+__all__ = ["Outcome", "Score", "SourceScore", "oom_outcomes", "outcomes", "score", "score_source", "summary_lines",
+           "time_errors"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class Outcome:
     time_error: float
     memory_error: float | None
     fits: bool
+    peak_memory_bytes: float
 
 
 def outcomes(runs: Sequence[Run], calibration: Calibration) -> tuple[Outcome, ...]:
@@ -60,7 +64,7 @@ def outcomes(runs: Sequence[Run], calibration: Calibration) -> tuple[Outcome, ..
         result = predict(run, calibration)
         memory = result.peak_memory_bytes / run.memory_bytes - 1 if run.memory_bytes else None
         out.append(Outcome(run, result.iteration_time_s, result.iteration_time_s / run.iteration_s - 1, memory,
-                           result.fits))
+                           result.fits, result.peak_memory_bytes))
     return tuple(out)
 
 
@@ -75,19 +79,26 @@ def time_errors(source: Source, calibration: Calibration) -> list[float]:
 
 @dataclass(frozen=True)
 class SourceScore:
-    """A source's scores: time, memory where published, runs predicted to fit, rows skipped."""
+    """A source's scores: time, memory where published, runs predicted to fit, documented OOMs predicted not to
+    fit, rows skipped."""
 
     source: Source
     time: Score
     memory: Score | None
     fits: int
+    ooms_caught: int = 0
+
+
+def oom_outcomes(source: Source, calibration: Calibration) -> tuple[Outcome, ...]:
+    """The source's runs documented as out of memory, predicted (their time error is NaN: no time is published)."""
+    return outcomes(source.ooms, calibration)
 
 
 def score_source(source: Source, calibration: Calibration) -> SourceScore:
     results = outcomes(source.runs, calibration)
     memory = [o.memory_error for o in results if o.memory_error is not None]
     return SourceScore(source, score(time_errors(source, calibration)), score(memory) if memory else None,
-                       sum(o.fits for o in results))
+                       sum(o.fits for o in results), sum(not o.fits for o in oom_outcomes(source, calibration)))
 
 
 def _pct(value: float) -> str:
@@ -104,10 +115,13 @@ def summary_lines(scores: Sequence[SourceScore]) -> list[str]:
         lines.append(f"| {s.source.name} | {s.time.count} | {_pct(s.time.mape)} | {_pct(s.time.worst)} | "
                      f"≤ {100 * s.source.target:.0f} % | {memory} | {fits} | {len(s.source.skipped)} |")
     ran = sum(len(s.source.runs) for s in scores)
-    ooms = sum("documented OOM" in k.reason for k in (*skipped_files(), *(k for s in scores for k in s.source.skipped)))
+    unexpressed = sum("documented OOM" in k.reason
+                      for k in (*skipped_files(), *(k for s in scores for k in s.source.skipped)))
+    expressed = sum(len(s.source.ooms) for s in scores)
     lines.append(f"| all | {sum(s.time.count for s in scores)} | | | | | {sum(s.fits for s in scores)} of {ran} | "
                  f"{sum(len(s.source.skipped) for s in scores) + len(skipped_files())} "
-                 f"(documented OOMs: {ooms}, none expressible) |")
+                 f"(documented OOMs: {unexpressed + expressed}, {expressed} estimated, "
+                 f"{sum(s.ooms_caught for s in scores)} of them predicted not to fit) |")
     return lines
 
 
@@ -119,10 +133,20 @@ def _print_runs(title: str, results: Sequence[Outcome]) -> None:
     print(format_table(["run", "published s", "predicted s", "time error", "memory error", "fits"], table))
 
 
+def _print_ooms(title: str, results: Sequence[Outcome]) -> None:
+    print(f"\n## {title}: documented OOMs")
+    table = [[o.run.label, f"{o.run.cluster.gpu.memory_bytes / GIB:.1f}",
+              f"{o.peak_memory_bytes / GIB:.1f}", "yes" if not o.fits else "NO"]
+             for o in results]
+    print(format_table(["run", "capacity GiB", "predicted peak GiB", "predicted not to fit?"], table))
+
+
 def _print_details(scores: Sequence[SourceScore], calibration: Calibration) -> None:
     for s in scores:
         if s.source.runs:
             _print_runs(s.source.name, outcomes(s.source.runs, calibration))
+        if s.source.ooms:
+            _print_ooms(s.source.name, oom_outcomes(s.source, calibration))
     fit_half, hold_half = split_fit_hold(scores[0].source.runs)
     for name, half in (("fit half", fit_half), ("hold-out half", hold_half)):
         result = score([o.time_error for o in outcomes(half, calibration)])

@@ -25,7 +25,9 @@ communication overlap where dispatcher_routing or notes say "EP overlap on", whe
 quotes for its settings sets it (`EP_OVERLAP_RECIPES`), or where the preset that ran the row's layout does
 (`PRESETS`).
 Time is scored only on force-balanced, dropless rows (`Training.moe_load_imbalance` = 1): the others
-depend on a router imbalance or capacity factor the rows do not state.
+depend on a router imbalance or capacity factor the rows do not state. Rows documented as out of memory (their
+notes say OOM; they state no time) are estimated whatever their router, under a balanced one, and scored only on
+whether they are predicted not to fit.
 Iteration time = the stated step time, else global-batch tokens / (tokens/s/GPU × GPUs).
 """
 
@@ -47,14 +49,18 @@ __all__ = ["MOE_FILE", "PRESETS", "Preset", "moe_runs"]
 
 MOE_FILE = "moe_ep_throughput.csv"
 _CATALOG = {"DeepSeek-V3": "deepseek-v3", "Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-235B-A22B": "qwen3-235b-a22b",
-            "GPT-OSS-120B": "gpt-oss-120b", "Mixtral-8x7B": "mixtral-8x7b", "Mixtral-8x22B": "mixtral-8x22b"}
+            "GPT-OSS-120B": "gpt-oss-120b", "Mixtral-8x7B": "mixtral-8x7b", "Mixtral-8x22B": "mixtral-8x22b",
+            "Nemotron-3-Nano": "nemotron-3-nano-30b-a3b", "Moonlight-16B": "moonlight-16b-a3b"}
 _RACK_SCALE = ("B300", "GB200", "GB300")  # scored apart: the issue's target covers H100 and B200
 # Models whose Megatron-Bridge performance presets all name a flex backend, so a row that names no dispatcher ran it:
 # every DeepSeek-V3 preset sets moe_flex_dispatcher_backend "hybridep" (GB200, GB300, B300 since the presets'
 # first version, 2025-12-03; B200 since 2026-02-03, before the 26.02 container) or "deepep" (H100)
 # (scripts/performance/configs/deepseek/deepseek_workload_base_configs.py until 2026-07, then
 # src/megatron/bridge/perf_recipes/deepseek/*/deepseek_v3.py). Qwen3 and GPT-OSS presets differ by GPU: alltoall.
-MODEL_DISPATCHERS = {"DeepSeek-V3": "flex"}
+# Every Nemotron-3-Nano preset sets moe_flex_dispatcher_backend "hybridep" (BASE_NEMOTRON_3_NANO_CONFIG in
+# scripts/performance/configs/nemotronh/nemotron_3_nano_workload_base_configs.py at v0.3.1, nemotron_3_workload_base_
+# configs.py at v0.4.0 through v0.5.1; HEAD's src/megatron/bridge/perf_recipes/nemotronh/<gpu>/nemotronh.py).
+MODEL_DISPATCHERS = {"DeepSeek-V3": "flex", "Nemotron-3-Nano": "flex"}
 # Megatron-Bridge HEAD (@067f987df0) performance recipes, quoted by name in a row's recompute or notes column as the
 # source of its unstated settings, that set CommOverlapConfig(overlap_moe_expert_parallel_comm=True)
 # (src/megatron/bridge/perf_recipes/qwen/h100/qwen3_moe.py; the legacy H100 Qwen3-235B presets had moe_a2a_overlap
@@ -105,6 +111,9 @@ class Preset:
 #   FP8_MX_V1/V2 (with recompute ["mla_up_proj"]), GPT_OSS_120B_PRETRAIN_CONFIG_GB200/GB300_FP8_MX_V2; v0.5.1 and
 #   HEAD's recipes (_enable_hybridep_full_iteration_mxfp8, _apply_gpt_oss_120b_full_iter_fp8mx_configs: the 26.06.01
 #   and 26.08 rows) keep it; v0.4.1 (26.04.01) and earlier ran the same layouts without it.
+# * NEMOTRON_3_NANO_PRETRAIN_CONFIG_H100_FP8_CS_V1, 16 GPUs, EP 8, micro-batch 1, from v0.3.1 (26.02.01, the
+#   presets' first release) through v0.5.1: recompute ["moe", "layernorm", "core_attn", "moe_act"], HybridEP, no
+#   moe_a2a_overlap (HEAD's nemotron_3_nano_pretrain_16gpu_h100_fp8cs_config moved to EP 16, recompute ["layernorm"]).
 _FULL_ITERATION = (Preset(ep_overlap=True, since=(26, 6)),)
 _GPT_OSS_RECOMPUTE = ("layernorm", "moe_act")
 PRESETS: dict[tuple[str, str, str, tuple[int, ...]], tuple[Preset, ...]] = {
@@ -120,6 +129,7 @@ PRESETS: dict[tuple[str, str, str, tuple[int, ...]], tuple[Preset, ...]] = {
     ("GPT-OSS-120B", "B300", "BF16", (1, 1, 1, 8, 4)): (Preset(dispatcher="flex", since=(26, 4)),),
     ("GPT-OSS-120B", "GB300", "MXFP8", (1, 1, 1, 16, 4)): _FULL_ITERATION,
     ("GPT-OSS-120B", "GB200", "MXFP8", (1, 1, 1, 64, 4)): _FULL_ITERATION,
+    ("Nemotron-3-Nano", "H100", "FP8", (1, 1, 1, 8, 1)): (Preset(("core_attn", "moe_act", "layernorm", "moe")),),
     ("Qwen3-235B-A22B", "H100", "FP8-CS", (2, 8, 4, 32, 1)): (Preset(ep_overlap=True),),
     ("Qwen3-30B-A3B", "H100", "FP8", (1, 2, 12, 8, 1)): (Preset(ep_overlap=True),),
     **{("Qwen3-30B-A3B", gpu, "MXFP8", (1, 1, 1, 8, micro_batch)): _FULL_ITERATION
@@ -183,27 +193,45 @@ def _routing_why(row: pd.Series) -> str | None:
     return None
 
 
-def _why(row: pd.Series) -> str | None:
-    """Why planner does not estimate a row, or None."""
-    hardware = str(row["hardware"])
+def _model_why(row: pd.Series) -> str | None:
+    """Why a row's model is not planner's (superseded row, model not in the catalog, MTP layer), or None."""
     if str(row["status"]) != "current":
         return f"{row['status']} row (a later row of the same run is current)"
     if str(row["model"]) not in _CATALOG:
-        return "model not in the catalog (Nemotron hybrid Mamba, Kimi-K2, Moonlight, DeepSeek-V4, Qwen3-Next)"
+        return "model not in the catalog (Nemotron-3 Super/Ultra/3.5-Lightning, Kimi-K2, DeepSeek-V4, Qwen3-Next)"
     if "MTP" in str(row["notes"]):
         return "DeepSeek-V3 with its multi-token-prediction layer (not in the catalog model)"
-    routing = _routing_why(row)
-    if routing:
-        return routing
+    return None
+
+
+def _setup_why(row: pd.Series) -> str | None:
+    """Why planner cannot express a row's precision, GPU or layout, or None."""
+    hardware = str(row["hardware"])
     if str(row["precision"]) not in BRIDGE_DTYPES:
         return f"precision {str(row['precision'])[:30]!r} not modelled (planner runs bf16, fp16 or fp8)"
     if bridge_gpu(hardware) is None:
         return f"GPU {hardware.split()[0]} not in the catalog"
     if any(_number(row[key]) is None for key in ("tp", "pp", "ep", "micro_batch", "global_batch")):
         return "parallel layout or batch not stated"
-    if _number(row["step_time_s"]) is None and _number(row["tokens_per_sec_per_gpu"]) is None:
-        return "no step time or tokens/s stated"
     return None
+
+
+def _inexpressible(row: pd.Series) -> str | None:
+    """Why planner cannot express a row's run at all (model, precision, GPU, layout), or None."""
+    return _model_why(row) or _setup_why(row)
+
+
+def _why(row: pd.Series) -> str | None:
+    """Why planner does not time a row, or None: not expressible, routing not force-balanced, no time stated."""
+    why = _model_why(row) or _routing_why(row) or _setup_why(row)
+    if why is None and _number(row["step_time_s"]) is None and _number(row["tokens_per_sec_per_gpu"]) is None:
+        return "no step time or tokens/s stated"
+    return why
+
+
+def _documented_oom(row: pd.Series) -> bool:
+    """Whether the row documents a run that ran out of memory (its notes say "OOM")."""
+    return "OOM" in str(row["notes"])
 
 
 # the short names rows use for Megatron-LM's recompute modules: the model zoo's RC column ("norm, act",
@@ -248,8 +276,9 @@ def _run(row: pd.Series) -> Run:
     training = Training(global_batch=_int(row, "global_batch"), seq_len=int(row["seq_len"]),
                         dtype=BRIDGE_DTYPES[str(row["precision"])], attention="flash",
                         grad_bytes=BRIDGE_PERF_GRAD_BYTES)
-    step = _number(row["step_time_s"])
-    iteration = step or training.tokens_per_iteration / (float(row["tokens_per_sec_per_gpu"]) * gpus)
+    step, throughput = _number(row["step_time_s"]), _number(row["tokens_per_sec_per_gpu"])
+    # a documented OOM states no time: NaN, never scored for time
+    iteration = step or (training.tokens_per_iteration / (throughput * gpus) if throughput else math.nan)
     gpu = bridge_gpu(str(row["hardware"])) or ""
     memory = _number(row["peak_memory"])
     unit = GIB if "GiB" in str(row["peak_memory"]) else 1e9
@@ -259,17 +288,19 @@ def _run(row: pd.Series) -> Run:
                None if memory is None else memory * unit, f"{MOE_FILE} row_id {row['row_id']}")
 
 
-def moe_runs(rack_scale: bool = False) -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
-    """Force-balanced MoE runs on catalog models and GPUs, and every other row with why it is skipped: the
-    H100 / H800 / B200 rows (issue 11's target), or with `rack_scale` the B300 / GB200 / GB300 ones."""
-    runs, skipped = [], []
+def moe_runs(rack_scale: bool = False) -> tuple[tuple[Run, ...], tuple[Skipped, ...], tuple[Run, ...]]:
+    """(runs, skipped, documented OOMs): force-balanced MoE runs on catalog models and GPUs, every other row with
+    why it is skipped, and the runs documented as out of memory that planner can express (scored only on whether
+    they are predicted not to fit; their router need not be force-balanced, as no time is scored). The H100 / H800 /
+    B200 rows (issue 11's target), or with `rack_scale` the B300 / GB200 / GB300 ones."""
+    runs, skipped, ooms = [], [], []
     for _, row in pd.read_csv(DATA / MOE_FILE).iterrows():
         if str(row["hardware"]).startswith(_RACK_SCALE) != rack_scale:
             continue
-        why = _why(row)
+        oom = _documented_oom(row)
+        why = _inexpressible(row) if oom else _why(row)
         if why:
-            oom = "documented OOM; " if "OOM" in str(row["notes"]) else ""
-            skipped.append(Skipped(MOE_FILE, f"row_id {row['row_id']}", oom + why))
+            skipped.append(Skipped(MOE_FILE, f"row_id {row['row_id']}", ("documented OOM; " if oom else "") + why))
         else:
-            runs.append(_run(row))
-    return tuple(runs), tuple(skipped)
+            (ooms if oom else runs).append(_run(row))
+    return tuple(runs), tuple(skipped), tuple(ooms)

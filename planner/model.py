@@ -1105,10 +1105,16 @@ def _hf_moe(config: dict[str, Any], path: Path) -> dict[str, Any]:
         "shared_expert_ffn_hidden_size": shared,
         "first_dense_layers": config.get("first_k_dense_replace") or None,
         "moe_bias": config.get("model_type") == "gpt_oss",
-        **({"moe_router_groups": _require_int(config, "n_group", path),
-            "moe_router_group_topk": _require_int(config, "topk_group", path)} if (config.get("n_group") or 1) > 1
-           else {}),
+        **_hf_router_groups(config, path),
     }
+
+
+def _hf_router_groups(config: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Group-limited routing of an HF MoE config (`n_group` groups, `topk_group` per token); {} when ungrouped."""
+    if (config.get("n_group") or 1) == 1:
+        return {}
+    return {"moe_router_groups": _require_int(config, "n_group", path),
+            "moe_router_group_topk": _require_int(config, "topk_group", path)}
 
 
 def _hf_mla(config: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -1224,13 +1230,17 @@ def _hf_llama4(config: dict[str, Any], path: Path, name: str) -> ModelSpec:
     return replace(base, layers=tuple(blocks))
 
 
-_NEMOTRON_H_LAYERS = {"M": "a Mamba-2 layer", "*": "an attention layer", "-": "an MLP layer"}
+_NEMOTRON_H_LAYERS = {"M": "a Mamba-2 layer", "*": "an attention layer", "-": "an MLP layer", "E": "an MoE layer"}
 
 
 def _hf_nemotron_h(config: dict[str, Any], path: Path, name: str) -> ModelSpec:
-    """Nemotron-H: one layer per character of `hybrid_override_pattern` (M Mamba-2, * attention, - MLP), each a
-    pre-norm and its residual; squared-ReLU MLPs (`mlp_hidden_act` relu2); Mamba-2 mixers of `mamba_num_heads`
-    heads of `mamba_head_dim`, `ssm_state_size`, `n_groups`, `conv_kernel`, SSD chunks of `chunk_size`."""
+    """Nemotron-H and Nemotron 3: one layer per character of `hybrid_override_pattern` (M Mamba-2, * attention,
+    - MLP, E MoE), each a pre-norm and its residual; squared-ReLU MLPs (`mlp_hidden_act` relu2); Mamba-2 mixers
+    of `mamba_num_heads` heads of `mamba_head_dim`, `ssm_state_size`, `n_groups`, `conv_kernel`, SSD chunks of
+    `chunk_size`. MoE layers (Nemotron 3): `n_routed_experts` squared-ReLU experts of `moe_intermediate_size`,
+    `num_experts_per_tok` per token, and a shared expert of `moe_shared_expert_intermediate_size` (all shared
+    experts together, as Megatron-Bridge's NemotronH bridge passes it to --moe-shared-expert-intermediate-size);
+    the sigmoid router's correction bias is a buffer, not a parameter, and `n_group` > 1 limits routing to groups."""
     layers = _require_int(config, "num_hidden_layers", path)
     pattern = config.get("hybrid_override_pattern")
     if not isinstance(pattern, str) or len(pattern) != layers or set(pattern) - set(_NEMOTRON_H_LAYERS):
@@ -1239,6 +1249,7 @@ def _hf_nemotron_h(config: dict[str, Any], path: Path, name: str) -> ModelSpec:
                            f"got {pattern!r}")
     heads = _require_int(config, "num_attention_heads", path)
     activation = config.get("mlp_hidden_act", "relu2")
+    moe = _hf_nemotron_h_moe(config, path) if "E" in pattern else {}
     base = ModelSpec(
         name=name, num_layers=layers, hidden_size=_require_int(config, "hidden_size", path),
         num_attention_heads=heads, ffn_hidden_size=_require_int(config, "intermediate_size", path),
@@ -1249,7 +1260,7 @@ def _hf_nemotron_h(config: dict[str, Any], path: Path, name: str) -> ModelSpec:
         activation=activation if activation in ACTIVATIONS else "relu2",
         tie_embeddings=bool(config.get("tie_word_embeddings", False)),
         qkv_bias=bool(config.get("attention_bias", False)), rope_theta=float(config.get("rope_theta", 10000.0)),
-        source=str(path))
+        **moe, source=str(path))
     mamba = MambaSpec(
         _require_int(config, "mamba_num_heads", path), _require_int(config, "mamba_head_dim", path),
         _require_int(config, "ssm_state_size", path), _require_int({"n_groups": 1, **config}, "n_groups", path),
@@ -1259,7 +1270,21 @@ def _hf_nemotron_h(config: dict[str, Any], path: Path, name: str) -> ModelSpec:
     mlp = replace(base.mlp_spec(moe=False), bias=bool(config.get("mlp_bias", False)))
     kinds = {"M": BlockSpec(base.hidden_size, mamba=mamba), "*": BlockSpec(base.hidden_size, base.attention_spec),
              "-": BlockSpec(base.hidden_size, mlp=mlp)}
+    if moe:
+        kinds["E"] = BlockSpec(base.hidden_size, mlp=base.mlp_spec(moe=True))
     return replace(base, layers=tuple(kinds[c] for c in pattern))
+
+
+def _hf_nemotron_h_moe(config: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The ModelSpec MoE fields of a Nemotron 3 config (its E layers)."""
+    shared = _optional_int(config, "moe_shared_expert_intermediate_size", path)
+    return {
+        "num_experts": _require_int(config, "n_routed_experts", path),
+        "moe_top_k": _require_int(config, "num_experts_per_tok", path),
+        "moe_ffn_hidden_size": _require_int(config, "moe_intermediate_size", path),
+        "shared_expert_ffn_hidden_size": shared if (config.get("n_shared_experts") or 0) > 0 else None,
+        **_hf_router_groups(config, path),
+    }
 
 
 def _hf_llava(config: dict[str, Any], path: Path, name: str) -> ModelSpec:

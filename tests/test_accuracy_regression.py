@@ -2,9 +2,9 @@
 profiles/calibration.yaml, against the figures it reported on 2026-12-01.
 
 A source fails when its time MAPE (or its median peak-memory error) grows by more than 2 points over
-the recorded value, or when fewer of its runs that really ran are predicted to fit. Improvements
-pass; record the new values here when they land, so the guard tightens. Where a recorded value is
-worse than issue 10's target the README's "Accuracy" section says so.
+the recorded value, or when fewer of its runs that really ran are predicted to fit (or fewer of its documented
+out-of-memory runs not to fit). Improvements pass; record the new values here when they land, so the guard
+tightens. Where a recorded value is worse than issue 10's target the README's "Accuracy" section says so.
 """
 
 from __future__ import annotations
@@ -39,9 +39,15 @@ RECORDED = {
     # racks as Megatron-Bridge launches them, BF16 gradient buffers, the recipes' EP overlap and DeepSeek-V3's flex
     # dispatcher, FP8 saved inputs in one byte; each row's recompute modules; GPT-OSS's eager expert-bias adds; the
     # recompute, EP overlap and dispatcher of the preset that ran each row's layout in its release (PRESETS)
-    "Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (37, 0.129, 0.074, 36),
-    "Megatron-Bridge MoE with EP (B300/GB200/GB300, force-balanced)": (82, 0.128, None, 82),
+    # 2026-12-02: Nemotron-3-Nano rows added (catalog model), 30-48 % too fast: 37 runs at 14.2 % -> 42 at 16.5 %,
+    # 82 at 14.9 % -> 97 at 19.1 % (README "Accuracy"); the other rows' errors are unchanged; 15.3 / 17.3 % with
+    # fused attention's sequence ramp and head-dimension share
+    "Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (42, 0.153, 0.074, 41),
+    "Megatron-Bridge MoE with EP (B300/GB200/GB300, force-balanced)": (97, 0.173, None, 97),
 }
+# source: documented OOM runs predicted not to fit (2026-12-02: the Nemotron-3-Nano sweep's MBS-012 and MBS-013;
+# MBS-014 and MBS-015 are predicted to fit under a balanced router, README "Accuracy")
+OOMS_RECORDED = {"Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (4, 2)}
 # sweep: (median Spearman, mean regret) of benchmarks/ranking.py, measured 2026-12-01 (host-bound passes modelled;
 # 2026-12-02: the autotuning runs' ZeRO-3 per tensor, as DeepSpeed before v0.6.0 ran it)
 RANKING_RECORDED = {"vTrain single-node (A100)": (0.95, 1.060), "DeepSpeed autotuning GPT-2 (V100)": (1.0, 1.0)}
@@ -70,6 +76,14 @@ def test_source_error_does_not_grow_by_more_than_two_points(scores, name):
     if memory is not None:
         assert result.memory.median <= memory + SLACK, f"{name}: memory {100 * result.memory.median:.1f} %"
     assert result.fits >= fits, f"{name}: {result.fits} runs predicted to fit, was {fits}"
+
+
+def test_documented_ooms_caught_do_not_drop(scores):
+    """Every documented OOM a source estimates counts; fewer of them predicted not to fit is a regression."""
+    caught = {name: (len(s.source.ooms), s.ooms_caught) for name, s in scores.items() if s.source.ooms}
+    assert set(caught) == set(OOMS_RECORDED)
+    for name, (ooms, recorded) in OOMS_RECORDED.items():
+        assert caught[name][0] == ooms and caught[name][1] >= recorded, f"{name}: {caught[name]}"
 
 
 def test_layout_ranking_does_not_get_worse():

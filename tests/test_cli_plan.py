@@ -95,3 +95,23 @@ def test_plan_csv_into_a_missing_directory_exits_2_and_writes_nothing(tmp_path) 
     result = run("plan", *SMALL, "--top", "1", "--csv", str(tmp_path / "missing" / "ranked.csv"))
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert not (tmp_path / "missing").exists()
+
+
+def test_nemotron_3_nano_and_moonlight_plan_and_estimate_as_megatron_bridge_runs_them() -> None:
+    """The catalog's hybrid Mamba/MoE and MLA/MoE models plan at EP 8 and estimate the recompute study's passing
+    Nemotron-3-Nano run (MBS-016: 16 H100, BF16, EP 8, HybridEP, selective recompute of `moe`): it fits."""
+    plan = run("plan", "--model", "nemotron-3-nano-30b-a3b", "--cluster", "2x8xH100-80GB", "--global-batch", "1024",
+               "--seq-len", "8192", "--tp", "1", "--pp", "1", "--cp", "1", "--ep", "8", "--framework", "megatron",
+               "--json")
+    assert plan.exit_code == 0, plan.output
+    document = json.loads(plan.stdout)
+    assert document["model"]["name"] == "nemotron-3-nano-30b-a3b" and document["parallelism"]["ep"] == 8
+    moonlight = run("plan", "--model", "moonlight-16b-a3b", "--cluster", "1x8xH100-80GB", "--global-batch", "64",
+                    "--seq-len", "4096", "--tp", "2", "--pp", "1", "--cp", "1", "--ep", "8", "--framework", "megatron")
+    assert moonlight.exit_code == 0, moonlight.output
+    estimate = run("estimate", "--model", "nemotron-3-nano-30b-a3b", "--cluster", "2x8xH100-80GB", "--global-batch",
+                   "16", "--seq-len", "8192", "--tp", "1", "--pp", "1", "--dp", "16", "--ep", "8", "--micro-batch", "1",
+                   "--recompute", "selective", "--recompute-modules", "moe", "--moe-dispatcher", "flex",
+                   "--distributed-optimizer", "--json")
+    assert estimate.exit_code == 0, estimate.output
+    assert json.loads(estimate.stdout)["estimate"]["fits"]

@@ -32,7 +32,7 @@ VARIANTS = (lambda _t: dict(pp=2), lambda t: dict(pp=2, micro_batch=2, **SHARDED
 # qwen3 without pipelines (qwen3-235b-a22b's variant below has pp=2).
 VITS = {"vit-b-16", "vit-l-16", "vit-h-14"}
 REFUSED = {"megatron": {"bloom-176b", "llava-1.5-7b", *VITS},
-           "deepspeed": {"bloom-176b", "llava-1.5-7b", "nemotron-h-8b", *VITS},
+           "deepspeed": {"bloom-176b", "llava-1.5-7b", "nemotron-h-8b", "nemotron-3-nano-30b-a3b", *VITS},
            "torchtitan": set(catalog_model_names()) - {"llama3-8b", "llama3-70b", "llama3-405b", "qwen3-30b-a3b",
                                                        "deepseek-v3"}}
 

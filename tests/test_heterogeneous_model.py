@@ -105,7 +105,7 @@ def test_per_type_times_reproduce_the_per_kind_block(name: str) -> None:
 
 
 def test_catalog_has_heterogeneous_models() -> None:
-    assert {"gemma3-27b", "nemotron-h-8b", "llava-1.5-7b"} <= set(catalog_model_names())
+    assert {"gemma3-27b", "nemotron-h-8b", "nemotron-3-nano-30b-a3b", "llava-1.5-7b"} <= set(catalog_model_names())
 
 
 # ---- published parameter counts ---------------------------------------------------------------------------
@@ -120,6 +120,21 @@ def test_gemma3_27b_matches_report() -> None:
     assert kinds.count("full") == 10 and kinds[5] == kinds[59] == "full" and kinds[60:] == ["sliding"] * 2
     assert model == model_from_dict(model.to_dict(), "round trip")
     assert hf("gemma3-27b").blocks == model.blocks
+
+
+def test_nemotron_3_nano_matches_model_card() -> None:
+    """nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 model card: 31.6B total, 3.6B active with embeddings; its
+    hybrid_override_pattern gives 23 Mamba-2, 6 attention and 23 MoE layers (128 experts of 1856, top 6, a shared
+    expert of 3712, squared ReLU); the HF import builds the catalog's blocks."""
+    model = load_model("nemotron-3-nano-30b-a3b")
+    assert round(model.num_parameters / 1e9, 1) == 31.6 and round(model.active_parameters / 1e9, 1) == 3.6
+    symbols = "".join(block.hybrid_symbol for block in model.blocks)
+    assert symbols == "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
+    assert (symbols.count("M"), symbols.count("*"), symbols.count("E")) == (23, 6, 23)
+    moe = model.blocks[1].mlp
+    assert (moe.num_experts, moe.moe_top_k, moe.ffn_hidden_size, moe.shared_expert_ffn_hidden_size,
+            moe.activation) == (128, 6, 1856, 3712, "relu2")
+    assert hf("nemotron-3-nano-30b-a3b").blocks == model.blocks
 
 
 def test_gemma2_27b_alternates_windows() -> None:
@@ -298,6 +313,8 @@ def test_num_layers_must_match_layers() -> None:
 
 @pytest.mark.parametrize(("name", "change", "message"), [
     ("nemotron-h-8b", {"hybrid_override_pattern": "M-E"}, "one character per layer"),
+    ("nemotron-h-8b", {"hybrid_override_pattern": "M-E" * 17 + "X"}, r"E \(an MoE layer\); got"),
+    ("nemotron-h-8b", {"hybrid_override_pattern": "M-E" * 17 + "M"}, "n_routed_experts"),
     ("llava-1.5-7b", {"text_config": {"model_type": "t5"}}, "text_config model_type 't5'"),
     ("llama4-maverick", {"no_rope_layers": [1, 0]}, "'no_rope_layers' must list one entry per layer"),
 ])

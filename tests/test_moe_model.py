@@ -4,11 +4,14 @@ qwen3_moe, mixtral and gpt_oss configs, and the MoE fields' validation."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from planner.errors import PlannerError
 from planner.model import ModelSpec, load_model
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 
 # (total, active) as published, in billions, at the precision each source gives them: DeepSeek-V3
 # report §1 (671B total, 37B activated; the 14B multi-token-prediction module excluded), Qwen3 model
@@ -39,6 +42,17 @@ def test_gpt_oss_120b_matches_model_card_table() -> None:
     model = load_model("gpt-oss-120b")
     assert round(model.num_parameters / 1e9, 2) == 116.83
     assert round((model.active_parameters - model.embedding_parameters()) / 1e9, 2) == 5.13
+
+
+def test_moonlight_matches_its_report_without_embeddings() -> None:
+    """Moonlight report (arXiv:2502.16982): 15.29B total, 2.24B activated, embeddings excluded; 27 blocks, the
+    first dense (MLP 11264), MLA with no query low-rank, 64 routed experts of 1408 (top 6) and two shared."""
+    model = load_model("moonlight-16b-a3b")
+    embeddings = model.embedding_parameters() + model.head_parameters()
+    assert round((model.num_parameters - embeddings) / 1e9, 2) == 15.29
+    assert round((model.active_parameters - embeddings) / 1e9, 2) == 2.24
+    assert model.num_moe_layers == 26 and model.is_mla and model.blocks[0].attention.q_lora_rank is None
+    assert load_model(str(FIXTURES / "moonlight-16b-a3b.json")).blocks == model.blocks
 
 
 def test_deepseek_v3_exact_count_and_structure() -> None:
