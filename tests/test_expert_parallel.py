@@ -12,9 +12,10 @@ from planner.config import ParallelConfig, Training
 from planner.cost.estimate import estimate
 from planner.cost.time import expert_all_to_all_s
 from planner.errors import PlannerError
+from planner.gpu import lookup_gpu
 from planner.model import load_model
 from planner.placement import ExpertLink, GroupLinks, default_placement
-from planner.profile.analytic import block_forward_flops
+from planner.profile.analytic import AnalyticProfile, block_forward_flops
 from planner.profile.calibration import default_calibration
 from planner.search.space import FixedOptions, complete_config
 
@@ -196,3 +197,17 @@ def test_zero3_gathers_and_reduces_experts_over_their_own_group_per_unit() -> No
     assert apart.total_s == pytest.approx(expected)
     together = data_parallel_time([unit], training, config, links.dp[0], calibration, 1)
     assert apart.total_s > 3 * together.total_s  # the old charge: every parameter over the dense 64-rank ring
+
+
+def test_separate_expert_gemms_on_four_streams_quantise_per_round() -> None:
+    """Transformer Engine's GroupedLinear runs one GEMM per expert over 4 streams: 16 experts of 384 tokens and
+    45 tiles each fill 180 of 264 SM slots per round (2 waves of 132 SMs) where one batched kernel would pack all
+    720 tiles into 6 waves; a lone GEMM and a batched one keep their old costs."""
+    profile = AnalyticProfile(load_model("qwen3-30b-a3b"), default_calibration())
+    gpu = lookup_gpu("H100-80GB")
+    launch = default_calibration().kernel_launch_s
+    batched = profile.gemm_time(gpu, "bf16", 384, 1856, 2688, 16) - launch
+    streamed = profile.gemm_time(gpu, "bf16", 384, 1856, 2688, 16, concurrent=4) - launch
+    assert streamed / batched == pytest.approx((8 * 132 / 720) / (6 * 132 / 720))
+    assert profile.gemm_time(gpu, "bf16", 384, 1856, 2688, 1, concurrent=4) == profile.gemm_time(
+        gpu, "bf16", 384, 1856, 2688)

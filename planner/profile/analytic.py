@@ -78,6 +78,9 @@ _BACKWARD_KERNELS_PER_FORWARD = 2
 # where one grouped kernel takes 0.069 ms. With FP8, `split_quantize` quantises each expert's input split with its
 # own quantizer (one kernel per expert and layer; the backward's gradient casts are the usual backward doubling).
 _GROUPED_LINEARS = 2
+# The streams that loop spreads its GEMMs over (Transformer Engine common/util/multi_stream.cpp,
+# get_num_compute_streams): at most 4 experts' GEMMs share the SMs at once, so small experts leave SMs idle
+_GROUPED_GEMM_STREAMS = 4
 # Kernels of the dispatched tokens' path besides the experts' GEMMs: the permute, the un-permute, the activation
 _ROUTED_ELEMENTWISE_KERNELS = 3
 # Eager PyTorch (Training.elementwise "eager") over fused kernels, per element and forward, from torchtitan's Llama
@@ -260,15 +263,19 @@ class AnalyticProfile:
             self._memo[key] = compute()
         return self._memo[key]
 
-    def gemm_time(self, gpu: GPUSpec, dtype: str, m: float, n: float, k: float, count: float = 1) -> float:
-        """Time of `count` independent m×k·k×n GEMMs on a wave-quantised roofline."""
+    def gemm_time(self, gpu: GPUSpec, dtype: str, m: float, n: float, k: float, count: float = 1,
+                  concurrent: float | None = None) -> float:
+        """Time of `count` independent m×k·k×n GEMMs on a wave-quantised roofline: one batched kernel whose tiles
+        fill the SMs together, or (`concurrent`) separate kernels of which at most that many share the GPU at once
+        (streams), each round of them quantised on its own."""
         if m <= 0 or n <= 0 or k <= 0 or count <= 0:
             return 0.0
         cal = self.calibration
         tile = cal.gemm_tile
-        tiles = math.ceil(m / tile) * math.ceil(n / tile) * count
-        waves = math.ceil(tiles / gpu.sm_count)
-        wave_efficiency = tiles / (waves * gpu.sm_count)
+        tiles_each = math.ceil(m / tile) * math.ceil(n / tile)
+        together = count if concurrent is None else min(count, concurrent)
+        waves = math.ceil(tiles_each * together / gpu.sm_count) * count / together
+        wave_efficiency = tiles_each * count / (waves * gpu.sm_count)
         efficiency = gpu.matmul_efficiency * cal.gemm_efficiency * wave_efficiency
         if dtype == "fp8":
             efficiency *= cal.fp8_gemm_efficiency_ratio
@@ -642,8 +649,9 @@ class AnalyticProfile:
         gated = 2 if m.activation == "swiglu" else 1
         rows = setting.tokens / setting.tp * m.moe_top_k * setting.ep * etp / m.num_experts * setting.expert_load
         launches = (local - 1) * self.calibration.kernel_launch_s  # `gemm_time` charges one launch per call
-        return (self.gemm_time(gpu, dtype, rows, gated * f / etp, h, local) + launches,
-                self.gemm_time(gpu, dtype, rows, h, f / etp, local) + launches)
+        streams = _GROUPED_GEMM_STREAMS
+        return (self.gemm_time(gpu, dtype, rows, gated * f / etp, h, local, streams) + launches,
+                self.gemm_time(gpu, dtype, rows, h, f / etp, local, streams) + launches)
 
     def _shared_expert_linears(self, setting: UnitSetting, gpu: GPUSpec) -> tuple[float, float]:
         """(up GEMM, down GEMM) of an MoE block's shared experts, a dense tensor-parallel MLP (none: zeros)."""
