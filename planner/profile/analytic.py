@@ -426,7 +426,8 @@ class AnalyticProfile:
         C·Bᵀ (Q×Q over the state N, per group), their product with x (Q×Q by Q×P, per head), each chunk's
         state Bᵀ·x (N×Q by Q×P) and the output from the carried state C·h (Q×N by N×P), plus the fp32 chunk
         states written and read once; the causal conv1d (with SiLU) over x, B and C and the gated RMSNorm
-        read and write their 2-byte tensors. Backward: twice the GEMMs and the memory traffic."""
+        read and write their 2-byte tensors, all at `mamba_scan_efficiency` of the GEMM and HBM rates (mamba_ssm's
+        Triton kernels). Backward: twice the GEMMs and the memory traffic."""
         mamba, t, dtype, tokens = block.mamba, setting.tp, setting.dtype, setting.tokens
         h, state, head_dim = block.hidden_size, mamba.state_size, mamba.head_dim
         in_proj = self.gemm_time(gpu, dtype, tokens, mamba.in_proj_width / t, h)
@@ -443,7 +444,8 @@ class AnalyticProfile:
         per_token = 2 * 2 * conv + 2 * 3 * inner + 2 * conv + 4 * heads + 2 * inner  # conv, gated norm, scan I/O
         traffic = chunks * heads * head_dim * state * 4 * 2 + tokens * per_token
         memory = self.memory_time(gpu, traffic)
-        return in_proj, out_proj, gemms + memory, 2 * gemms + 2 * memory
+        scan = (gemms + memory) / self.calibration.mamba_scan_efficiency
+        return in_proj, out_proj, scan, 2 * scan
 
     def _attention_core(self, setting: UnitSetting, gpu: GPUSpec) -> tuple[float, float]:
         m, s, b, cp = self.model, setting.seq_len, setting.micro_batch, setting.cp

@@ -50,6 +50,8 @@ class Calibration:
     # host (CPU) time eager PyTorch spends per kernel it launches (Python, dispatcher, autograd, launch): a pass
     # whose kernels are shorter than this is host-bound
     host_kernel_s: float = 0.0
+    # share of the GEMM and HBM rates the Mamba-2 SSD scan's kernels (chunked scan, conv1d, gated norm) reach
+    mamba_scan_efficiency: float = 1.0
 
     def collective_efficiency(self, kind: str) -> float:
         return self.collective_efficiency_intra if kind == "intra" else self.collective_efficiency_inter
