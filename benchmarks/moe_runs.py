@@ -268,8 +268,10 @@ def _run(row: pd.Series) -> Run:
     unit = GIB if "GiB" in str(row["peak_memory"]) else 1e9
     model = load_model(_CATALOG[str(row["model"])])
     label = f"{row['row_id']} {row['model']} {row['precision']} {gpus}x{gpu} {config.describe()}"
+    # "peak allocated" rows publish torch.cuda.max_memory_allocated: the allocator's figure (Run.memory_in_allocator)
     return Run(MOE_FILE, label, model, _cluster(gpus, gpu), training, config, iteration,
-               None if memory is None else memory * unit, f"{MOE_FILE} row_id {row['row_id']}")
+               None if memory is None else memory * unit, f"{MOE_FILE} row_id {row['row_id']}",
+               memory_in_allocator="allocated" in str(row["peak_memory"]))
 
 
 def rack_segment_gpus(gpus: int, gpu: str) -> int:

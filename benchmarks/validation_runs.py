@@ -105,7 +105,9 @@ BLOOM_VOCAB = 250880
 
 @dataclass(frozen=True)
 class Run:
-    """One published run: planner inputs plus the published iteration time and memory."""
+    """One published run: planner inputs plus the published iteration time and memory. `memory_in_allocator`: the
+    published memory is PyTorch's caching allocator's peak (max_memory_reserved or max_memory_allocated), which leaves
+    out the CUDA context and NCCL buffers; otherwise it is the device's (nvidia-smi), which counts them."""
 
     file: str
     label: str
@@ -116,6 +118,15 @@ class Run:
     iteration_s: float
     memory_bytes: float | None
     source: str
+    memory_in_allocator: bool = False
+
+    def memory_error(self, result: Estimate) -> float | None:
+        """Predicted over published peak memory − 1, the prediction counted as the publication counts (None: the
+        run publishes none)."""
+        if not self.memory_bytes:
+            return None
+        predicted = result.peak_reserved_bytes if self.memory_in_allocator else result.peak_memory_bytes
+        return predicted / self.memory_bytes - 1
 
 
 @dataclass(frozen=True)

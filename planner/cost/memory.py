@@ -20,6 +20,8 @@ from planner.model import BlockSpec, ModelSpec, UnitKind
 from planner.profile.calibration import Calibration
 
 __all__ = [
+    "LOSS_BYTES_PER_LOGIT",
+    "LossBytes",
     "MemoryBreakdown",
     "ModelStateBytes",
     "RankMemoryModel",
@@ -31,6 +33,7 @@ __all__ = [
     "framework_buffer_bytes",
     "in_flight_microbatches",
     "largest_transient_bytes",
+    "logit_elements",
     "megatron_saved_tensors",
     "mlp_tensors",
     "model_state_bytes",
@@ -166,9 +169,43 @@ def activation_bytes(
         )
     if kind is UnitKind.EMBEDDING:
         return (sbh if model.dropout else 0) / divisor  # embedding-output dropout mask
-    # head: final-norm input, output-layer input (2 bytes each), fp32 logits for the loss, over the tokens it reads
+    # head: final-norm input, output-layer input (2 bytes each), what the loss keeps of the logits, over the tokens
+    # it reads
     read = model.head_tokens(s) * b * model.hidden_size
-    return (2 * read) / divisor + 2 * read / t + 4 * model.head_tokens(s) * b * model.vocab_size / t
+    return (2 * read) / divisor + 2 * read / t + LOSS_BYTES_PER_LOGIT[training.cross_entropy].kept * logit_elements(
+        model, training, config)
+
+
+@dataclass(frozen=True)
+class LossBytes:
+    """Bytes per logit (one token's score for one vocabulary entry on this rank) the loss keeps for its backward,
+    and the most it holds besides at one time (forward or backward)."""
+
+    kept: int
+    transient: int
+
+
+LOSS_BYTES_PER_LOGIT = {
+    "fused": LossBytes(kept=4, transient=2),
+    "eager": LossBytes(kept=4, transient=8),
+    "compiled": LossBytes(kept=2, transient=2),
+}
+"""What the loss holds per logit, by `Training.cross_entropy`. "fused": Megatron-LM's vocab-parallel cross-entropy
+(megatron/core/tensor_parallel/cross_entropy.py) casts the logits to fp32, turns that copy into the softmax in place
+(`torch.exp(out=)`, `div_`) and saves it (4 bytes); its backward writes the gradient into the saved softmax; the
+16-bit logits (2) are alive next to the fp32 copy. "eager": PyTorch's `F.cross_entropy(logits.float())`
+(torchtitan's loss_fn, train.py @9dec370) is log_softmax then nll_loss: log_softmax saves its fp32 output (4;
+tools/autograd/derivatives.yaml, `_log_softmax_backward_data(grad, result, ...)`), and the backward holds besides
+nll_loss's dense fp32 gradient and log_softmax's fp32 gradient at once (8; the forward's 16-bit logits and fp32 copy,
+6, are less). torchtitan measured what this costs: chunking that loss 8 ways cut Llama-3-8B's peak by 7.3 GiB
+(pytorch/torchtitan e23bb707d, #996). "compiled": torch.compile fuses the cast, log-softmax and NLL into reductions
+over the 16-bit logits, which it saves (2; the per-token log-sum-exp is negligible), and its backward writes the
+16-bit gradient (2) in one kernel."""
+
+
+def logit_elements(model: ModelSpec, training: Training, config: ParallelConfig) -> float:
+    """Logits per micro-batch on one TP and CP rank: the tokens the head reads times its vocabulary shard."""
+    return model.head_tokens(training.seq_len / config.cp) * config.micro_batch * model.vocab_size / config.tp
 
 
 def op_sac_applies(block: BlockSpec, config: ParallelConfig) -> bool:
@@ -405,10 +442,17 @@ class MemoryBreakdown:
     capacity: float
     other_detail: dict[str, float] = field(default_factory=dict)
     frozen_weights: float = 0.0  # the frozen base weights inside `weights` (fine-tuning); the rest train
+    outside_allocator: float = 0.0  # the part of `other` PyTorch's caching allocator does not hand out
 
     @property
     def total(self) -> float:
         return self.weights + self.gradients + self.optimizer + self.activations + self.other
+
+    @property
+    def reserved(self) -> float:
+        """What the caching allocator holds at the peak, `torch.cuda.max_memory_reserved()`'s figure (torchtitan logs
+        it as "memory: X GiB"): the total less the CUDA context and NCCL buffers, which nvidia-smi counts besides."""
+        return self.total - self.outside_allocator
 
     @property
     def fits(self) -> bool:
@@ -468,7 +512,7 @@ class RankMemoryModel:
         detail["allocator_fragmentation"] = self.fragmentation * (held + sum(value for _, value in self.buffers))
         return MemoryBreakdown(self.states.weights * params, self.states.gradients * params,
                                self.states.optimizer * params, held, sum(detail.values()), capacity, detail,
-                               self.states.frozen_weights * params)
+                               self.states.frozen_weights * params, sum(value for _, value in self.runtime))
 
 
 def nccl_communicators(model: ModelSpec, config: ParallelConfig, pp_rank: int) -> int:
@@ -484,17 +528,18 @@ def nccl_communicators(model: ModelSpec, config: ParallelConfig, pp_rank: int) -
 
 
 def largest_transient_bytes(model: ModelSpec, training: Training, config: ParallelConfig, pp_rank: int) -> float:
-    """The largest short-lived tensor beyond the stored activations (the loss and a block's attention
-    backward do not overlap): on the rank with the head, the 16-bit logits alive next to their fp32 copy
-    (Megatron-LM's vocab-parallel cross-entropy casts the logits to fp32; the fp32 ones are counted as
-    activations); in a block, the gradient of the attention scores (unfused) or FlashAttention's fp32
-    dQ accumulator. Under local learning every rank has a loss (its auxiliary head's)."""
+    """The largest short-lived tensors beyond the stored activations (the loss and a block's attention
+    backward do not overlap): on the rank with the head, what the loss holds besides what it keeps
+    (`LOSS_BYTES_PER_LOGIT`: for Megatron-LM's fused kernel the 16-bit logits next to their fp32 copy; for eager
+    PyTorch's the two fp32 gradients of its backward); in a block, the gradient of the attention scores (unfused)
+    or FlashAttention's fp32 dQ accumulator. Under local learning every rank has a loss (its auxiliary head's)."""
     s, b, t = training.seq_len / config.cp, config.micro_batch, config.tp
     heads = max(model.num_attention_heads / t, 1.0)
     per_token = 2 * heads * training.seq_len if training.attention == "unfused" else 4 * heads * model.head_dim
     attention = per_token * s * b
     has_loss = pp_rank == config.stage_ranks[-1] or schedule_of(config.schedule).local_losses
-    loss = 2 * model.head_tokens(s) * b * model.vocab_size / t if has_loss else 0.0
+    loss = (LOSS_BYTES_PER_LOGIT[training.cross_entropy].transient * logit_elements(model, training, config)
+            if has_loss else 0.0)
     return max(loss, attention)
 
 
