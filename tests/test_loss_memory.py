@@ -1,12 +1,13 @@
-"""The loss's memory by how it runs (Training.cross_entropy) and the allocator's view of the peak
-(MemoryBreakdown.reserved): planner/cost/memory.py `LOSS_BYTES_PER_LOGIT`, benchmarks' Run.memory_error."""
+"""Memory terms measured against what the publications count: the loss by how it runs (Training.cross_entropy,
+planner/cost/memory.py `LOSS_BYTES_PER_LOGIT`), the allocator's view of the peak (MemoryBreakdown.reserved,
+benchmarks' Run.memory_error) and a run's own measured CUDA context (Run.cuda_context_bytes)."""
 
 from __future__ import annotations
 
 import pytest
 
 from benchmarks.titan_runs import TITAN_FILES, titan_runs
-from benchmarks.validation_runs import Run
+from benchmarks.validation_runs import JEAN_ZAY_CUDA_CONTEXT_BYTES, Run, bloom_runs, predict
 from planner.cluster import load_cluster
 from planner.config import ParallelConfig, Recompute, Training
 from planner.cost.estimate import estimate
@@ -111,3 +112,13 @@ def test_titan_rows_run_the_loss_their_torchtitan_ran() -> None:
     torchao, _ = titan_runs(TITAN_FILES[2])
     by_gpu = {(run.cluster.nodes[0].gpu.name, run.training.cross_entropy) for run in torchao}
     assert by_gpu == {("H100-80GB", "eager"), ("MI300X", "compiled"), ("B200", "compiled")}
+
+
+def test_bloom_runs_carry_the_context_the_chronicles_measured() -> None:
+    """nvidia-smi's BLOOM figures include the CUDA context, 1573 MiB on that stack (eager kernel loading)."""
+    run = bloom_runs()[0]
+    assert run.cuda_context_bytes == JEAN_ZAY_CUDA_CONTEXT_BYTES == 1573 * 2**20
+    memory = predict(run, default_calibration()).stages[0].memory
+    assert memory.other_detail["cuda_context"] == pytest.approx(1573 * 2**20)
+    shipped = estimate(run.model, run.cluster, run.training, run.config).stages[0].memory
+    assert memory.total - shipped.total == pytest.approx(1573 * 2**20 - shipped.other_detail["cuda_context"])
