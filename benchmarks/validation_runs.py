@@ -118,7 +118,8 @@ calibration's cuda_context_bytes assumes. The figure includes the thread-stack r
 class Run:
     """One published run: planner inputs plus the published iteration time and memory. `memory_in_allocator`: the
     published memory is PyTorch's caching allocator's peak (max_memory_reserved or max_memory_allocated), which leaves
-    out the CUDA context and NCCL buffers; otherwise it is the device's (nvidia-smi), which counts them."""
+    out the CUDA context and NCCL buffers; otherwise it is the device's (nvidia-smi), which counts them. Both are
+    high-water marks, so both count the segments the optimizer step maps after the peak (`step_segment_bytes`)."""
 
     file: str
     label: str
@@ -137,7 +138,7 @@ class Run:
         run publishes none)."""
         if not self.memory_bytes:
             return None
-        predicted = result.peak_reserved_bytes if self.memory_in_allocator else result.peak_memory_bytes
+        predicted = result.peak_reserved_bytes if self.memory_in_allocator else result.peak_device_bytes
         return predicted / self.memory_bytes - 1
 
 

@@ -1,6 +1,7 @@
 """Memory terms measured against what the publications count: the loss by how it runs (Training.cross_entropy,
 planner/cost/memory.py `LOSS_BYTES_PER_LOGIT`), the allocator's view of the peak (MemoryBreakdown.reserved,
-benchmarks' Run.memory_error) and a run's own measured CUDA context (Run.cuda_context_bytes)."""
+benchmarks' Run.memory_error), the optimizer step's own allocator segments (`step_segment_bytes`) and a run's own
+measured CUDA context (Run.cuda_context_bytes)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from planner.cost.memory import (
     largest_transient_bytes,
     logit_elements,
     rank_memory_model,
+    step_segment_bytes,
 )
 from planner.errors import PlannerError
 from planner.gpu import GIB, lookup_gpu
@@ -97,7 +99,7 @@ def test_run_compares_like_with_like() -> None:
     cluster, training = load_cluster("1x8xH100-80GB"), Training(global_batch=8, seq_len=8192)
     result = estimate(LLAMA, cluster, training, TITAN)
     run = Run("f", "r", LLAMA, cluster, training, TITAN, 1.0, 40 * GIB, "s")
-    assert run.memory_error(result) == pytest.approx(result.peak_memory_bytes / (40 * GIB) - 1)
+    assert run.memory_error(result) == pytest.approx(result.peak_device_bytes / (40 * GIB) - 1)
     allocator = Run("f", "r", LLAMA, cluster, training, TITAN, 1.0, 40 * GIB, "s", memory_in_allocator=True)
     assert allocator.memory_error(result) == pytest.approx(result.peak_reserved_bytes / (40 * GIB) - 1)
     assert Run("f", "r", LLAMA, cluster, training, TITAN, 1.0, None, "s").memory_error(result) is None
@@ -122,3 +124,32 @@ def test_bloom_runs_carry_the_context_the_chronicles_measured() -> None:
     assert memory.other_detail["cuda_context"] == pytest.approx(1573 * 2**20)
     shipped = estimate(run.model, run.cluster, run.training, run.config).stages[0].memory
     assert memory.total - shipped.total == pytest.approx(1573 * 2**20 - shipped.other_detail["cuda_context"])
+
+
+@pytest.mark.parametrize(("fields", "grad_bytes", "expected"), [
+    ({"zero_stage": 1}, 2, 6 / 8),  # DeepSpeed ZeRO-1, fp16: the flat 16-bit partition and its fp32 copy
+    ({"zero_stage": 2}, 4, 4 / 8),  # fp32 gradients: .to(fp32) copies nothing
+    ({"zero_stage": 1, "deepspeed_optimizer": "bf16"}, 4, 0.0),  # BF16_Optimizer steps on its own fp32 buffer
+    ({"distributed_optimizer": True}, 4, 0.0),  # Megatron-LM's buffers are allocated once
+    ({"zero_stage": 3}, 4, 0.0),
+])
+def test_step_segments_of_deepspeed_zero_optimizer(fields: dict[str, object], grad_bytes: int,
+                                                   expected: float) -> None:
+    config = ParallelConfig(dp=8, tp=1, pp=1, **fields)
+    training = Training(global_batch=8, seq_len=2048, dtype="fp16" if grad_bytes == 2 else "bf16",
+                        grad_bytes=grad_bytes)
+    assert step_segment_bytes(training, config) == pytest.approx(expected)
+
+
+def test_step_segments_count_in_the_high_water_not_in_fits() -> None:
+    """The step runs after the activations are freed: its segments raise what nvidia-smi and max_memory_reserved
+    show, not what must fit."""
+    config = ParallelConfig(dp=4, tp=1, pp=1, zero_stage=1)
+    training = Training(global_batch=8, seq_len=2048, dtype="fp16")
+    gpu, calibration = lookup_gpu("A100-80GB"), default_calibration()
+    memory = rank_memory_model(LLAMA, training, config, 0, 1, gpu, calibration).breakdown(1e9, 1e9, gpu.memory_bytes)
+    assert memory.device_peak - memory.total == pytest.approx(6 / 4 * 1e9)
+    assert memory.reserved == pytest.approx(memory.device_peak - memory.outside_allocator)
+    rank = rank_memory_model(LLAMA, training, config, 0, 1, gpu, calibration)
+    tight = rank.breakdown(1e9, 1e9, memory.total + memory.step_segments / 2)  # room for the total, not the segments
+    assert tight.fits and tight.device_peak > tight.capacity

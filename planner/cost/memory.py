@@ -47,6 +47,7 @@ __all__ = [
     "recompute_module_bytes",
     "recompute_working_bytes",
     "sharded_state_bytes",
+    "step_segment_bytes",
 ]
 
 
@@ -443,16 +444,22 @@ class MemoryBreakdown:
     other_detail: dict[str, float] = field(default_factory=dict)
     frozen_weights: float = 0.0  # the frozen base weights inside `weights` (fine-tuning); the rest train
     outside_allocator: float = 0.0  # the part of `other` PyTorch's caching allocator does not hand out
+    step_segments: float = 0.0  # segments the optimizer step maps after the peak (`step_segment_bytes`), not in total
 
     @property
     def total(self) -> float:
         return self.weights + self.gradients + self.optimizer + self.activations + self.other
 
     @property
+    def device_peak(self) -> float:
+        """What nvidia-smi shows at the high-water mark: the total and the segments the optimizer step mapped on top."""
+        return self.total + self.step_segments
+
+    @property
     def reserved(self) -> float:
-        """What the caching allocator holds at the peak, `torch.cuda.max_memory_reserved()`'s figure (torchtitan logs
-        it as "memory: X GiB"): the total less the CUDA context and NCCL buffers, which nvidia-smi counts besides."""
-        return self.total - self.outside_allocator
+        """What the caching allocator holds at its high-water mark, `torch.cuda.max_memory_reserved()`'s figure
+        (torchtitan logs it as "memory: X GiB"): the device's less the CUDA context and NCCL buffers."""
+        return self.device_peak - self.outside_allocator
 
     @property
     def fits(self) -> bool:
@@ -485,6 +492,7 @@ class RankMemoryModel:
     buffers: tuple[tuple[str, float], ...]
     runtime: tuple[tuple[str, float], ...]
     fragmentation: float
+    step_segments: float = 0.0  # per parameter (`step_segment_bytes`): the reserved high-water's, not the total's
 
     @property
     def param_bytes(self) -> float:
@@ -512,7 +520,8 @@ class RankMemoryModel:
         detail["allocator_fragmentation"] = self.fragmentation * (held + sum(value for _, value in self.buffers))
         return MemoryBreakdown(self.states.weights * params, self.states.gradients * params,
                                self.states.optimizer * params, held, sum(detail.values()), capacity, detail,
-                               self.states.frozen_weights * params, sum(value for _, value in self.runtime))
+                               self.states.frozen_weights * params, sum(value for _, value in self.runtime),
+                               self.step_segments * params)
 
 
 def nccl_communicators(model: ModelSpec, config: ParallelConfig, pp_rank: int) -> int:
@@ -547,6 +556,23 @@ def largest_transient_bytes(model: ModelSpec, training: Training, config: Parall
 def _parameter_counts(model: ModelSpec) -> tuple[int, int]:
     """(all parameters, the largest unit's), once per model: the search asks for every configuration."""
     return model.num_parameters, max(unit.num_parameters for unit in model.units())
+
+
+def step_segment_bytes(training: Training, config: ParallelConfig, states: ParameterStates | None = None) -> float:
+    """Bytes per parameter the optimizer step allocates in caching-allocator segments of its own, after the backward's
+    peak. DeepSpeed's ZeRO-1/2 optimizer (deepspeed/runtime/zero/stage_1_and_2.py `step`, v0.6.0) flattens the rank's
+    gradient partition (`self.flatten(self.averaged_gradients[i])`, `grad_bytes` per trainable parameter over the
+    shard group) and copies it to fp32 (`.to(fp32)`, 4 more unless already fp32) for the update. Each is one block
+    larger than any tensor the backward freed (true of the BLOOM runs: 0.5-0.7 G-parameter partitions against a
+    0.45 G-parameter largest tensor), so PyTorch 1.x's caching allocator, without expandable segments, maps new
+    segments while the pipeline's stay cached: the reserved high-water (max_memory_reserved, nvidia-smi) counts them
+    on top of the backward's peak. They are not in what must fit: the step runs after the activations are freed, and
+    a failed cudaMalloc empties the cache and retries. Its per-tensor temporaries (the fp32 overflow check, the fp64
+    norm of each gradient) are one tensor at a time and not counted."""
+    if not (config.zero_stage in (1, 2) and not config.distributed_optimizer and config.deepspeed_optimizer == "zero"):
+        return 0.0
+    fp32_copy = 0 if training.grad_bytes == 4 else 4
+    return (states or _FULL_ADAM).trainable * (training.grad_bytes + fp32_copy) / config.shard_group
 
 
 def framework_buffer_bytes(model: ModelSpec, training: Training, config: ParallelConfig,
@@ -608,4 +634,5 @@ def rank_memory_model(model: ModelSpec, training: Training, config: ParallelConf
         in_flight=in_flight_microbatches(config, pp_rank, num_microbatches),
         working_bytes=recompute_working_bytes(model, training, config),
         buffers=buffers, runtime=runtime, fragmentation=calibration.allocator_fragmentation,
+        step_segments=step_segment_bytes(training, config, states),
     )
