@@ -20,6 +20,7 @@ from planner.model import BlockSpec, ModelSpec, UnitKind
 from planner.profile.calibration import Calibration
 
 __all__ = [
+    "BF16_REDUCE_COPY_BYTES",
     "LOSS_BYTES_PER_LOGIT",
     "LossBytes",
     "MemoryBreakdown",
@@ -560,19 +561,36 @@ def _parameter_counts(model: ModelSpec) -> tuple[int, int]:
 
 def step_segment_bytes(training: Training, config: ParallelConfig, states: ParameterStates | None = None) -> float:
     """Bytes per parameter the optimizer step allocates in caching-allocator segments of its own, after the backward's
-    peak. DeepSpeed's ZeRO-1/2 optimizer (deepspeed/runtime/zero/stage_1_and_2.py `step`, v0.6.0) flattens the rank's
-    gradient partition (`self.flatten(self.averaged_gradients[i])`, `grad_bytes` per trainable parameter over the
-    shard group) and copies it to fp32 (`.to(fp32)`, 4 more unless already fp32) for the update. Each is one block
-    larger than any tensor the backward freed (true of the BLOOM runs: 0.5-0.7 G-parameter partitions against a
+    peak. DeepSpeed's ZeRO-1/2 optimizer (deepspeed/runtime/zero/stage_1_and_2.py, v0.6.0): under ZeRO-1 the
+    reduction after the flush first copies the rank's partition of the gradients into one contiguous buffer
+    (`copy_grads_in_partition`, `grads_in_partition`: `grad_bytes` per trainable parameter over the shard group;
+    contiguous_gradients is on by default; under ZeRO-2 that buffer is the sharded gradients, already counted), which
+    `averaged_gradients` keeps through the step; `step` flattens it again (`self.flatten(self.averaged_gradients[i])`,
+    `grad_bytes` more) and copies that to fp32 (`.to(fp32)`, 4 more unless already fp32) for the update. Each is one
+    block larger than any tensor the backward freed (true of the BLOOM runs: 0.5-0.7 G-parameter partitions against a
     0.45 G-parameter largest tensor), so PyTorch 1.x's caching allocator, without expandable segments, maps new
     segments while the pipeline's stay cached: the reserved high-water (max_memory_reserved, nvidia-smi) counts them
     on top of the backward's peak. They are not in what must fit: the step runs after the activations are freed, and
     a failed cudaMalloc empties the cache and retries. Its per-tensor temporaries (the fp32 overflow check, the fp64
-    norm of each gradient) are one tensor at a time and not counted."""
+    norm of each gradient) are one tensor at a time and not counted. DeepSpeed's BF16_Optimizer reduces after the
+    flush too (`BF16_REDUCE_COPY_BYTES`)."""
+    trainable = (states or _FULL_ADAM).trainable
+    if config.deepspeed_optimizer == "bf16":
+        return BF16_REDUCE_COPY_BYTES * trainable
     if not (config.zero_stage in (1, 2) and not config.distributed_optimizer and config.deepspeed_optimizer == "zero"):
         return 0.0
+    partition_copy = training.grad_bytes if config.zero_stage == 1 else 0
     fp32_copy = 0 if training.grad_bytes == 4 else 4
-    return (states or _FULL_ADAM).trainable * (training.grad_bytes + fp32_copy) / config.shard_group
+    return trainable * (partition_copy + training.grad_bytes + fp32_copy) / config.shard_group
+
+
+BF16_REDUCE_COPY_BYTES = 2
+"""Bytes per trainable parameter of the bf16 copy DeepSpeed's pipeline engine makes to all-reduce the BF16_Optimizer's
+fp32 gradients (pipe/engine.py `_bf16_reduce_grads` -> engine.py `buffered_allreduce_fallback`, `allreduce_bucket`:
+`tensor.to(self.communication_data_type)`, bf16 when the config names none and ZeRO stage is 0, as
+tr11-176B-ml.slurm's ds_config does; v0.6.2 and the bigscience branch before it). Each parameter group's flat fp32
+gradient is one tensor larger than the 5e8-element bucket, so the bucket is the whole group and the copy one flat
+block: a segment of its own (`step_segment_bytes`)."""
 
 
 def framework_buffer_bytes(model: ModelSpec, training: Training, config: ParallelConfig,
@@ -580,7 +598,8 @@ def framework_buffer_bytes(model: ModelSpec, training: Training, config: Paralle
     """Buffers the data-parallel engine allocates besides the model states: ZeRO-3 / FSDP's gathered
     units (`ZERO3_GATHERED_UNITS` of the largest unit's weights plus its unsharded gradient
     before the reduce-scatter), DeepSpeed ZeRO-1/2's gradient bucket (at most the rank's gradients; not under
-    the BF16_Optimizer, which all-reduces its flat fp32 gradient buffer in place: pipe/engine.py `_bf16_reduce_grads`);
+    the BF16_Optimizer, whose reduction after the flush copies its flat fp32 gradients to bf16 instead:
+    `BF16_REDUCE_COPY_BYTES`);
     when fine-tuning, of the weights as stored and the trainable parameters' gradients (`states`, else
     `parameter_states(model, training)`)."""
     states = states or parameter_states(model, training)
