@@ -156,8 +156,11 @@ def _cross_entropy(frame_row: pd.Series, row: _Row) -> str:
 
 
 def _run(file: str, frame_row: pd.Series, row: _Row) -> Run:
+    # B200 rows (torchtitan 6fc499f) ran cuDNN attention, which that torchtitan's per-op SAC save list does not name
+    # (it added every SDPA backend in b39377f9f, 2025-12-01): the attention runs again in backward, output not kept
+    cudnn = row.gpu == "B200"
     training = Training(global_batch=row.global_batch, seq_len=row.seq_len, dtype="fp8" if row.fp8 else "bf16",
-                        attention="flash" if row.gpu == "B200" else "flash2", grad_bytes=4,
+                        attention="flash" if cudnn else "flash2", grad_bytes=4,
                         elementwise="eager" if row.eager else "fused", cross_entropy=_cross_entropy(frame_row, row))
     # torchtitan's execution semantics (planner.frameworks): its TP backward has no async all-reduce hidden behind
     # the wgrad GEMMs, and "selective" is its per-op SAC; async TP pipelines the sequence-parallel collectives.
@@ -175,7 +178,7 @@ def _run(file: str, frame_row: pd.Series, row: _Row) -> Run:
         hsdp_replicas=row.dp_replicate if sharded else 1, sequence_parallel=row.tp > 1,
         zero_stage=3 if sharded else 0, recompute=_recompute(row.checkpointing),
         fp8_param_gather=row.fp8_gather and sharded,
-        tp_comm_overlap=row.async_tp and row.tp > 1))
+        tp_comm_overlap=row.async_tp and row.tp > 1, sac_keeps_attention=not cudnn))
     iteration = training.tokens_per_iteration / (row.tokens_per_s_per_gpu * row.gpus)
     memory = None if row.memory_gib is None else row.memory_gib * GIB
     label = f"row{frame_row['row_id']} {row.model} s{row.seq_len} {row.gpus}x{row.gpu} {config.describe()}"

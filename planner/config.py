@@ -355,6 +355,10 @@ class ParallelConfig:
     # pipeline sends/receives issued ahead and waited on only when the next chunk needs them (`p2p_overlapped`);
     # None takes Megatron-LM's default: on under the interleaved schedule, off otherwise
     overlap_p2p_comm: bool | None = None
+    # torchtitan's per-op SAC keeps the attention kernel's output and log-sum-exp (its save list names the SDPA op
+    # that ran); False where it does not, and the attention runs again in backward: cuDNN attention (first on B200
+    # from pytorch/torchtitan 3b85aa31f, 2025-05-14) until b39377f9f (2025-12-01) added every SDPA backend to the list
+    sac_keeps_attention: bool = True
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batch", "vpp", "cp", "hsdp_replicas", "ep", "etp", "local_queue_depth"):

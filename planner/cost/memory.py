@@ -250,7 +250,8 @@ def block_type_activation_bytes(model: ModelSpec, block: BlockSpec, training: Tr
     which the BF16 router keeps), the routed copies, the second MLP matrix's input; the attention output keeps
     its 16-bit copy for the fused attention backward (unless that is recomputed) and adds the projection's FP8 one.
     Under selective recompute the tensors Megatron-Core's `recompute_modules` discard are not kept
-    (`megatron_saved_tensors`)."""
+    (`megatron_saved_tensors`); under torchtitan's per-op policy the block keeps its input, the kept matrix
+    multiplies' outputs and, where it keeps it (`ParallelConfig.sac_keeps_attention`), the attention output and LSE."""
     seq_len, cp = (block.tokens, 1) if block.tokens is not None else (training.seq_len, config.cp)
     s, b, t, h = seq_len / cp, config.micro_batch, config.tp, block.hidden_size
     sbh, divisor = s * b * h, (t if config.sequence_parallel else 1)
@@ -261,7 +262,7 @@ def block_type_activation_bytes(model: ModelSpec, block: BlockSpec, training: Tr
         a = block.attention
         kept = sum(2 * s * b * (width if row_parallel else width / t)
                    for _, width, row_parallel in op_sac_kept_matmuls(block))
-        attention = s * b * (2 * a.value_width + 4 * a.num_attention_heads) / t
+        attention = s * b * (2 * a.value_width + 4 * a.num_attention_heads) / t if config.sac_keeps_attention else 0.0
         return 2 * sbh / divisor + kept + attention + head
     saved = _saved_input_bytes(training)
     replicated = block.sublayers * (2 * sbh + (sbh if block.dropout else 0))  # each norm's input, dropout masks
