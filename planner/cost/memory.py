@@ -578,11 +578,17 @@ def step_segment_bytes(training: Training, config: ParallelConfig, states: Param
     trainable = (states or _FULL_ADAM).trainable
     if config.deepspeed_optimizer == "bf16":
         return BF16_REDUCE_COPY_BYTES * trainable
-    if not (config.zero_stage in (1, 2) and not config.distributed_optimizer and config.deepspeed_optimizer == "zero"):
+    if not _deepspeed_zero_optimizer(config):
         return 0.0
     partition_copy = training.grad_bytes if config.zero_stage == 1 else 0
     fp32_copy = 0 if training.grad_bytes == 4 else 4
     return trainable * (partition_copy + training.grad_bytes + fp32_copy) / config.shard_group
+
+
+def _deepspeed_zero_optimizer(config: ParallelConfig) -> bool:
+    """Whether DeepSpeed's ZeRO-1/2 optimizer (stage_1_and_2.py) shards the configuration's optimizer states, rather
+    than Megatron-LM's distributed optimizer or DeepSpeed's BF16_Optimizer."""
+    return config.zero_stage in (1, 2) and not config.distributed_optimizer and config.deepspeed_optimizer == "zero"
 
 
 BF16_REDUCE_COPY_BYTES = 2
@@ -610,8 +616,7 @@ def framework_buffer_bytes(model: ModelSpec, training: Training, config: Paralle
         unit = _parameter_counts(model)[1] / config.tp
         per_param = ZERO3_GATHERED_UNITS * states.weight_bytes + states.trainable * training.grad_bytes
         return (("gathered_units", unit * per_param),)
-    if (config.zero_stage in (1, 2) and not config.distributed_optimizer and config.deepspeed_optimizer == "zero"
-            and config.replicas > 1):
+    if _deepspeed_zero_optimizer(config) and config.replicas > 1:
         elements = min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, _parameter_counts(model)[0] * states.trainable / config.tp)
         return (("gradient_bucket", elements * training.grad_bytes),)
     return ()
