@@ -62,9 +62,8 @@ def outcomes(runs: Sequence[Run], calibration: Calibration) -> tuple[Outcome, ..
     out = []
     for run in runs:
         result = predict(run, calibration)
-        memory = result.peak_memory_bytes / run.memory_bytes - 1 if run.memory_bytes else None
-        out.append(Outcome(run, result.iteration_time_s, result.iteration_time_s / run.iteration_s - 1, memory,
-                           result.fits, result.peak_memory_bytes))
+        out.append(Outcome(run, result.iteration_time_s, result.iteration_time_s / run.iteration_s - 1,
+                           run.memory_error(result), result.fits, result.peak_memory_bytes))
     return tuple(out)
 
 

@@ -110,7 +110,7 @@ def objective(calibration: Calibration, bloom: tuple[Run, ...], h100: tuple[Run,
 
 def memory_objective(calibration: Calibration, runs: tuple[Run, ...]) -> float:
     """Mean absolute relative error of the peak memory per GPU over runs that report one."""
-    errors = [predict(run, calibration).peak_memory_bytes / run.memory_bytes - 1 for run in runs if run.memory_bytes]
+    errors = [run.memory_error(predict(run, calibration)) for run in runs if run.memory_bytes]
     return sum(abs(e) for e in errors) / len(errors)
 
 

@@ -284,8 +284,10 @@ def _run(row: pd.Series) -> Run:
     unit = GIB if "GiB" in str(row["peak_memory"]) else 1e9
     model = load_model(_CATALOG[str(row["model"])])
     label = f"{row['row_id']} {row['model']} {row['precision']} {gpus}x{gpu} {config.describe()}"
+    # "peak allocated" rows publish torch.cuda.max_memory_allocated: the allocator's figure (Run.memory_in_allocator)
     return Run(MOE_FILE, label, model, bridge_cluster(gpus, gpu), training, config, iteration,
-               None if memory is None else memory * unit, f"{MOE_FILE} row_id {row['row_id']}")
+               None if memory is None else memory * unit, f"{MOE_FILE} row_id {row['row_id']}",
+               memory_in_allocator="allocated" in str(row["peak_memory"]))
 
 
 def moe_runs(rack_scale: bool = False) -> tuple[tuple[Run, ...], tuple[Skipped, ...], tuple[Run, ...]]:

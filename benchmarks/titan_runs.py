@@ -12,7 +12,9 @@ rows ran torchtitan's eager RMSNorm module, norm_type "rmsnorm" in llama3_8b.tom
 `micro_batch` per DP rank with
 no gradient accumulation, and any float8 / MXFP8 recipe = fp8 GEMMs. "selective" activation
 checkpointing is torchtitan's per-op SAC (`selective_recompute` "op"). The Dec-2024 H100s are 96 GB HBM2e
-parts at 500 W: their capacity is 96 GB here; their lower clocks are not modelled.
+parts at 500 W: their capacity is 96 GB here; their lower clocks are not modelled. The loss runs as the row's
+torchtitan ran it (`_cross_entropy`), and the published memory is torchtitan's "memory: X GiB", PyTorch's
+max_memory_reserved (the files' memory_kind column): the caching allocator's peak, without CUDA context or NCCL buffers.
 Iteration time = global-batch tokens / (tokens/s/GPU × GPUs) (torchtitan divides by cp·tp·pp too).
 """
 
@@ -138,10 +140,29 @@ def _micro_batch(file: str, row: _Row) -> int:
     return row.micro_batch // row.pp if file in _PP_DEGREE_MICROBATCH_FILES else 1
 
 
+# torchtitan commits the rows name that compile the loss when training.compile is set (torchtitan/components/loss.py
+# `build_cross_entropy_loss`, since pytorch/torchtitan bbb1b616e of 2025-04-02): the torchao MI300X and B200 rows of
+# August 2025. Earlier ones run it eagerly: 9dec370 (the Dec-2024 benchmarks) leaves `torch.compile(loss_fn)`
+# commented out ("compiling loss function causes CUDA errors"), the 2024 docs predate it, and torchao's H100 rows ran
+# torchtitan 0.0.2 on a PyTorch 2.7.0a0 nightly, a main-branch build from before the 2.7 branch cut (March 2025).
+# With TP the loss runs under DTensor's loss_parallel: the same eager ops, each rank over its vocabulary shard.
+_COMPILED_LOSS_COMMITS = ("2c8b5947991239913d67e2f7d22a255c3e2a9694", "6fc499f6f5b32151a799188be2208cfb09faed30")
+
+
+def _cross_entropy(frame_row: pd.Series, row: _Row) -> str:
+    """How the row's torchtitan ran its loss (Training.cross_entropy)."""
+    version = str(frame_row["framework_version"])
+    compiled = not row.eager and any(commit in version for commit in _COMPILED_LOSS_COMMITS)
+    return "compiled" if compiled else "eager"
+
+
 def _run(file: str, frame_row: pd.Series, row: _Row) -> Run:
+    # B200 rows (torchtitan 6fc499f) ran cuDNN attention, which that torchtitan's per-op SAC save list does not name
+    # (it added every SDPA backend in b39377f9f, 2025-12-01): the attention runs again in backward, output not kept
+    cudnn = row.gpu == "B200"
     training = Training(global_batch=row.global_batch, seq_len=row.seq_len, dtype="fp8" if row.fp8 else "bf16",
-                        attention="flash" if row.gpu == "B200" else "flash2", grad_bytes=4,
-                        elementwise="eager" if row.eager else "fused")
+                        attention="flash" if cudnn else "flash2", grad_bytes=4,
+                        elementwise="eager" if row.eager else "fused", cross_entropy=_cross_entropy(frame_row, row))
     # torchtitan's execution semantics (planner.frameworks): its TP backward has no async all-reduce hidden behind
     # the wgrad GEMMs, and "selective" is its per-op SAC; async TP pipelines the sequence-parallel collectives.
     # With PP the row's micro_batch is torchtitan's local batch, split into pipeline micro-batches as the
@@ -158,12 +179,12 @@ def _run(file: str, frame_row: pd.Series, row: _Row) -> Run:
         hsdp_replicas=row.dp_replicate if sharded else 1, sequence_parallel=row.tp > 1,
         zero_stage=3 if sharded else 0, recompute=_recompute(row.checkpointing),
         fp8_param_gather=row.fp8_gather and sharded,
-        tp_comm_overlap=row.async_tp and row.tp > 1))
+        tp_comm_overlap=row.async_tp and row.tp > 1, sac_keeps_attention=not cudnn))
     iteration = training.tokens_per_iteration / (row.tokens_per_s_per_gpu * row.gpus)
     memory = None if row.memory_gib is None else row.memory_gib * GIB
     label = f"row{frame_row['row_id']} {row.model} s{row.seq_len} {row.gpus}x{row.gpu} {config.describe()}"
     return Run(file, label, load_model(_catalog_name(row.model) or ""), _cluster(row, str(frame_row["hardware"])),
-               training, config, iteration, memory, f"{file} row_id {frame_row['row_id']}")
+               training, config, iteration, memory, f"{file} row_id {frame_row['row_id']}", memory_in_allocator=True)
 
 
 def titan_runs(file: str) -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:

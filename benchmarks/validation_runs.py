@@ -22,7 +22,10 @@ row does not state is a documented fact about the framework or the run family, w
   benchmarks/calibrate.py on fit-half rows only).
   "Fully known" rows state hidden size, layers, heads, tp, pp, micro-batch, global batch and sec/it
   (dp from the GPU count where blank), and their `dims_note` records no conflict between the
-  table and the text.
+  table and the text. The `mem` column is nvidia-smi's reading on the first (last) nodes, those with the
+  word embeddings ("Mem = max memory used by the first (last) nodes with the word embedding matrix",
+  chronicles-prequel.md): the whole device, including the CUDA context as the chronicles measured it on that
+  stack (`JEAN_ZAY_CUDA_CONTEXT_BYTES`).
 * NeMo 24.07 / Megatron-Bridge 25.11 H100 FP8 runs: FlashAttention (cuDNN fused attention), the
   distributed optimizer with overlapped gradient reduce and parameter gather, sequence parallelism
   whenever tp > 1, no activation recompute, interleaved 1F1B when vp > 1. Iteration time =
@@ -56,6 +59,7 @@ from benchmarks.bridge_systems import BRIDGE_DTYPES, bridge_cluster, bridge_gpu
 from planner.cluster import Cluster, load_cluster
 from planner.config import ParallelConfig, Recompute, Schedule, Training, deepspeed_zero3_collectives
 from planner.cost.estimate import Estimate, estimate, model_flops_per_iteration
+from planner.cost.memory import STACK_BYTES_PER_SM
 from planner.cost.time import unit_costs
 from planner.gpu import GIB
 from planner.model import ModelSpec, UnitKind, load_model
@@ -68,6 +72,7 @@ __all__ = [
     "BLOOM_FILE",
     "BRIDGE_PERF_GRAD_BYTES",
     "JEAN_ZAY_BEFORE_FIX",
+    "JEAN_ZAY_CUDA_CONTEXT_BYTES",
     "LayerRow",
     "Run",
     "Skipped",
@@ -102,11 +107,20 @@ BLOOM_SEQ_LEN = 2048
 # cluster state of the BLOOM rows logged before Jean Zay's PCIe/NUMA fix (key in calibration.yaml)
 JEAN_ZAY_BEFORE_FIX = "jean-zay-a100-48 before the PCIe/NUMA fix"
 BLOOM_VOCAB = 250880
+JEAN_ZAY_CUDA_CONTEXT_BYTES = 1573 * 2**20
+"""The CUDA context on Jean Zay's A100s under the BLOOM runs' software, as the chronicles measured it
+(bigscience-workshop/bigscience train/tr11-176B-ml/chronicles-prequel.md: `torch.ones(1).cuda()`, then nvidia-smi:
+"40GB A100 takes 1573MiB for cuda kernels"): PyTorch 1.x on CUDA 11 loaded every kernel image when the context was
+created, before CUDA 11.7's lazy module loading (CUDA_MODULE_LOADING=LAZY, PyTorch's default since 2.x) that the
+calibration's cuda_context_bytes assumes. The figure includes the thread-stack reserve."""
 
 
 @dataclass(frozen=True)
 class Run:
-    """One published run: planner inputs plus the published iteration time and memory."""
+    """One published run: planner inputs plus the published iteration time and memory. `memory_in_allocator`: the
+    published memory is PyTorch's caching allocator's peak (max_memory_reserved or max_memory_allocated), which leaves
+    out the CUDA context and NCCL buffers; otherwise it is the device's (nvidia-smi), which counts them. Both are
+    high-water marks, so both count the segments the optimizer step maps after the peak (`step_segment_bytes`)."""
 
     file: str
     label: str
@@ -117,6 +131,16 @@ class Run:
     iteration_s: float
     memory_bytes: float | None
     source: str
+    memory_in_allocator: bool = False
+    cuda_context_bytes: float | None = None  # the CUDA context measured on the run's stack (stack reserve included)
+
+    def memory_error(self, result: Estimate) -> float | None:
+        """Predicted over published peak memory − 1, the prediction counted as the publication counts (None: the
+        run publishes none)."""
+        if not self.memory_bytes:
+            return None
+        predicted = result.peak_reserved_bytes if self.memory_in_allocator else result.peak_device_bytes
+        return predicted / self.memory_bytes - 1
 
 
 @dataclass(frozen=True)
@@ -201,7 +225,8 @@ def _bloom_row(row: pd.Series, cluster: Cluster) -> Run | None:
     label = (f"L{row['source_line']} h{model.hidden_size} l{model.num_layers} a{model.num_attention_heads} "
              f"{config.describe()} gbs{training.global_batch}")
     return Run(BLOOM_FILE, label, model, cluster, training, config, float(values["sec/it"]),
-               _memory_bytes(row["mem"]), f"{BLOOM_FILE} source_line {row['source_line']}")
+               _memory_bytes(row["mem"]), f"{BLOOM_FILE} source_line {row['source_line']}",
+               cuda_context_bytes=JEAN_ZAY_CUDA_CONTEXT_BYTES)
 
 
 @cache
@@ -472,6 +497,11 @@ def korthikanti_layer_rows() -> tuple[LayerRow, ...]:
 
 # ---- predictions: the code path a user's `planner estimate` takes ---------------------------------
 def predict(run: Run, calibration: Calibration) -> Estimate:
+    """`estimate` of the run, with its own measured CUDA context where it has one (a calibration file's
+    cuda_context_bytes is what a user would set: the context less the GPU's thread-stack reserve)."""
+    if run.cuda_context_bytes is not None:
+        stack = run.cluster.nodes[0].gpu.sm_count * STACK_BYTES_PER_SM
+        calibration = calibration.updated(cuda_context_bytes=run.cuda_context_bytes - stack)
     return estimate(run.model, run.cluster, run.training, run.config, calibration=calibration)
 
 

@@ -18,6 +18,7 @@ from planner.errors import PlannerError
 
 __all__ = [
     "CP_COMMS",
+    "CROSS_ENTROPY_KERNELS",
     "DEEPSPEED_OPTIMIZERS",
     "DEEPSPEED_PER_UNIT_ZERO3",
     "DEFAULT_LOCAL_QUEUE_DEPTH",
@@ -96,6 +97,11 @@ ATTENTION_KERNELS = ("flash", "flash2", "unfused")
 # Transformer Engine / apex kernels, torch.compile's); "eager", eager PyTorch's op-by-op kernels as torchtitan's Llama
 # code runs without torch.compile (RMSNorm and RoPE through fp32 copies, SiLU and the gate product apart).
 ELEMENTWISE_MODES = ("fused", "eager")
+# How the loss runs over the logits (planner/cost/memory.py `LOSS_BYTES_PER_LOGIT` holds what each keeps): "fused",
+# Megatron-LM's vocab-parallel cross-entropy, in place on one fp32 copy; "eager", PyTorch's F.cross_entropy on an fp32
+# copy op by op (torchtitan before it compiled its loss, pytorch/torchtitan bbb1b616e of 2025-04-02, and since
+# whenever it runs without torch.compile); "compiled", that loss under torch.compile (one fused kernel each way).
+CROSS_ENTROPY_KERNELS = ("fused", "eager", "compiled")
 # What trains: every parameter ("full", pre-training's accounting), or low-rank adapters on frozen 16-bit ("lora",
 # Hu et al. 2021) or 4-bit NF4 ("qlora", Dettmers et al. 2023) base weights (planner/finetune.py owns the rules).
 FINETUNE_MODES = ("full", "lora", "qlora")
@@ -154,6 +160,8 @@ class Training:
     work halved; the GPU's native kernel or FlashAttention-2's) or "unfused" (softmax/dropout materialised, as in
     Megatron-LM runs before FlashAttention).
     `elementwise` (ELEMENTWISE_MODES) is how the norms, RoPE and activation run: fused kernels or eager PyTorch's.
+    `cross_entropy` (CROSS_ENTROPY_KERNELS) is how the loss over the logits runs: Megatron-LM's fused kernel, eager
+    PyTorch's or torch.compile's; it sets what the loss holds in memory.
     `grad_bytes` is the per-parameter gradient size: 4 when gradients accumulate in fp32
     (Megatron-LM's default for bf16 and fp8), 2 when they stay 16-bit (its fp16 optimizer);
     None takes that dtype's default.
@@ -177,6 +185,7 @@ class Training:
     lora_targets: str | None = None
     optimizer_states: str = "fp32"
     elementwise: str = "fused"
+    cross_entropy: str = "fused"
 
     def __post_init__(self) -> None:
         if self.grad_bytes is None:
@@ -193,6 +202,9 @@ class Training:
         if self.elementwise not in ELEMENTWISE_MODES:
             raise PlannerError(f"training: elementwise must be one of {', '.join(ELEMENTWISE_MODES)}, "
                                f"got {self.elementwise!r}")
+        if self.cross_entropy not in CROSS_ENTROPY_KERNELS:
+            raise PlannerError(f"training: cross_entropy must be one of {', '.join(CROSS_ENTROPY_KERNELS)}, "
+                               f"got {self.cross_entropy!r}")
         if self.grad_bytes not in (2, 4):
             raise PlannerError(f"training: grad_bytes must be 2 or 4, got {self.grad_bytes!r}")
         for name in ("moe_load_imbalance", "moe_capacity_factor"):
@@ -343,6 +355,10 @@ class ParallelConfig:
     # pipeline sends/receives issued ahead and waited on only when the next chunk needs them (`p2p_overlapped`);
     # None takes Megatron-LM's default: on under the interleaved schedule, off otherwise
     overlap_p2p_comm: bool | None = None
+    # torchtitan's per-op SAC keeps the attention kernel's output and log-sum-exp (its save list names the SDPA op
+    # that ran); False where it does not, and the attention runs again in backward: cuDNN attention (first on B200
+    # from pytorch/torchtitan 3b85aa31f, 2025-05-14) until b39377f9f (2025-12-01) added every SDPA backend to the list
+    sac_keeps_attention: bool = True
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batch", "vpp", "cp", "hsdp_replicas", "ep", "etp", "local_queue_depth"):

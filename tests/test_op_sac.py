@@ -57,6 +57,23 @@ def test_recompute_repeats_all_but_the_attention_kernel_and_the_kept_matmuls():
     assert recompute_working_bytes(MODEL, TRAINING, replace(OP, selective_recompute="attention")) == 0
 
 
+def test_attention_missing_from_the_save_list_runs_again():
+    """cuDNN attention under torchtitan 3b85aa31f..b39377f9f: the save list does not name its op, so per-op SAC keeps
+    neither its output nor its log-sum-exp, and the backward runs the attention kernel again."""
+    gpu = lookup_gpu("H100-80GB")
+    profile = AnalyticProfile(MODEL, default_calibration())
+    unsaved = replace(OP, sac_keeps_attention=False)
+    costs = {config: unit_costs(MODEL, TRAINING, config, gpu, _nvlink(), profile, default_calibration())[BLOCK]
+             for config in (OP, unsaved)}
+    times = profile.block_times(BLOCK, _setting(), gpu)
+    assert costs[unsaved].recompute_s - costs[OP].recompute_s == pytest.approx(times.attention_core_forward_s)
+    attention = 8192 * 2 * (2 * 4096 + 4 * 32)  # output (16-bit) and fp32 LSE per head, per token
+    assert block_type_activation_bytes(MODEL, BLOCK, TRAINING, OP) - block_type_activation_bytes(
+        MODEL, BLOCK, TRAINING, unsaved) == pytest.approx(attention)
+    assert recompute_working_bytes(MODEL, TRAINING, unsaved) - recompute_working_bytes(
+        MODEL, TRAINING, OP) == pytest.approx(attention)
+
+
 def test_torchtitan_runs_selective_as_per_op_sac_and_megatron_does_not():
     assert FRAMEWORKS["torchtitan"].runs(replace(OP, selective_recompute="attention")).selective_recompute == "op"
     assert FRAMEWORKS["megatron"].runs(OP).selective_recompute == "attention"

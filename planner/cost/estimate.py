@@ -78,6 +78,16 @@ class Estimate:
         return max(stage.memory.total for stage in self.stages)
 
     @property
+    def peak_device_bytes(self) -> float:
+        """The largest rank's `MemoryBreakdown.device_peak`: the high-water mark as nvidia-smi shows it."""
+        return max(stage.memory.device_peak for stage in self.stages)
+
+    @property
+    def peak_reserved_bytes(self) -> float:
+        """The largest rank's `MemoryBreakdown.reserved`: the peak as torch.cuda.max_memory_reserved reports it."""
+        return max(stage.memory.reserved for stage in self.stages)
+
+    @property
     def fits(self) -> bool:
         return all(stage.memory.fits for stage in self.stages)
 

@@ -20,6 +20,9 @@ from planner.model import BlockSpec, ModelSpec, UnitKind
 from planner.profile.calibration import Calibration
 
 __all__ = [
+    "BF16_REDUCE_COPY_BYTES",
+    "LOSS_BYTES_PER_LOGIT",
+    "LossBytes",
     "MemoryBreakdown",
     "ModelStateBytes",
     "RankMemoryModel",
@@ -31,6 +34,7 @@ __all__ = [
     "framework_buffer_bytes",
     "in_flight_microbatches",
     "largest_transient_bytes",
+    "logit_elements",
     "megatron_saved_tensors",
     "mlp_tensors",
     "model_state_bytes",
@@ -44,6 +48,7 @@ __all__ = [
     "recompute_module_bytes",
     "recompute_working_bytes",
     "sharded_state_bytes",
+    "step_segment_bytes",
 ]
 
 
@@ -166,9 +171,43 @@ def activation_bytes(
         )
     if kind is UnitKind.EMBEDDING:
         return (sbh if model.dropout else 0) / divisor  # embedding-output dropout mask
-    # head: final-norm input, output-layer input (2 bytes each), fp32 logits for the loss, over the tokens it reads
+    # head: final-norm input, output-layer input (2 bytes each), what the loss keeps of the logits, over the tokens
+    # it reads
     read = model.head_tokens(s) * b * model.hidden_size
-    return (2 * read) / divisor + 2 * read / t + 4 * model.head_tokens(s) * b * model.vocab_size / t
+    return (2 * read) / divisor + 2 * read / t + LOSS_BYTES_PER_LOGIT[training.cross_entropy].kept * logit_elements(
+        model, training, config)
+
+
+@dataclass(frozen=True)
+class LossBytes:
+    """Bytes per logit (one token's score for one vocabulary entry on this rank) the loss keeps for its backward,
+    and the most it holds besides at one time (forward or backward)."""
+
+    kept: int
+    transient: int
+
+
+LOSS_BYTES_PER_LOGIT = {
+    "fused": LossBytes(kept=4, transient=2),
+    "eager": LossBytes(kept=4, transient=8),
+    "compiled": LossBytes(kept=2, transient=2),
+}
+"""What the loss holds per logit, by `Training.cross_entropy`. "fused": Megatron-LM's vocab-parallel cross-entropy
+(megatron/core/tensor_parallel/cross_entropy.py) casts the logits to fp32, turns that copy into the softmax in place
+(`torch.exp(out=)`, `div_`) and saves it (4 bytes); its backward writes the gradient into the saved softmax; the
+16-bit logits (2) are alive next to the fp32 copy. "eager": PyTorch's `F.cross_entropy(logits.float())`
+(torchtitan's loss_fn, train.py @9dec370) is log_softmax then nll_loss: log_softmax saves its fp32 output (4;
+tools/autograd/derivatives.yaml, `_log_softmax_backward_data(grad, result, ...)`), and the backward holds besides
+nll_loss's dense fp32 gradient and log_softmax's fp32 gradient at once (8; the forward's 16-bit logits and fp32 copy,
+6, are less). torchtitan measured what this costs: chunking that loss 8 ways cut Llama-3-8B's peak by 7.3 GiB
+(pytorch/torchtitan e23bb707d, #996). "compiled": torch.compile fuses the cast, log-softmax and NLL into reductions
+over the 16-bit logits, which it saves (2; the per-token log-sum-exp is negligible), and its backward writes the
+16-bit gradient (2) in one kernel."""
+
+
+def logit_elements(model: ModelSpec, training: Training, config: ParallelConfig) -> float:
+    """Logits per micro-batch on one TP and CP rank: the tokens the head reads times its vocabulary shard."""
+    return model.head_tokens(training.seq_len / config.cp) * config.micro_batch * model.vocab_size / config.tp
 
 
 def op_sac_applies(block: BlockSpec, config: ParallelConfig) -> bool:
@@ -211,7 +250,8 @@ def block_type_activation_bytes(model: ModelSpec, block: BlockSpec, training: Tr
     which the BF16 router keeps), the routed copies, the second MLP matrix's input; the attention output keeps
     its 16-bit copy for the fused attention backward (unless that is recomputed) and adds the projection's FP8 one.
     Under selective recompute the tensors Megatron-Core's `recompute_modules` discard are not kept
-    (`megatron_saved_tensors`)."""
+    (`megatron_saved_tensors`); under torchtitan's per-op policy the block keeps its input, the kept matrix
+    multiplies' outputs and, where it keeps it (`ParallelConfig.sac_keeps_attention`), the attention output and LSE."""
     seq_len, cp = (block.tokens, 1) if block.tokens is not None else (training.seq_len, config.cp)
     s, b, t, h = seq_len / cp, config.micro_batch, config.tp, block.hidden_size
     sbh, divisor = s * b * h, (t if config.sequence_parallel else 1)
@@ -222,7 +262,7 @@ def block_type_activation_bytes(model: ModelSpec, block: BlockSpec, training: Tr
         a = block.attention
         kept = sum(2 * s * b * (width if row_parallel else width / t)
                    for _, width, row_parallel in op_sac_kept_matmuls(block))
-        attention = s * b * (2 * a.value_width + 4 * a.num_attention_heads) / t
+        attention = s * b * (2 * a.value_width + 4 * a.num_attention_heads) / t if config.sac_keeps_attention else 0.0
         return 2 * sbh / divisor + kept + attention + head
     saved = _saved_input_bytes(training)
     replicated = block.sublayers * (2 * sbh + (sbh if block.dropout else 0))  # each norm's input, dropout masks
@@ -405,10 +445,23 @@ class MemoryBreakdown:
     capacity: float
     other_detail: dict[str, float] = field(default_factory=dict)
     frozen_weights: float = 0.0  # the frozen base weights inside `weights` (fine-tuning); the rest train
+    outside_allocator: float = 0.0  # the part of `other` PyTorch's caching allocator does not hand out
+    step_segments: float = 0.0  # segments the optimizer step maps after the peak (`step_segment_bytes`), not in total
 
     @property
     def total(self) -> float:
         return self.weights + self.gradients + self.optimizer + self.activations + self.other
+
+    @property
+    def device_peak(self) -> float:
+        """What nvidia-smi shows at the high-water mark: the total and the segments the optimizer step mapped on top."""
+        return self.total + self.step_segments
+
+    @property
+    def reserved(self) -> float:
+        """What the caching allocator holds at its high-water mark, `torch.cuda.max_memory_reserved()`'s figure
+        (torchtitan logs it as "memory: X GiB"): the device's less the CUDA context and NCCL buffers."""
+        return self.device_peak - self.outside_allocator
 
     @property
     def fits(self) -> bool:
@@ -441,6 +494,7 @@ class RankMemoryModel:
     buffers: tuple[tuple[str, float], ...]
     runtime: tuple[tuple[str, float], ...]
     fragmentation: float
+    step_segments: float = 0.0  # per parameter (`step_segment_bytes`): the reserved high-water's, not the total's
 
     @property
     def param_bytes(self) -> float:
@@ -468,7 +522,8 @@ class RankMemoryModel:
         detail["allocator_fragmentation"] = self.fragmentation * (held + sum(value for _, value in self.buffers))
         return MemoryBreakdown(self.states.weights * params, self.states.gradients * params,
                                self.states.optimizer * params, held, sum(detail.values()), capacity, detail,
-                               self.states.frozen_weights * params)
+                               self.states.frozen_weights * params, sum(value for _, value in self.runtime),
+                               self.step_segments * params)
 
 
 def nccl_communicators(model: ModelSpec, config: ParallelConfig, pp_rank: int) -> int:
@@ -484,17 +539,18 @@ def nccl_communicators(model: ModelSpec, config: ParallelConfig, pp_rank: int) -
 
 
 def largest_transient_bytes(model: ModelSpec, training: Training, config: ParallelConfig, pp_rank: int) -> float:
-    """The largest short-lived tensor beyond the stored activations (the loss and a block's attention
-    backward do not overlap): on the rank with the head, the 16-bit logits alive next to their fp32 copy
-    (Megatron-LM's vocab-parallel cross-entropy casts the logits to fp32; the fp32 ones are counted as
-    activations); in a block, the gradient of the attention scores (unfused) or FlashAttention's fp32
-    dQ accumulator. Under local learning every rank has a loss (its auxiliary head's)."""
+    """The largest short-lived tensors beyond the stored activations (the loss and a block's attention
+    backward do not overlap): on the rank with the head, what the loss holds besides what it keeps
+    (`LOSS_BYTES_PER_LOGIT`: for Megatron-LM's fused kernel the 16-bit logits next to their fp32 copy; for eager
+    PyTorch's the two fp32 gradients of its backward); in a block, the gradient of the attention scores (unfused)
+    or FlashAttention's fp32 dQ accumulator. Under local learning every rank has a loss (its auxiliary head's)."""
     s, b, t = training.seq_len / config.cp, config.micro_batch, config.tp
     heads = max(model.num_attention_heads / t, 1.0)
     per_token = 2 * heads * training.seq_len if training.attention == "unfused" else 4 * heads * model.head_dim
     attention = per_token * s * b
     has_loss = pp_rank == config.stage_ranks[-1] or schedule_of(config.schedule).local_losses
-    loss = 2 * model.head_tokens(s) * b * model.vocab_size / t if has_loss else 0.0
+    loss = (LOSS_BYTES_PER_LOGIT[training.cross_entropy].transient * logit_elements(model, training, config)
+            if has_loss else 0.0)
     return max(loss, attention)
 
 
@@ -504,12 +560,53 @@ def _parameter_counts(model: ModelSpec) -> tuple[int, int]:
     return model.num_parameters, max(unit.num_parameters for unit in model.units())
 
 
+def step_segment_bytes(training: Training, config: ParallelConfig, states: ParameterStates | None = None) -> float:
+    """Bytes per parameter the optimizer step allocates in caching-allocator segments of its own, after the backward's
+    peak. DeepSpeed's ZeRO-1/2 optimizer (deepspeed/runtime/zero/stage_1_and_2.py, v0.6.0): under ZeRO-1 the
+    reduction after the flush first copies the rank's partition of the gradients into one contiguous buffer
+    (`copy_grads_in_partition`, `grads_in_partition`: `grad_bytes` per trainable parameter over the shard group;
+    contiguous_gradients is on by default; under ZeRO-2 that buffer is the sharded gradients, already counted), which
+    `averaged_gradients` keeps through the step; `step` flattens it again (`self.flatten(self.averaged_gradients[i])`,
+    `grad_bytes` more) and copies that to fp32 (`.to(fp32)`, 4 more unless already fp32) for the update. Each is one
+    block larger than any tensor the backward freed (true of the BLOOM runs: 0.5-0.7 G-parameter partitions against a
+    0.45 G-parameter largest tensor), so PyTorch 1.x's caching allocator, without expandable segments, maps new
+    segments while the pipeline's stay cached: the reserved high-water (max_memory_reserved, nvidia-smi) counts them
+    on top of the backward's peak. They are not in what must fit: the step runs after the activations are freed, and
+    a failed cudaMalloc empties the cache and retries. Its per-tensor temporaries (the fp32 overflow check, the fp64
+    norm of each gradient) are one tensor at a time and not counted. DeepSpeed's BF16_Optimizer reduces after the
+    flush too (`BF16_REDUCE_COPY_BYTES`)."""
+    trainable = (states or _FULL_ADAM).trainable
+    if config.deepspeed_optimizer == "bf16":
+        return BF16_REDUCE_COPY_BYTES * trainable
+    if not _deepspeed_zero_optimizer(config):
+        return 0.0
+    partition_copy = training.grad_bytes if config.zero_stage == 1 else 0
+    fp32_copy = 0 if training.grad_bytes == 4 else 4
+    return trainable * (partition_copy + training.grad_bytes + fp32_copy) / config.shard_group
+
+
+def _deepspeed_zero_optimizer(config: ParallelConfig) -> bool:
+    """Whether DeepSpeed's ZeRO-1/2 optimizer (stage_1_and_2.py) shards the configuration's optimizer states, rather
+    than Megatron-LM's distributed optimizer or DeepSpeed's BF16_Optimizer."""
+    return config.zero_stage in (1, 2) and not config.distributed_optimizer and config.deepspeed_optimizer == "zero"
+
+
+BF16_REDUCE_COPY_BYTES = 2
+"""Bytes per trainable parameter of the bf16 copy DeepSpeed's pipeline engine makes to all-reduce the BF16_Optimizer's
+fp32 gradients (pipe/engine.py `_bf16_reduce_grads` -> engine.py `buffered_allreduce_fallback`, `allreduce_bucket`:
+`tensor.to(self.communication_data_type)`, bf16 when the config names none and ZeRO stage is 0, as
+tr11-176B-ml.slurm's ds_config does; v0.6.2 and the bigscience branch before it). Each parameter group's flat fp32
+gradient is one tensor larger than the 5e8-element bucket, so the bucket is the whole group and the copy one flat
+block: a segment of its own (`step_segment_bytes`)."""
+
+
 def framework_buffer_bytes(model: ModelSpec, training: Training, config: ParallelConfig,
                            states: ParameterStates | None = None) -> tuple[tuple[str, float], ...]:
     """Buffers the data-parallel engine allocates besides the model states: ZeRO-3 / FSDP's gathered
     units (`ZERO3_GATHERED_UNITS` of the largest unit's weights plus its unsharded gradient
     before the reduce-scatter), DeepSpeed ZeRO-1/2's gradient bucket (at most the rank's gradients; not under
-    the BF16_Optimizer, which all-reduces its flat fp32 gradient buffer in place: pipe/engine.py `_bf16_reduce_grads`);
+    the BF16_Optimizer, whose reduction after the flush copies its flat fp32 gradients to bf16 instead:
+    `BF16_REDUCE_COPY_BYTES`);
     when fine-tuning, of the weights as stored and the trainable parameters' gradients (`states`, else
     `parameter_states(model, training)`)."""
     states = states or parameter_states(model, training)
@@ -519,8 +616,7 @@ def framework_buffer_bytes(model: ModelSpec, training: Training, config: Paralle
         unit = _parameter_counts(model)[1] / config.tp
         per_param = ZERO3_GATHERED_UNITS * states.weight_bytes + states.trainable * training.grad_bytes
         return (("gathered_units", unit * per_param),)
-    if (config.zero_stage in (1, 2) and not config.distributed_optimizer and config.deepspeed_optimizer == "zero"
-            and config.replicas > 1):
+    if _deepspeed_zero_optimizer(config) and config.replicas > 1:
         elements = min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, _parameter_counts(model)[0] * states.trainable / config.tp)
         return (("gradient_bucket", elements * training.grad_bytes),)
     return ()
@@ -563,4 +659,5 @@ def rank_memory_model(model: ModelSpec, training: Training, config: ParallelConf
         in_flight=in_flight_microbatches(config, pp_rank, num_microbatches),
         working_bytes=recompute_working_bytes(model, training, config),
         buffers=buffers, runtime=runtime, fragmentation=calibration.allocator_fragmentation,
+        step_segments=step_segment_bytes(training, config, states),
     )

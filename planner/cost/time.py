@@ -243,13 +243,14 @@ def _block_cost(model: ModelSpec, block: BlockSpec, times: UnitTimes, training: 
     if config.recompute is Recompute.FULL:
         recompute, recompute_tp = times.forward_s, tp_forward
     elif op_policy:
-        recompute = _op_sac_recompute_s(block, times)
+        recompute = _op_sac_recompute_s(block, times, config.sac_keeps_attention)
     elif config.recompute is Recompute.SELECTIVE:
         recompute = selective_recompute_s(times, config.selective_modules)
         if "mlp" in config.selective_modules and block.mlp is not None and not block.mlp.is_moe:
             recompute_tp = tp_forward / block.sublayers  # the dense MLP's own collectives, re-run with it
     modules = frozenset(RECOMPUTE_MODULES) if config.recompute is Recompute.FULL else config.selective_modules
-    if "core_attn" in modules and not op_policy:  # attention recomputed, with its KV exchange
+    if ("core_attn" in modules and not op_policy) or (op_policy and not config.sac_keeps_attention):
+        # attention recomputed, with its KV exchange
         cp_backward += cp_forward
     ep_forward = ep_backward = 0.0
     if block.mlp is not None and block.mlp.is_moe:
@@ -296,12 +297,14 @@ def selective_recompute_s(times: UnitTimes, modules: frozenset[str]) -> float:
     return sum(times.attention_core_forward_s if name == "core_attn" else parts.get(name, 0.0) for name in modules)
 
 
-def _op_sac_recompute_s(block: BlockSpec, times: UnitTimes) -> float:
-    """Forward time the per-op policy repeats in the backward: everything but the attention kernel and the kept
-    matrix multiplies (their share of the block's linear time, by FLOPs)."""
+def _op_sac_recompute_s(block: BlockSpec, times: UnitTimes, keeps_attention: bool) -> float:
+    """Forward time the per-op policy repeats in the backward: everything but the kept matrix multiplies (their share
+    of the block's linear time, by FLOPs) and the attention kernel where the policy keeps its output
+    (`ParallelConfig.sac_keeps_attention`)."""
     matmuls = block.separate_matmuls()
     kept = sum(a * b for a, b, _ in op_sac_kept_matmuls(block)) / sum(a * b for a, b, _ in matmuls)
-    return times.forward_s - times.attention_core_forward_s - kept * sum(times.linear_forward_s)
+    attention = times.attention_core_forward_s if keeps_attention else 0.0
+    return times.forward_s - attention - kept * sum(times.linear_forward_s)
 
 
 @cache
