@@ -33,7 +33,9 @@ import numpy as np
 from planner.errors import PlannerError
 
 __all__ = [
+    "JOINT_STATES",
     "SCHEDULES",
+    "JointTypes",
     "PassEvent",
     "PassTimes",
     "PipelineSchedule",
@@ -42,6 +44,8 @@ __all__ = [
     "Schedule",
     "Timeline",
     "costlier_sets",
+    "joint_fits",
+    "least_joint_bottleneck",
     "least_linear",
     "pipeline_time",
     "rank_order",
@@ -105,6 +109,8 @@ class RankTerms:
     costlier: tuple[tuple[tuple[float, ...], int, tuple[float, ...]], ...] = ()
     # the least block forward pass per rank, where a bound adds forward work (None: blocks alike, forward_block_s)
     least_forward_block_s: tuple[float, ...] | None = None
+    # mixed block types: every type's time and bytes on every rank at once (`least_joint_bottleneck`)
+    joint: JointTypes | None = None
 
     @property
     def pp(self) -> int:
@@ -123,6 +129,111 @@ class RankTerms:
         none = (0,) * self.pp
         return ((self.block_s, self.lower, self.most_blocks(), blocks, 0),
                 *((times, none, most, count, blocks - count) for times, count, most in self.costlier))
+
+
+@dataclass(frozen=True)
+class JointTypes:
+    """Mixed block types seen together: `type_times[t][r]` and `type_bytes[t][r]`, a block of type t's time and
+    bytes on rank r, `type_counts[t]` its blocks, `rooms[r]` the bytes rank r holds beside its end units (with
+    the partitioner's float tolerance). The per-type views (`RankTerms.costlier`) cap each type's blocks by its
+    own bytes alone; a rank short of room for one more large block may still hold a small one, and only the
+    blocks of every type at once show whether all of them fit (DeepSeek-V3's 3 dense and 58 MoE blocks)."""
+
+    type_times: tuple[tuple[float, ...], ...]
+    type_bytes: tuple[tuple[float, ...], ...]
+    type_counts: tuple[int, ...]
+    rooms: tuple[float, ...]
+
+
+JOINT_STATES = 4096  # most count vectors of the minor types `least_joint_bottleneck` tracks (else: no bound)
+
+
+def least_joint_bottleneck(fixed_s: Sequence[float], lower: Sequence[int], joint: JointTypes) -> float:
+    """Least bottleneck T — every rank r at most T of work, fixed_s[r] plus its blocks' times — at which integer
+    block counts per type and rank exist that hold every block of every type within each rank's room and give
+    each rank its fewest blocks (`lower`): math.inf when none exists at any T, -math.inf when the minor types'
+    count vectors exceed JOINT_STATES (no bound). A relaxation of every stage split (which blocks a rank holds,
+    not where), so a valid lower bound on the bottleneck of any split that fits; the least T is found by
+    bisection over the loads a rank can have (feasibility only grows with T)."""
+    programme = _JointCounts(fixed_s, lower, joint)
+    if not programme.bounded:
+        return -math.inf
+    if not programme.feasible(math.inf):
+        return math.inf
+    loads = programme.loads()
+    lo, hi = 0, len(loads) - 1  # the largest load is feasible (every rank at its most)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if programme.feasible(loads[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return loads[lo]
+
+
+def joint_fits(lower: Sequence[int], joint: JointTypes) -> bool:
+    """Whether integer block counts per type and rank hold every block of every type within each rank's room
+    (`least_joint_bottleneck` without a time limit); True when the count vectors exceed JOINT_STATES."""
+    programme = _JointCounts((0.0,) * len(lower), lower, joint)
+    return not programme.bounded or programme.feasible(math.inf)
+
+
+class _JointCounts:
+    """The dynamic programme behind `least_joint_bottleneck`: the type with the most blocks is the major one;
+    over the ranks it tracks how many blocks of each minor type are placed and, per such vector, the most major
+    blocks the ranks so far hold."""
+
+    def __init__(self, fixed_s: Sequence[float], lower: Sequence[int], joint: JointTypes) -> None:
+        counts = joint.type_counts
+        self.fixed_s, self.lower, self.joint = fixed_s, lower, joint
+        self.major = max(range(len(counts)), key=lambda t: (counts[t], -t))
+        self.minors = [t for t in range(len(counts)) if t != self.major]
+        self.bounded = math.prod(counts[t] + 1 for t in self.minors) <= JOINT_STATES
+        self.options: list[list[tuple[tuple[int, ...], float, float]]] = []
+        if not self.bounded:
+            return
+        for r in range(len(fixed_s)):  # per rank, the minor count vectors its room holds, with their bytes and time
+            fitting = []
+            for vector in itertools.product(*(range(counts[t] + 1) for t in self.minors)):
+                used = sum(n * joint.type_bytes[t][r] for n, t in zip(vector, self.minors, strict=True))
+                if used <= joint.rooms[r]:
+                    fitting.append((vector, used, sum(n * joint.type_times[t][r]
+                                                      for n, t in zip(vector, self.minors, strict=True))))
+            self.options.append(fitting)
+
+    def most_major(self, r: int, used_bytes: float, used_s: float, bottleneck: float) -> float:
+        """Most major blocks rank r adds beside `used_bytes` and `used_s` of minor ones under `bottleneck`."""
+        joint, major = self.joint, self.major
+        byte, time_ = joint.type_bytes[major][r], joint.type_times[major][r]
+        room = math.inf if byte <= 0 else math.floor((joint.rooms[r] - used_bytes) / byte + 1e-9)
+        slack = bottleneck - self.fixed_s[r] - used_s
+        by_time = ((math.inf if slack >= 0 else -1.0) if time_ <= 0 or slack == math.inf
+                   else math.floor(slack / time_ + 1e-9))
+        return min(room, by_time, joint.type_counts[major])
+
+    def feasible(self, bottleneck: float) -> bool:
+        """Whether counts exist with every rank's load at most `bottleneck`."""
+        counts = self.joint.type_counts
+        best = {(0,) * len(self.minors): 0.0}
+        for r, options in enumerate(self.options):
+            step: dict[tuple[int, ...], float] = {}
+            for placed, held in best.items():
+                for vector, used_bytes, used_s in options:
+                    total = tuple(p + n for p, n in zip(placed, vector, strict=True))
+                    if any(n > counts[t] for n, t in zip(total, self.minors, strict=True)):
+                        continue
+                    most = self.most_major(r, used_bytes, used_s, bottleneck)
+                    if most >= 0 and most + sum(vector) >= self.lower[r] and step.get(total, -1.0) < held + most:
+                        step[total] = held + most
+            best = step
+        return best.get(tuple(counts[t] for t in self.minors), -1.0) >= counts[self.major]
+
+    def loads(self) -> list[float]:
+        """Every load a rank can have within its room, sorted: the least bottleneck is one of them."""
+        time_ = self.joint.type_times[self.major]
+        return sorted({self.fixed_s[r] + used_s + k * time_[r]
+                       for r, options in enumerate(self.options) for _, used_bytes, used_s in options
+                       for k in range(int(self.most_major(r, used_bytes, used_s, math.inf)) + 1)})
 
 
 def costlier_sets(type_times: Sequence[Sequence[float]], type_counts: Sequence[int],
@@ -949,6 +1060,16 @@ def least_linear(fixed_s: Sequence[float], terms: RankTerms, blocks: int, a: flo
         best = max(best, a * max(loads) + b * (sum(loads) + left_out * cheapest))
         if counts is None:
             counts = relaxed[1]
+    joint = terms.joint
+    bottleneck = -math.inf if joint is None else least_joint_bottleneck(fixed_s, terms.lower, joint)
+    if bottleneck == math.inf:
+        return math.inf, None
+    if joint is not None and bottleneck > -math.inf:
+        # every type at once: the bottleneck of their joint counts, beside the least sum (each block at its
+        # type's cheapest rank): max R ≥ T* and Σ R ≥ that sum hold for every split that fits
+        least_sum = sum(fixed_s) + sum(count * min(times) for times, count in zip(joint.type_times, joint.type_counts,
+                                                                                   strict=True))
+        best = max(best, a * bottleneck + b * least_sum)
     return best, counts
 
 
