@@ -148,19 +148,21 @@ class JointTypes:
 JOINT_STATES = 4096  # most count vectors of the minor types `least_joint_bottleneck` tracks (else: no bound)
 
 
-def least_joint_bottleneck(fixed_s: Sequence[float], lower: Sequence[int], joint: JointTypes) -> float:
+def least_joint_bottleneck(fixed_s: Sequence[float], lower: Sequence[int], joint: JointTypes,
+                           at_least: float = -math.inf) -> float:
     """Least bottleneck T — every rank r at most T of work, fixed_s[r] plus its blocks' times — at which integer
     block counts per type and rank exist that hold every block of every type within each rank's room and give
-    each rank its fewest blocks (`lower`): math.inf when none exists at any T, -math.inf when the minor types'
-    count vectors exceed JOINT_STATES (no bound). A relaxation of every stage split (which blocks a rank holds,
-    not where), so a valid lower bound on the bottleneck of any split that fits; the least T is found by
-    bisection over the loads a rank can have (feasibility only grows with T)."""
+    each rank its fewest blocks (`lower`): math.inf when none exists at any T; -math.inf when T ≤ `at_least` (a
+    bound the caller has: one check settles most layouts) or when the minor types' count vectors exceed
+    JOINT_STATES (no bound). A relaxation of every stage split (which blocks a rank holds, not where), so a valid
+    lower bound on the bottleneck of any split that fits; the least T is found by bisection over the loads a rank
+    can have (feasibility only grows with T)."""
     programme = _JointCounts(fixed_s, lower, joint)
-    if not programme.bounded:
+    if not programme.bounded or (at_least > -math.inf and programme.feasible(at_least)):
         return -math.inf
     if not programme.feasible(math.inf):
         return math.inf
-    loads = programme.loads()
+    loads = [load for load in programme.loads() if load > at_least]
     lo, hi = 0, len(loads) - 1  # the largest load is feasible (every rank at its most)
     while lo < hi:
         mid = (lo + hi) // 2
@@ -189,51 +191,66 @@ class _JointCounts:
         self.major = max(range(len(counts)), key=lambda t: (counts[t], -t))
         self.minors = [t for t in range(len(counts)) if t != self.major]
         self.bounded = math.prod(counts[t] + 1 for t in self.minors) <= JOINT_STATES
-        self.options: list[list[tuple[tuple[int, ...], float, float]]] = []
+        self.vectors = list(itertools.product(*(range(counts[t] + 1) for t in self.minors)))
+        # per rank, the minor count vectors its room holds: (vector, its blocks, its time, the most major blocks
+        # the room left holds)
+        self.options: list[list[tuple[tuple[int, ...], int, float, float]]] = []
         if not self.bounded:
             return
-        for r in range(len(fixed_s)):  # per rank, the minor count vectors its room holds, with their bytes and time
+        major_bytes = joint.type_bytes[self.major]
+        for r in range(len(fixed_s)):
             fitting = []
-            for vector in itertools.product(*(range(counts[t] + 1) for t in self.minors)):
+            for vector in self.vectors:
                 used = sum(n * joint.type_bytes[t][r] for n, t in zip(vector, self.minors, strict=True))
                 if used <= joint.rooms[r]:
-                    fitting.append((vector, used, sum(n * joint.type_times[t][r]
-                                                      for n, t in zip(vector, self.minors, strict=True))))
+                    room = (math.inf if major_bytes[r] <= 0
+                            else math.floor((joint.rooms[r] - used) / major_bytes[r] + 1e-9))
+                    fitting.append((vector, sum(vector), sum(n * joint.type_times[t][r]
+                                                             for n, t in zip(vector, self.minors, strict=True)),
+                                    min(room, counts[self.major])))
             self.options.append(fitting)
+        self.sums: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, ...] | None] = {}
 
-    def most_major(self, r: int, used_bytes: float, used_s: float, bottleneck: float) -> float:
-        """Most major blocks rank r adds beside `used_bytes` and `used_s` of minor ones under `bottleneck`."""
-        joint, major = self.joint, self.major
-        byte, time_ = joint.type_bytes[major][r], joint.type_times[major][r]
-        room = math.inf if byte <= 0 else math.floor((joint.rooms[r] - used_bytes) / byte + 1e-9)
+    def _add(self, placed: tuple[int, ...], vector: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The minor blocks placed after adding `vector`, None beyond their counts (memoised)."""
+        key = (placed, vector)
+        if key not in self.sums:
+            total = tuple(p + n for p, n in zip(placed, vector, strict=True))
+            counts = self.joint.type_counts
+            self.sums[key] = None if any(n > counts[t] for n, t in zip(total, self.minors, strict=True)) else total
+        return self.sums[key]
+
+    def most_major(self, r: int, used_s: float, room: float, bottleneck: float) -> float:
+        """Most major blocks rank r adds beside `used_s` of minor ones, `room` by memory, under `bottleneck`."""
+        time_ = self.joint.type_times[self.major][r]
         slack = bottleneck - self.fixed_s[r] - used_s
-        by_time = ((math.inf if slack >= 0 else -1.0) if time_ <= 0 or slack == math.inf
-                   else math.floor(slack / time_ + 1e-9))
-        return min(room, by_time, joint.type_counts[major])
+        if time_ <= 0 or slack == math.inf:
+            return room if slack >= 0 else -1.0
+        return min(room, math.floor(slack / time_ + 1e-9))
 
     def feasible(self, bottleneck: float) -> bool:
         """Whether counts exist with every rank's load at most `bottleneck`."""
-        counts = self.joint.type_counts
         best = {(0,) * len(self.minors): 0.0}
         for r, options in enumerate(self.options):
             step: dict[tuple[int, ...], float] = {}
-            for placed, held in best.items():
-                for vector, used_bytes, used_s in options:
-                    total = tuple(p + n for p, n in zip(placed, vector, strict=True))
-                    if any(n > counts[t] for n, t in zip(total, self.minors, strict=True)):
-                        continue
-                    most = self.most_major(r, used_bytes, used_s, bottleneck)
-                    if most >= 0 and most + sum(vector) >= self.lower[r] and step.get(total, -1.0) < held + most:
+            for vector, size, used_s, room in options:
+                most = self.most_major(r, used_s, room, bottleneck)
+                if most < 0 or most + size < self.lower[r]:
+                    continue
+                for placed, held in best.items():
+                    total = self._add(placed, vector)
+                    if total is not None and step.get(total, -1.0) < held + most:
                         step[total] = held + most
             best = step
+        counts = self.joint.type_counts
         return best.get(tuple(counts[t] for t in self.minors), -1.0) >= counts[self.major]
 
     def loads(self) -> list[float]:
         """Every load a rank can have within its room, sorted: the least bottleneck is one of them."""
         time_ = self.joint.type_times[self.major]
         return sorted({self.fixed_s[r] + used_s + k * time_[r]
-                       for r, options in enumerate(self.options) for _, used_bytes, used_s in options
-                       for k in range(int(self.most_major(r, used_bytes, used_s, math.inf)) + 1)})
+                       for r, options in enumerate(self.options) for _, _, used_s, room in options
+                       for k in range(int(room) + 1)})
 
 
 def costlier_sets(type_times: Sequence[Sequence[float]], type_counts: Sequence[int],
@@ -1061,15 +1078,18 @@ def least_linear(fixed_s: Sequence[float], terms: RankTerms, blocks: int, a: flo
         if counts is None:
             counts = relaxed[1]
     joint = terms.joint
-    bottleneck = -math.inf if joint is None else least_joint_bottleneck(fixed_s, terms.lower, joint)
-    if bottleneck == math.inf:
-        return math.inf, None
-    if joint is not None and bottleneck > -math.inf:
+    if joint is not None:
         # every type at once: the bottleneck of their joint counts, beside the least sum (each block at its
-        # type's cheapest rank): max R ≥ T* and Σ R ≥ that sum hold for every split that fits
+        # type's cheapest rank): max R ≥ T* and Σ R ≥ that sum hold for every split that fits; only a T* above
+        # what the views give can raise the bound
         least_sum = sum(fixed_s) + sum(count * min(times) for times, count in zip(joint.type_times, joint.type_counts,
                                                                                    strict=True))
-        best = max(best, a * bottleneck + b * least_sum)
+        bottleneck = least_joint_bottleneck(fixed_s, terms.lower, joint,
+                                            (best - b * least_sum) / a if a > 0 else -math.inf)
+        if bottleneck == math.inf:
+            return math.inf, None
+        if bottleneck > -math.inf:
+            best = max(best, a * bottleneck + b * least_sum)
     return best, counts
 
 
