@@ -175,7 +175,14 @@ def least_joint_bottleneck(fixed_s: Sequence[float], lower: Sequence[int], joint
 
 def joint_fits(lower: Sequence[int], joint: JointTypes) -> bool:
     """Whether integer block counts per type and rank hold every block of every type within each rank's room
-    (`least_joint_bottleneck` without a time limit); True when the count vectors exceed JOINT_STATES."""
+    (`least_joint_bottleneck` without a time limit); True when the count vectors exceed JOINT_STATES. At once
+    where every block at its rank's largest type's bytes fits: any counts within those caps then hold any mix."""
+    blocks = sum(joint.type_counts)
+    largest = map(max, zip(*joint.type_bytes, strict=True))
+    caps = [blocks if most <= 0 else math.floor(room / most + 1e-9) if room >= 0 else -1
+            for room, most in zip(joint.rooms, largest, strict=True)]
+    if all(cap >= low for cap, low in zip(caps, lower, strict=True)) and sum(min(c, blocks) for c in caps) >= blocks:
+        return True
     programme = _JointCounts((0.0,) * len(lower), lower, joint)
     return not programme.bounded or programme.feasible(math.inf)
 
@@ -209,16 +216,6 @@ class _JointCounts:
                                                              for n, t in zip(vector, self.minors, strict=True)),
                                     min(room, counts[self.major])))
             self.options.append(fitting)
-        self.sums: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, ...] | None] = {}
-
-    def _add(self, placed: tuple[int, ...], vector: tuple[int, ...]) -> tuple[int, ...] | None:
-        """The minor blocks placed after adding `vector`, None beyond their counts (memoised)."""
-        key = (placed, vector)
-        if key not in self.sums:
-            total = tuple(p + n for p, n in zip(placed, vector, strict=True))
-            counts = self.joint.type_counts
-            self.sums[key] = None if any(n > counts[t] for n, t in zip(total, self.minors, strict=True)) else total
-        return self.sums[key]
 
     def most_major(self, r: int, used_s: float, room: float, bottleneck: float) -> float:
         """Most major blocks rank r adds beside `used_s` of minor ones, `room` by memory, under `bottleneck`."""
@@ -229,21 +226,23 @@ class _JointCounts:
         return min(room, math.floor(slack / time_ + 1e-9))
 
     def feasible(self, bottleneck: float) -> bool:
-        """Whether counts exist with every rank's load at most `bottleneck`."""
-        best = {(0,) * len(self.minors): 0.0}
+        """Whether counts exist with every rank's load at most `bottleneck`: per rank, a max-plus step over the
+        array of minor count vectors placed (one array operation per vector the rank may take)."""
+        counts = self.joint.type_counts
+        shape = tuple(counts[t] + 1 for t in self.minors)
+        best = np.full(shape, -np.inf)
+        best[(0,) * len(shape)] = 0.0
         for r, options in enumerate(self.options):
-            step: dict[tuple[int, ...], float] = {}
+            step = np.full(shape, -np.inf)
             for vector, size, used_s, room in options:
                 most = self.most_major(r, used_s, room, bottleneck)
                 if most < 0 or most + size < self.lower[r]:
                     continue
-                for placed, held in best.items():
-                    total = self._add(placed, vector)
-                    if total is not None and step.get(total, -1.0) < held + most:
-                        step[total] = held + most
+                into = tuple(slice(n, c) for n, c in zip(vector, shape, strict=True))
+                source = tuple(slice(0, c - n) for n, c in zip(vector, shape, strict=True))
+                np.maximum(step[into], best[source] + most, out=step[into])
             best = step
-        counts = self.joint.type_counts
-        return best.get(tuple(counts[t] for t in self.minors), -1.0) >= counts[self.major]
+        return bool(best[tuple(c - 1 for c in shape)] >= counts[self.major])
 
     def loads(self) -> list[float]:
         """Every load a rank can have within its room, sorted: the least bottleneck is one of them."""
