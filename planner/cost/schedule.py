@@ -145,7 +145,11 @@ class JointTypes:
     rooms: tuple[float, ...]
 
 
-JOINT_STATES = 4096  # most count vectors of the minor types `least_joint_bottleneck` tracks (else: no bound)
+# Most count vectors of the minor types `least_joint_bottleneck` tracks (else no bound): its DP takes one array
+# operation per vector per rank over an array of them, so its cost grows with their square. DeepSeek-V3's 3 dense
+# blocks need 4 and Gemma 3's 10 global-attention ones 11; LLaVA's 24 vision blocks beside a stem and a projector
+# (100) cost more search time than they save and are left to the per-type views (measured 2026-12-02).
+JOINT_STATES = 64
 
 
 def least_joint_bottleneck(fixed_s: Sequence[float], lower: Sequence[int], joint: JointTypes,
@@ -198,7 +202,6 @@ class _JointCounts:
         self.major = max(range(len(counts)), key=lambda t: (counts[t], -t))
         self.minors = [t for t in range(len(counts)) if t != self.major]
         self.bounded = math.prod(counts[t] + 1 for t in self.minors) <= JOINT_STATES
-        self.vectors = list(itertools.product(*(range(counts[t] + 1) for t in self.minors)))
         # per rank, the minor count vectors its room holds: (vector, its blocks, its time, the most major blocks
         # the room left holds)
         self.options: list[list[tuple[tuple[int, ...], int, float, float]]] = []
@@ -207,7 +210,7 @@ class _JointCounts:
         major_bytes = joint.type_bytes[self.major]
         for r in range(len(fixed_s)):
             fitting = []
-            for vector in self.vectors:
+            for vector in itertools.product(*(range(counts[t] + 1) for t in self.minors)):
                 used = sum(n * joint.type_bytes[t][r] for n, t in zip(vector, self.minors, strict=True))
                 if used <= joint.rooms[r]:
                     room = (math.inf if major_bytes[r] <= 0
