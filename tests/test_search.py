@@ -14,14 +14,22 @@ from hypothesis import strategies as st
 from planner.cluster import Link, cluster_from_dict, parse_shorthand, uniform_cluster
 from planner.config import ParallelConfig, Partition, Recompute, Schedule, Training
 from planner.cost.estimate import estimate
-from planner.cost.schedule import relaxed_rank_counts, schedule_of
+from planner.cost.schedule import joint_fits, least_joint_bottleneck, least_linear, relaxed_rank_counts, schedule_of
 from planner.errors import InfeasibleError
 from planner.gpu import GIB, lookup_gpu
 from planner.model import ModelSpec, load_model
 from planner.placement import default_placement
 from planner.profile.analytic import AnalyticProfile
 from planner.profile.calibration import default_calibration
-from planner.search.partition import PartitionProblem, bound_partition, dp_partition, fits, objective_s
+from planner.search.partition import (
+    PartitionProblem,
+    _rank_terms,
+    bound_partition,
+    dp_partition,
+    fits,
+    objective_s,
+    rank_loads,
+)
 from planner.search.search import (
     _bound,
     _Context,
@@ -300,8 +308,10 @@ def test_relaxed_rank_counts_is_the_least_over_every_count_vector(ranks, blocks,
 
 
 def test_unlike_units_fall_back_to_the_ilp_and_reach_the_optimum() -> None:
-    """Where blocks differ (the relaxation cannot close the gap), the ILP runs, bounded by it."""
-    times = (0.5, 4.0, 1.0, 1.0, 3.0, 1.0, 2.0, 0.5)
+    """Where blocks differ and the relaxation cannot close the gap — the two costly blocks sit side by side, so no
+    contiguous split gives each rank one, as block counts per type (`JointTypes`) would — the ILP runs, bounded
+    by it."""
+    times = (0.5, 4.0, 4.0, 1.0, 1.0, 1.0, 1.0, 0.5)
     problem = PartitionProblem((times, times), (0.1, 0.1), ((1e9,) * 8, (1e9,) * 8), (8e9, 8e9), 1, 4,
                                Schedule.ONE_F_ONE_B)
     found, how = _partition(problem, 5.0)
@@ -312,16 +322,19 @@ def test_unlike_units_fall_back_to_the_ilp_and_reach_the_optimum() -> None:
 def test_interleaved_unlike_units_take_the_stage_balanced_dp_or_else_the_ilp() -> None:
     """With chunks and unlike blocks the DP's stage-balanced split is taken; where no split fits the stages' memory
     shares (counted in each rank's largest block, which holds one on either rank: the five small blocks and the
-    large one cannot go around the end units) the ILP finds the closed form's optimum."""
+    large one cannot go around the end units) the ILP finds the closed form's optimum. (Blocks whose block counts
+    per type the rank-load bound realises are proven there first: the costly ones here sit side by side.)"""
     times = (0.5, 4.0, 1.0, 1.0, 3.0, 1.0, 2.0, 0.5)
 
-    def problem(memory: tuple[float, ...], budgets: tuple[float, float]) -> PartitionProblem:
-        return PartitionProblem((times, times), (0.1, 0.1), (memory, memory), budgets, 2, 4, Schedule.INTERLEAVED)
+    def problem(memory: tuple[float, ...], budgets: tuple[float, float],
+                unit_times: tuple[float, ...] = times) -> PartitionProblem:
+        return PartitionProblem((unit_times, unit_times), (0.1, 0.1), (memory, memory), budgets, 2, 4,
+                                Schedule.INTERLEAVED)
 
-    loose = problem((1e9,) * 8, (8e9, 8e9))
+    loose = problem((1e9,) * 8, (8e9, 8e9), (0.5, 4.0, 4.0, 4.0, 1.0, 1.0, 1.0, 0.5))
     found, how = _partition(loose, 5.0)
     assert how == "dp" and found == dp_partition(loose)
-    tight = problem((0.0, *(1e9,) * 5, 3e9, 0.0), (3e9, 5e9))
+    tight = problem((0.0, *(1e9,) * 5, 3e9, 0.0), (5e9, 3e9))
     assert dp_partition(tight) is None and _brute_force(tight) is not None
     found, how = _partition(tight, 5.0)
     assert how == "ilp" and found is not None and fits(tight, found.partition.unit_counts)
@@ -344,11 +357,70 @@ def test_the_bound_counts_each_block_type_at_its_own_time_and_bytes() -> None:
     assert bound_partition(problem(5e9)) == (math.inf, None) and _brute_force(problem(5e9)) is None
 
 
+@st.composite
+def _dense_moe_problems(draw) -> PartitionProblem:
+    """Dense blocks, then MoE blocks of more time and bytes (DeepSeek-V3's order), on 2–3 ranks with their own
+    times, bytes and budgets; 1 or 2 chunks per rank; at most 9 units, so brute force stays cheap."""
+    pp, vpp = draw(st.integers(2, 3)), draw(st.integers(1, 2))
+    dense = draw(st.integers(1, 3))
+    moe = draw(st.integers(max(2, pp * vpp - dense - 2), 7 - dense))
+    n = dense + moe + 2
+    times, memory = [], []
+    for _ in range(pp):
+        dense_s, dense_bytes = draw(st.floats(0.5, 1.5)), draw(st.floats(0.5e9, 1.5e9))
+        moe_s, moe_bytes = dense_s * draw(st.floats(1.0, 3.0)), dense_bytes * draw(st.floats(1.5, 5.0))
+        times.append((0.3, *(dense_s,) * dense, *(moe_s,) * moe, 0.6))
+        memory.append((0.2e9, *(dense_bytes,) * dense, *(moe_bytes,) * moe, 0.4e9))
+    budgets = tuple(draw(st.floats(1e9, 3e9 * n / pp)) for _ in range(pp))
+    schedule = Schedule.INTERLEAVED if vpp > 1 else draw(st.sampled_from([Schedule.ONE_F_ONE_B, Schedule.GPIPE]))
+    return PartitionProblem(tuple(times), (0.05,) * pp, tuple(memory), budgets, vpp, draw(st.integers(1, 8)),
+                            schedule)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_dense_moe_problems())
+def test_block_counts_per_type_bound_every_split_of_dense_and_moe_blocks(problem) -> None:
+    """Counted together (`JointTypes`), dense and MoE blocks give a bottleneck no fitting split beats and a
+    rank-load bound no fitting split's objective beats; where no count vector fits, brute force finds no split."""
+    terms = _rank_terms(problem)
+    assert terms.joint is not None
+    splits = [counts for counts in _all_counts(problem) if fits(problem, counts)]
+    bottleneck = least_joint_bottleneck(terms.fixed_s, terms.lower, terms.joint)
+    assert joint_fits(terms.lower, terms.joint) == (bottleneck < math.inf)
+    if not splits:
+        return
+    assert bottleneck <= min(max(rank_loads(problem, counts)) for counts in splits) * (1 + 1e-9)
+    bound, found = bound_partition(problem)
+    assert bound <= _brute_force(problem) * (1 + 1e-9)
+    if found is not None and found.optimal:
+        assert found.objective_s == pytest.approx(_brute_force(problem), rel=1e-6)
+
+
+def test_dense_and_moe_blocks_counted_together_prove_that_nothing_fits() -> None:
+    """One dense block (1 GB) and three MoE blocks (3 GB) on ranks of 6 and 3 GB: the MoE blocks alone fit (two and
+    one) and every block at the dense bytes fits, but then the dense block has no room anywhere, so the bound is
+    infinite — counted per type alone it is finite — and brute force finds no split."""
+    times, memory = (0.0, 1.0, 3.0, 3.0, 3.0, 0.0), (0.0, 1e9, 3e9, 3e9, 3e9, 0.0)
+    problem = PartitionProblem((times, times), (0.0, 0.0), (memory, memory), (6e9, 3e9), 1, 4, Schedule.GPIPE)
+    a, b = schedule_of(problem.schedule).linear_form(problem.num_microbatches, problem.vpp)
+    alone = replace(_rank_terms(problem), joint=None)
+    assert math.isfinite(least_linear(alone.fixed_s, alone, 4, a, b)[0])
+    assert bound_partition(problem) == (math.inf, None) and _brute_force(problem) is None
+
+
+def _all_counts(problem: PartitionProblem):
+    """Every contiguous split's stage counts."""
+    n, stages = problem.num_units, problem.num_stages
+    for cuts in itertools.combinations(range(1, n), stages - 1):
+        yield [b - a for a, b in zip((0, *cuts), (*cuts, n), strict=True)]
+
+
 @pytest.mark.parametrize("schedule, vpp", [(Schedule.ONE_F_ONE_B, 1), (Schedule.INTERLEAVED, 2)])
 def test_problems_differing_only_in_memory_share_the_unlimited_optimum_where_it_fits(schedule, vpp) -> None:
     """The second problem of the same times reuses the optimum solved without memory limits when it fits, and
-    solves afresh when it does not; each answer equals brute force over the splits that fit."""
-    times = (0.5, 4.0, 1.0, 1.0, 3.0, 1.0, 2.0, 0.5)
+    solves afresh when it does not; each answer equals brute force over the splits that fit (the costly blocks
+    side by side, so the rank-load bound settles neither)."""
+    times = (0.5, 4.0, 4.0, 4.0, 1.0, 1.0, 1.0, 0.5)
 
     def problem(first_rank_budget: float) -> PartitionProblem:
         return PartitionProblem((times, times), (0.1, 0.1), ((1e9,) * 8, (1e9,) * 8), (first_rank_budget, 8e9),

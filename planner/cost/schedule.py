@@ -33,7 +33,9 @@ import numpy as np
 from planner.errors import PlannerError
 
 __all__ = [
+    "JOINT_STATES",
     "SCHEDULES",
+    "JointTypes",
     "PassEvent",
     "PassTimes",
     "PipelineSchedule",
@@ -42,6 +44,8 @@ __all__ = [
     "Schedule",
     "Timeline",
     "costlier_sets",
+    "joint_fits",
+    "least_joint_bottleneck",
     "least_linear",
     "pipeline_time",
     "rank_order",
@@ -105,6 +109,8 @@ class RankTerms:
     costlier: tuple[tuple[tuple[float, ...], int, tuple[float, ...]], ...] = ()
     # the least block forward pass per rank, where a bound adds forward work (None: blocks alike, forward_block_s)
     least_forward_block_s: tuple[float, ...] | None = None
+    # mixed block types: every type's time and bytes on every rank at once (`least_joint_bottleneck`)
+    joint: JointTypes | None = None
 
     @property
     def pp(self) -> int:
@@ -123,6 +129,130 @@ class RankTerms:
         none = (0,) * self.pp
         return ((self.block_s, self.lower, self.most_blocks(), blocks, 0),
                 *((times, none, most, count, blocks - count) for times, count, most in self.costlier))
+
+
+@dataclass(frozen=True)
+class JointTypes:
+    """Mixed block types seen together: `type_times[t][r]` and `type_bytes[t][r]`, a block of type t's time and
+    bytes on rank r, `type_counts[t]` its blocks, `rooms[r]` the bytes rank r holds beside its end units (with
+    the partitioner's float tolerance). The per-type views (`RankTerms.costlier`) cap each type's blocks by its
+    own bytes alone; a rank short of room for one more large block may still hold a small one, and only the
+    blocks of every type at once show whether all of them fit (DeepSeek-V3's 3 dense and 58 MoE blocks)."""
+
+    type_times: tuple[tuple[float, ...], ...]
+    type_bytes: tuple[tuple[float, ...], ...]
+    type_counts: tuple[int, ...]
+    rooms: tuple[float, ...]
+
+
+# Most count vectors of the minor types `least_joint_bottleneck` tracks (else no bound): its DP takes one array
+# operation per vector per rank over an array of them, so its cost grows with their square. DeepSeek-V3's 3 dense
+# blocks need 4 and Gemma 3's 10 global-attention ones 11; LLaVA's 24 vision blocks beside a stem and a projector
+# (100) cost more search time than they save and are left to the per-type views (measured 2026-12-02).
+JOINT_STATES = 64
+
+
+def least_joint_bottleneck(fixed_s: Sequence[float], lower: Sequence[int], joint: JointTypes,
+                           at_least: float = -math.inf) -> float:
+    """Least bottleneck T — every rank r at most T of work, fixed_s[r] plus its blocks' times — at which integer
+    block counts per type and rank exist that hold every block of every type within each rank's room and give
+    each rank its fewest blocks (`lower`): math.inf when none exists at any T; -math.inf when T ≤ `at_least` (a
+    bound the caller has: one check settles most layouts) or when the minor types' count vectors exceed
+    JOINT_STATES (no bound). A relaxation of every stage split (which blocks a rank holds, not where), so a valid
+    lower bound on the bottleneck of any split that fits; the least T is found by bisection over the loads a rank
+    can have (feasibility only grows with T)."""
+    programme = _JointCounts(fixed_s, lower, joint)
+    if not programme.bounded or (at_least > -math.inf and programme.feasible(at_least)):
+        return -math.inf
+    if not programme.feasible(math.inf):
+        return math.inf
+    loads = [load for load in programme.loads() if load > at_least]
+    lo, hi = 0, len(loads) - 1  # the largest load is feasible (every rank at its most)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if programme.feasible(loads[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return loads[lo]
+
+
+def joint_fits(lower: Sequence[int], joint: JointTypes) -> bool:
+    """Whether integer block counts per type and rank hold every block of every type within each rank's room
+    (`least_joint_bottleneck` without a time limit); True when the count vectors exceed JOINT_STATES. At once
+    where every block at its rank's largest type's bytes fits: any counts within those caps then hold any mix."""
+    blocks = sum(joint.type_counts)
+    largest = map(max, zip(*joint.type_bytes, strict=True))
+    caps = [blocks if most <= 0 else math.floor(room / most + 1e-9) if room >= 0 else -1
+            for room, most in zip(joint.rooms, largest, strict=True)]
+    if all(cap >= low for cap, low in zip(caps, lower, strict=True)) and sum(min(c, blocks) for c in caps) >= blocks:
+        return True
+    programme = _JointCounts((0.0,) * len(lower), lower, joint)
+    return not programme.bounded or programme.feasible(math.inf)
+
+
+class _JointCounts:
+    """The dynamic programme behind `least_joint_bottleneck`: the type with the most blocks is the major one;
+    over the ranks it tracks how many blocks of each minor type are placed and, per such vector, the most major
+    blocks the ranks so far hold."""
+
+    def __init__(self, fixed_s: Sequence[float], lower: Sequence[int], joint: JointTypes) -> None:
+        counts = joint.type_counts
+        self.fixed_s, self.lower, self.joint = fixed_s, lower, joint
+        self.major = max(range(len(counts)), key=lambda t: (counts[t], -t))
+        self.minors = [t for t in range(len(counts)) if t != self.major]
+        self.bounded = math.prod(counts[t] + 1 for t in self.minors) <= JOINT_STATES
+        # per rank, the minor count vectors its room holds: (vector, its blocks, its time, the most major blocks
+        # the room left holds)
+        self.options: list[list[tuple[tuple[int, ...], int, float, float]]] = []
+        if not self.bounded:
+            return
+        major_bytes = joint.type_bytes[self.major]
+        for r in range(len(fixed_s)):
+            fitting = []
+            for vector in itertools.product(*(range(counts[t] + 1) for t in self.minors)):
+                used = sum(n * joint.type_bytes[t][r] for n, t in zip(vector, self.minors, strict=True))
+                if used <= joint.rooms[r]:
+                    room = (math.inf if major_bytes[r] <= 0
+                            else math.floor((joint.rooms[r] - used) / major_bytes[r] + 1e-9))
+                    fitting.append((vector, sum(vector), sum(n * joint.type_times[t][r]
+                                                             for n, t in zip(vector, self.minors, strict=True)),
+                                    min(room, counts[self.major])))
+            self.options.append(fitting)
+
+    def most_major(self, r: int, used_s: float, room: float, bottleneck: float) -> float:
+        """Most major blocks rank r adds beside `used_s` of minor ones, `room` by memory, under `bottleneck`."""
+        time_ = self.joint.type_times[self.major][r]
+        slack = bottleneck - self.fixed_s[r] - used_s
+        if time_ <= 0 or slack == math.inf:
+            return room if slack >= 0 else -1.0
+        return min(room, math.floor(slack / time_ + 1e-9))
+
+    def feasible(self, bottleneck: float) -> bool:
+        """Whether counts exist with every rank's load at most `bottleneck`: per rank, a max-plus step over the
+        array of minor count vectors placed (one array operation per vector the rank may take)."""
+        counts = self.joint.type_counts
+        shape = tuple(counts[t] + 1 for t in self.minors)
+        best = np.full(shape, -np.inf)
+        best[(0,) * len(shape)] = 0.0
+        for r, options in enumerate(self.options):
+            step = np.full(shape, -np.inf)
+            for vector, size, used_s, room in options:
+                most = self.most_major(r, used_s, room, bottleneck)
+                if most < 0 or most + size < self.lower[r]:
+                    continue
+                into = tuple(slice(n, c) for n, c in zip(vector, shape, strict=True))
+                source = tuple(slice(0, c - n) for n, c in zip(vector, shape, strict=True))
+                np.maximum(step[into], best[source] + most, out=step[into])
+            best = step
+        return bool(best[tuple(c - 1 for c in shape)] >= counts[self.major])
+
+    def loads(self) -> list[float]:
+        """Every load a rank can have within its room, sorted: the least bottleneck is one of them."""
+        time_ = self.joint.type_times[self.major]
+        return sorted({self.fixed_s[r] + used_s + k * time_[r]
+                       for r, options in enumerate(self.options) for _, _, used_s, room in options
+                       for k in range(int(room) + 1)})
 
 
 def costlier_sets(type_times: Sequence[Sequence[float]], type_counts: Sequence[int],
@@ -949,6 +1079,19 @@ def least_linear(fixed_s: Sequence[float], terms: RankTerms, blocks: int, a: flo
         best = max(best, a * max(loads) + b * (sum(loads) + left_out * cheapest))
         if counts is None:
             counts = relaxed[1]
+    joint = terms.joint
+    if joint is not None:
+        # every type at once: the bottleneck of their joint counts, beside the least sum (each block at its
+        # type's cheapest rank): max R ≥ T* and Σ R ≥ that sum hold for every split that fits; only a T* above
+        # what the views give can raise the bound
+        least_sum = sum(fixed_s) + sum(count * min(times) for times, count in zip(joint.type_times, joint.type_counts,
+                                                                                   strict=True))
+        bottleneck = least_joint_bottleneck(fixed_s, terms.lower, joint,
+                                            (best - b * least_sum) / a if a > 0 else -math.inf)
+        if bottleneck == math.inf:
+            return math.inf, None
+        if bottleneck > -math.inf:
+            best = max(best, a * bottleneck + b * least_sum)
     return best, counts
 
 

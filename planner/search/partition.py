@@ -27,7 +27,15 @@ import numpy as np
 import pulp
 
 from planner.config import Partition, Schedule
-from planner.cost.schedule import RankTerms, costlier_sets, least_linear, pipeline_time, schedule_of, stage_ranks
+from planner.cost.schedule import (
+    JointTypes,
+    RankTerms,
+    costlier_sets,
+    least_linear,
+    pipeline_time,
+    schedule_of,
+    stage_ranks,
+)
 from planner.cost.time import stage_boundary_s
 
 __all__ = [
@@ -162,10 +170,19 @@ def _rank_terms(problem: PartitionProblem) -> RankTerms:
         return -1.0 if rooms[r] < 0 else math.inf if least <= 0 else math.floor(rooms[r] / least + 1e-9)
 
     zeros = (0.0,) * pp
+    # counted together, blocks are alike in times and bytes on every rank (dense and MoE blocks may tie in time)
+    kinds: dict[tuple[tuple[float, ...], tuple[float, ...]], int] = {}
+    for u, times in enumerate(_block_times(problem), start=1):
+        key = (times, tuple(memory[u] for memory in problem.unit_memory_bytes))
+        kinds[key] = kinds.get(key, 0) + 1
+    joint = JointTypes(tuple(times for times, _ in kinds), tuple(memory for _, memory in kinds), tuple(kinds.values()),
+                       tuple(room + MEMORY_TOLERANCE * abs(budget)
+                             for room, budget in zip(rooms, problem.memory_budget_bytes, strict=True))
+                       ) if len(kinds) > 1 else None
     return RankTerms(tuple(fixed), tuple(block), tuple(lower), zeros, zeros, zeros,
                      tuple(most(r, range(1, n - 1)) for r in range(pp)),
                      costlier_sets(list(types), [len(units) for units in types.values()],
-                                   [[most(r, units) for r in range(pp)] for units in types.values()]))
+                                   [[most(r, units) for r in range(pp)] for units in types.values()]), joint=joint)
 
 
 def _block_times(problem: PartitionProblem) -> list[tuple[float, ...]]:

@@ -27,7 +27,7 @@ from planner.cluster import Cluster, Link
 from planner.config import ParallelConfig, Partition, Training
 from planner.cost.estimate import Estimate, estimate, fit_advice
 from planner.cost.memory import RankMemoryModel, in_flight_microbatches, rank_memory_model, sharded_state_bytes
-from planner.cost.schedule import RankTerms, costlier_sets, schedule_of
+from planner.cost.schedule import JointTypes, RankTerms, costlier_sets, joint_fits, schedule_of
 from planner.cost.time import (
     CostKey,
     UnitCost,
@@ -124,6 +124,7 @@ class _Candidate:
     memory_need_bytes: float = 0.0  # the memory bound (`_with_memory`), computed when first examined
     memory_available_bytes: float = math.inf
     most_by_type: tuple[tuple[float, ...], ...] | None = None  # per block type, most each rank holds (`_most_blocks`)
+    joint: JointTypes | None = None  # mixed block types: every type's time and bytes per rank, each rank's room
 
     @property
     def fits_bound(self) -> bool:
@@ -417,14 +418,16 @@ def _with_memory(ctx: _Context, candidate: _Candidate) -> _Candidate:
     if need > available:  # short even before any rank's fixed bytes: no other rank's model is needed
         return replace(candidate, memory_need_bytes=need, memory_available_bytes=available)
     available -= ctx.memory_models(config, links, candidate.num_microbatches)[1]
-    most = _most_blocks(ctx, candidate) if need <= available else None
+    most, joint = _most_blocks(ctx, candidate) if need <= available else (None, None)
     if most is not None:
         fewest_blocks, blocks = ctx.rank_terms(config, costs, candidate.boundary_s).lower, ctx.model.num_layers
         caps, counts = tuple(map(max, zip(*most, strict=True))), [count for _, count in ctx.block_types]
         if (any(cap < low for cap, low in zip(caps, fewest_blocks, strict=True)) or not _room_for(caps, blocks)
-                or not all(_room_for(type_caps, count) for type_caps, count in zip(most, counts, strict=True))):
+                or not all(_room_for(type_caps, count) for type_caps, count in zip(most, counts, strict=True))
+                or (joint is not None and not joint_fits(fewest_blocks, joint))):
             most = None
-    return replace(candidate, memory_need_bytes=need, memory_available_bytes=available, most_by_type=most)
+    return replace(candidate, memory_need_bytes=need, memory_available_bytes=available, most_by_type=most,
+                   joint=joint)
 
 
 def _room_for(most: tuple[float, ...], blocks: int) -> bool:
@@ -492,24 +495,27 @@ def _tighten(ctx: _Context, candidate: _Candidate) -> _Candidate:
                              [count for _, count in ctx.block_types], candidate.most_by_type
                              ) if len(ctx.block_types) > 1 else ()  # one type: no costlier set (no block hashing)
     terms = replace(ctx.rank_terms(config, costs, candidate.boundary_s), upper=candidate.most_blocks,
-                    costlier=costlier)
+                    costlier=costlier, joint=candidate.joint)
     key = (config.schedule, terms, m)
     if key not in ctx.rank_bounds:
         ctx.rank_bounds[key] = schedule_of(config.schedule).lower_bound(terms, m, ctx.model.num_layers)
     return _refined(candidate, ctx.rank_bounds[key])
 
 
-def _most_blocks(ctx: _Context, candidate: _Candidate) -> tuple[tuple[float, ...], ...]:
+def _most_blocks(ctx: _Context, candidate: _Candidate) -> tuple[tuple[tuple[float, ...], ...], JointTypes | None]:
     """Per block type (`ctx.block_types`), the most blocks of its bytes each pipeline rank's memory holds beside
     its end units (the accounting of `estimate`, with the partitioner's float tolerance; -1 when not even its end
     units fit): no split that fits gives a rank more, so the rank-load bound may cap them — the fastest layouts
-    are the memory-tight ones, where this bound matters. Ranks alike in memory kind and costs differ only in
-    their in-flight micro-batches, so each such group's terms are computed once."""
+    are the memory-tight ones, where this bound matters. With mixed block types also every type's time and bytes
+    and each rank's room at once (`JointTypes`: a rank short of one large block's room may hold a small one).
+    Ranks alike in memory kind and costs differ only in their in-flight micro-batches, so each such group's terms
+    are computed once."""
     config, m, costs = candidate.config, candidate.num_microbatches, candidate.rank_costs
     _, links = ctx.placed(config)
     models, _ = ctx.memory_models(config, links, m)
     in_flight = ctx.in_flight(config, m)
     most = [[0.0] * config.pp for _ in ctx.block_types]
+    type_bytes, rooms = [[0.0] * config.pp for _ in ctx.block_types], [0.0] * config.pp
     for kind, first, last, ranks in _memory_groups(ctx, config, links, costs):
         memory, cost = models[kind], costs[ranks[0]]
         ends = [cost[unit] for unit, held in ((UnitKind.EMBEDDING, first), (UnitKind.HEAD, last)) if held]
@@ -519,10 +525,16 @@ def _most_blocks(ctx: _Context, candidate: _Candidate) -> tuple[tuple[float, ...
             per_activation = (1 + memory.fragmentation) * in_flight[r]
             held = memory.param_bytes * end_params + per_activation * end_activations + memory.fixed_bytes
             room = links.capacity_bytes[r] * (1 + MEMORY_TOLERANCE) - held
+            rooms[r] = room
             for t, (params, activations) in enumerate(blocks):
                 block = params + per_activation * activations
                 most[t][r] = max(math.floor(room / block + 1e-9), -1) if block > 0 else math.inf
-    return tuple(map(tuple, most))
+                type_bytes[t][r] = block
+    joint = None
+    if len(ctx.block_types) > 1:
+        joint = JointTypes(tuple(tuple(cost[b].total_s for cost in costs) for b, _ in ctx.block_types),
+                           tuple(map(tuple, type_bytes)), tuple(count for _, count in ctx.block_types), tuple(rooms))
+    return tuple(map(tuple, most)), joint
 
 
 def _memory_groups(ctx: _Context, config: ParallelConfig, links: GroupLinks,
