@@ -100,3 +100,23 @@ def _setting():
     from planner.profile.analytic import unit_setting
 
     return unit_setting(TRAINING, 1, 2, False, 1, 1, 1)
+
+
+def test_a_plan_file_keeps_the_sac_attention_setting_and_refuses_a_non_boolean():
+    """`sac_keeps_attention` travels in the plan JSON (so `estimate --plan` reproduces such a plan); only a boolean."""
+    from planner.cluster import load_cluster
+    from planner.cost.estimate import estimate
+    from planner.placement import default_placement
+    from planner.plan import build_plan_document, parse_plan_document
+
+    cluster = load_cluster("1x8xH100-80GB")
+    config = ParallelConfig(dp=8, tp=1, pp=1, micro_batch=1, zero_stage=3, recompute=Recompute.SELECTIVE,
+                            selective_recompute="op", sac_keeps_attention=False)
+    training = Training(global_batch=8, seq_len=8192)
+    placement = default_placement(cluster, config)
+    result = estimate(MODEL, cluster, training, config, placement=placement)
+    document = build_plan_document(MODEL, cluster, training, config, placement, result)
+    assert parse_plan_document(document).parallel.sac_keeps_attention is False
+    document["parallelism"]["sac_keeps_attention"] = "no"
+    with pytest.raises(PlannerError, match="sac_keeps_attention must be true or false"):
+        parse_plan_document(document)
