@@ -336,6 +336,7 @@ class TuningOptions:
     lora_targets: str | None = None
     optimizer_states: str = "auto"
     elementwise: str = "fused"
+    cross_entropy: str = "fused"  # set by the target framework (`for_framework`), not an option of its own
 
     @classmethod
     def pop_from(cls, options: dict[str, Any]) -> TuningOptions:
@@ -343,11 +344,15 @@ class TuningOptions:
         return cls(*(options.pop(name) for name in ("finetune", "lora_rank", "lora_targets", "optimizer_states",
                                                      "elementwise")))
 
+    def for_framework(self, framework: str | None) -> TuningOptions:
+        """These options with the loss kernel `framework` runs at their element-wise setting."""
+        return replace(self, cross_entropy=framework_named(framework or "any").loss_kernel(self.elementwise))
+
     def training_fields(self) -> dict[str, Any]:
         """Training's fields; "auto" optimizer states start as fp32 (plan may choose others)."""
         return {"finetune": self.finetune, "lora_rank": self.lora_rank, "lora_targets": self.lora_targets,
                 "optimizer_states": "fp32" if self.optimizer_states == "auto" else self.optimizer_states,
-                "elementwise": self.elementwise}
+                "elementwise": self.elementwise, "cross_entropy": self.cross_entropy}
 
 
 def load_problem(model_spec: str, cluster_spec: str, global_batch: int, seq_len: int, dtype: str, attention: str,
@@ -520,6 +525,7 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
     check_cost_options(tokens, gpu_hour_price)
     tuning = TuningOptions.pop_from(parallel)
     fixed = FixedOptions.from_options(parallel)
+    tuning = tuning.for_framework(fixed.framework)
     if plan_path:
         problem, config, split, placement, framework = plan_file_problem(plan_path, fixed.framework)
     else:
@@ -684,13 +690,14 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     """Search the best parallel layouts (fixed options constrain the search) and rank them."""
     check_cost_options(tokens, gpu_hour_price)
     tuning = TuningOptions.pop_from(parallel)
+    target_framework = export_target if export_target in FRAMEWORK_NAMES else None  # pytorch-local: no framework
+    fixed = FixedOptions.from_options({**parallel, "framework": parallel["framework"] or target_framework})
+    tuning = tuning.for_framework(fixed.framework)
     problem = load_problem(model_spec, cluster_spec, global_batch, seq_len, dtype, attention, profile_path,
                            calibration_path, links_path, slowdowns, tuning)
     model, cluster, training, calibration, timer = (problem.model, problem.cluster, problem.training,
                                                     problem.calibration, problem.timer)
     unslowed = condition_cluster(load_cluster(cluster_spec), links_path, ()) if slowdowns else None
-    target_framework = export_target if export_target in FRAMEWORK_NAMES else None  # pytorch-local: no framework
-    fixed = FixedOptions.from_options({**parallel, "framework": parallel["framework"] or target_framework})
     found = plan(model, cluster, training, fixed, top_k, time_limit_s, unslowed=unslowed, timer=timer,
                  calibration=calibration, choose_optimizer_states=tuning.optimizer_states == "auto")
     training = found.training or training

@@ -111,6 +111,9 @@ class Framework:
     # the fused kernels it always runs norms, RoPE and activations with (None: it runs eager ones too,
     # Training.elementwise)
     fused_elementwise_only: str | None = None
+    # it runs the loss as PyTorch's F.cross_entropy, compiled with the model when its element-wise kernels are
+    # (torchtitan compiles its loss since pytorch/torchtitan bbb1b616e, 2025-04); False: Megatron-LM's fused kernel
+    loss_follows_compile: bool = False
     # what it runs of a given model, narrowed from the above (None: every model alike); see `for_model`
     model_limits: Callable[[Framework, ModelSpec], dict[str, object]] | None = None
 
@@ -118,6 +121,13 @@ class Framework:
         """This framework as it runs `model`: some targets run only part of their features for some models
         (torchtitan 0.2.2's qwen3 has no pipelining and no DeepEP dispatcher)."""
         return replace(self, **self.model_limits(self, model)) if self.model_limits else self
+
+    def loss_kernel(self, elementwise: str) -> str:
+        """How it runs the loss over the logits (Training.cross_entropy) when its norms and activations run
+        `elementwise` (fused: compiled; eager: op by op)."""
+        if not self.loss_follows_compile:
+            return "fused"
+        return "compiled" if elementwise == "fused" else "eager"
 
     def overlaps_ep(self, config: ParallelConfig) -> bool:
         """Whether it can overlap `config`'s EP all-to-alls with compute (before ParallelConfig's own rules)."""
@@ -322,7 +332,7 @@ FRAMEWORKS: dict[str, Framework] = {
         # offloads parameters too, which planner does not price
         no_adapters="0.2.2 has no LoRA model converter (pytorch/torchtitan#2484 adds one after the release)",
         fixed_selective_recompute='per-op SAC (activation_checkpoint.selective_ac_option "op") or every k-th block',
-        model_limits=_torchtitan_model_limits),
+        loss_follows_compile=True, model_limits=_torchtitan_model_limits),
 }
 FRAMEWORK_NAMES = tuple(FRAMEWORKS)
 TARGET_NAMES = FRAMEWORK_NAMES[1:]

@@ -156,3 +156,26 @@ def test_step_segments_count_in_the_high_water_not_in_fits() -> None:
     rank = rank_memory_model(LLAMA, training, config, 0, 1, gpu, calibration)
     tight = rank.breakdown(1e9, 1e9, memory.total + memory.step_segments / 2)  # room for the total, not the segments
     assert tight.fits and tight.device_peak > tight.capacity
+
+
+@pytest.mark.parametrize(("options", "kernel"), [
+    (["--framework", "torchtitan"], "compiled"), (["--framework", "torchtitan", "--elementwise", "eager"], "eager"),
+    (["--framework", "megatron"], "fused"), ([], "fused")])
+def test_the_target_framework_sets_the_loss_kernel_of_estimate_and_plan(tmp_path, options, kernel) -> None:
+    """torchtitan runs F.cross_entropy, compiled with the model unless it runs eager; Megatron-LM (and "any") its
+    fused kernel. The plan JSON records which."""
+    import json
+
+    from click.testing import CliRunner
+
+    from cli import main
+
+    common = ["--model", "llama3-8b", "--cluster", "1x8xH100-80GB", "--global-batch", "8", "--seq-len", "4096"]
+    estimate_out, plan_out = tmp_path / "e.json", tmp_path / "p.json"
+    result = CliRunner().invoke(main, ["estimate", *common, "--dp", "8", "--micro-batch", "1", "--zero", "3", *options,
+                                       "--out", str(estimate_out)])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(main, ["plan", *common, "--dp", "8", "--top", "1", *options, "--out", str(plan_out)])
+    assert result.exit_code == 0, result.output
+    for path in (estimate_out, plan_out):
+        assert json.loads(path.read_text())["training"]["cross_entropy"] == kernel
