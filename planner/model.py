@@ -1069,8 +1069,21 @@ def model_from_hf_config(config: dict[str, Any], path: Path, name: str | None = 
         **_hf_rope_and_window(config),
         source=str(path),
     )
+    model = _with_layer_windows(model, config, path)
     mtp = config.get("num_nextn_predict_layers") or 0
     return _with_mtp(model, _require_int(config, "num_nextn_predict_layers", path)) if mtp else model
+
+
+def _with_layer_windows(model: ModelSpec, config: dict[str, Any], path: Path) -> ModelSpec:
+    """A llama-like model whose `layer_types` mix "sliding_attention" and "full_attention" layers (GPT-OSS
+    alternates 128-token windows with full attention), stated layer by layer; unchanged without such a list."""
+    kinds = _hf_layer_flags(config, "layer_types", model.num_layers, path)
+    if not kinds or "full_attention" not in kinds or "sliding_attention" not in kinds:
+        return model
+    window = _require_int(config, "sliding_window", path)
+    return replace(model, layers=tuple(
+        replace(block, attention=replace(block.attention, kind="sliding", window=window))
+        if kind == "sliding_attention" else block for block, kind in zip(model.blocks, kinds, strict=True)))
 
 
 def _with_mtp(model: ModelSpec, count: int) -> ModelSpec:

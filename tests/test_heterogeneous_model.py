@@ -77,7 +77,6 @@ BEFORE = {
     "deepseek-v3": (671026404352, 37552282624, 669173039104, 12336888704285.377),
     "qwen3-30b-a3b": (30532122624, 3353032704, 29909790720, 1481763717120.0),
     "qwen3-235b-a22b": (235093634560, 22190763520, 233848970752, 4750233829376.0),
-    "gpt-oss-120b": (116829050688, 5711876928, 115670780928, 2621406445568.0),
     "qwen2.5-7b": (7615616512, 7615616512, 6525618176, 4299262263296.0),
     "qwen2.5-72b": (72706203648, 72706203648, 70214778880, 15479062134784.0),
     "tiny-llama": (3426560, 3426560, 2902016, 46238007296.0),
@@ -254,6 +253,20 @@ def test_mamba_scan_efficiency_reproduces_the_measured_h200_run_and_the_other_gp
     assert _pure_mamba2_step_error("H200") == pytest.approx(0.0, abs=0.01)
     assert abs(_pure_mamba2_step_error("A100-80GB")) < 0.10
     assert abs(_pure_mamba2_step_error("GB200")) < 0.20
+
+
+def test_gpt_oss_alternates_128_token_windows_with_full_attention() -> None:
+    """GPT-OSS-120B's layer_types: sliding (128 tokens) first, then full, 18 times; the counts stay the model card's
+    and the windowed layers' attention core is linear in the sequence."""
+    model = load_model("gpt-oss-120b")
+    assert [block.attention.kind for block in model.blocks] == ["sliding", "full"] * 18
+    assert {block.attention.window for block in model.blocks[::2]} == {128}
+    assert (model.num_parameters, model.active_parameters) == (116829050688, 5711876928)
+    profile = AnalyticProfile(model, default_calibration())
+    window, full = model.blocks[0], model.blocks[1]
+    core = [profile.block_times(window, setting(s), H100).attention_core_forward_s for s in (16384, 65536)]
+    assert core[1] / core[0] == pytest.approx(4, rel=0.02)
+    assert core[1] < profile.block_times(full, setting(65536), H100).attention_core_forward_s / 50
 
 
 def test_mamba_costs_are_positive_and_linear_in_s() -> None:
