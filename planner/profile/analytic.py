@@ -455,7 +455,7 @@ class AnalyticProfile:
             # causal: masked blocks are skipped, the s/tile diagonal blocks run whole; context parallelism's
             # load balancing (2·cp chunks, rank i holding chunks i and 2cp−1−i) gives each rank 1/cp of the work
             width = heads * (m.qk_head_dim + m.value_head_dim)
-            flops = 2 * b * s * s * width * 0.5 * (1 + min(_FLASH_TILE / s, 1.0)) / cp
+            flops = 2 * b * s * _causal_mean_keys(s) * width / cp
             rate = (gpu.peak_flops(attention_dtype) * self.calibration.flash_attention_efficiency
                     * _flash_tile_utilisation(_causal_mean_keys(s / cp))
                     * _head_dim_share(m.qk_head_dim, setting.attention))
