@@ -147,6 +147,12 @@ class Recompute(str, Enum):
     FULL = "full"
 
 
+def _not_one_of(owner: str, name: str, value: object, allowed: tuple[str, ...]) -> PlannerError:
+    """The refusal of `value` for `name`, naming what is allowed (callers test membership inline: the search
+    builds 10⁵ configurations)."""
+    return PlannerError(f"{owner}: {name} must be one of {', '.join(allowed)}, got {value!r}")
+
+
 def _positive(owner: str, name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise PlannerError(f"{owner}: {name} must be a positive integer, got {value!r}")
@@ -194,17 +200,13 @@ class Training:
         _positive("training", "global_batch", self.global_batch)
         _positive("training", "seq_len", self.seq_len)
         if self.dtype not in DTYPES:
-            raise PlannerError(f"training: dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+            raise _not_one_of("training", "dtype", self.dtype, DTYPES)
         if self.attention not in ATTENTION_KERNELS:
-            raise PlannerError(
-                f"training: attention must be one of {', '.join(ATTENTION_KERNELS)}, got {self.attention!r}"
-            )
+            raise _not_one_of("training", "attention", self.attention, ATTENTION_KERNELS)
         if self.elementwise not in ELEMENTWISE_MODES:
-            raise PlannerError(f"training: elementwise must be one of {', '.join(ELEMENTWISE_MODES)}, "
-                               f"got {self.elementwise!r}")
+            raise _not_one_of("training", "elementwise", self.elementwise, ELEMENTWISE_MODES)
         if self.cross_entropy not in CROSS_ENTROPY_KERNELS:
-            raise PlannerError(f"training: cross_entropy must be one of {', '.join(CROSS_ENTROPY_KERNELS)}, "
-                               f"got {self.cross_entropy!r}")
+            raise _not_one_of("training", "cross_entropy", self.cross_entropy, CROSS_ENTROPY_KERNELS)
         if self.grad_bytes not in (2, 4):
             raise PlannerError(f"training: grad_bytes must be 2 or 4, got {self.grad_bytes!r}")
         for name in ("moe_load_imbalance", "moe_capacity_factor"):
@@ -216,10 +218,9 @@ class Training:
     def _check_finetune(self) -> None:
         """Adapter options only with adapters; their defaults filled in; QLoRA computes in 16 bits."""
         if self.finetune not in FINETUNE_MODES:
-            raise PlannerError(f"training: finetune must be one of {', '.join(FINETUNE_MODES)}, got {self.finetune!r}")
+            raise _not_one_of("training", "finetune", self.finetune, FINETUNE_MODES)
         if self.optimizer_states not in OPTIMIZER_STATES:
-            raise PlannerError(f"training: optimizer_states must be one of {', '.join(OPTIMIZER_STATES)}, "
-                               f"got {self.optimizer_states!r}")
+            raise _not_one_of("training", "optimizer_states", self.optimizer_states, OPTIMIZER_STATES)
         if self.finetune == "full":
             given = [name for name in ("lora_rank", "lora_targets") if getattr(self, name) is not None]
             if given:
@@ -233,8 +234,7 @@ class Training:
             object.__setattr__(self, "lora_targets", DEFAULT_LORA_TARGETS)
         _positive("training", "lora_rank", self.lora_rank)
         if self.lora_targets not in LORA_TARGETS:
-            raise PlannerError(f"training: lora_targets must be one of {', '.join(LORA_TARGETS)}, "
-                               f"got {self.lora_targets!r}")
+            raise _not_one_of("training", "lora_targets", self.lora_targets, LORA_TARGETS)
         if self.finetune == "qlora" and self.dtype == "fp8":
             raise PlannerError("training: qlora de-quantises its NF4 weights to 16 bits for every GEMM; "
                                "use dtype bf16 or fp16, got fp8")
@@ -366,29 +366,24 @@ class ParallelConfig:
             if type(value) is not int or value < 1:  # the search builds 10⁵ configurations: plain ints skip the call
                 _positive("parallel config", name, value)
         if self.local_head not in LOCAL_HEADS:
-            raise PlannerError(f"parallel config: local_head must be one of {', '.join(LOCAL_HEADS)}, "
-                               f"got {self.local_head!r}")
+            raise _not_one_of("parallel config", "local_head", self.local_head, LOCAL_HEADS)
         if self.cp_comm not in CP_COMMS:
-            raise PlannerError(f"parallel config: cp_comm must be one of {', '.join(CP_COMMS)}, got {self.cp_comm!r}")
+            raise _not_one_of("parallel config", "cp_comm", self.cp_comm, CP_COMMS)
         if self.moe_dispatcher not in MOE_DISPATCHERS:
-            raise PlannerError(f"parallel config: moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, "
-                               f"got {self.moe_dispatcher!r}")
+            raise _not_one_of("parallel config", "moe_dispatcher", self.moe_dispatcher, MOE_DISPATCHERS)
         if self.selective_recompute not in SELECTIVE_RECOMPUTES:
-            raise PlannerError(f"parallel config: selective_recompute must be one of {', '.join(SELECTIVE_RECOMPUTES)}"
-                               f", got {self.selective_recompute!r}")
+            raise _not_one_of("parallel config", "selective_recompute", self.selective_recompute, SELECTIVE_RECOMPUTES)
         if self.fp8_param_gather and self.optimizer_sharding == 0:
             raise PlannerError("parallel config: fp8_param_gather gathers sharded weights and needs ZeRO-1/2/3 or the "
                                "distributed optimizer, got neither")
         if self.zero3_collectives not in ZERO3_COLLECTIVES:
-            raise PlannerError(f"parallel config: zero3_collectives must be one of {', '.join(ZERO3_COLLECTIVES)}, "
-                               f"got {self.zero3_collectives!r}")
+            raise _not_one_of("parallel config", "zero3_collectives", self.zero3_collectives, ZERO3_COLLECTIVES)
         if self.zero3_collectives == "per-tensor" and (self.zero_stage != 3 or self.pp > 1):
             raise PlannerError(f"parallel config: zero3_collectives 'per-tensor' is DeepSpeed's ZeRO-3 without "
                                f"pipelining; needs zero_stage 3 and pp 1, got zero_stage {self.zero_stage}, "
                                f"pp {self.pp}")
         if self.deepspeed_optimizer not in DEEPSPEED_OPTIMIZERS:
-            raise PlannerError(f"parallel config: deepspeed_optimizer must be one of "
-                               f"{', '.join(DEEPSPEED_OPTIMIZERS)}, got {self.deepspeed_optimizer!r}")
+            raise _not_one_of("parallel config", "deepspeed_optimizer", self.deepspeed_optimizer, DEEPSPEED_OPTIMIZERS)
         if self.deepspeed_optimizer == "bf16" and (self.zero_stage != 1 or self.distributed_optimizer):
             raise PlannerError("parallel config: deepspeed_optimizer 'bf16' (BF16_Optimizer) shards like ZeRO-1; "
                                f"needs zero_stage 1 without the distributed optimizer, got zero_stage {self.zero_stage}"
