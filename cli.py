@@ -30,6 +30,7 @@ from planner.config import (
     DTYPES,
     ELEMENTWISE_MODES,
     FINETUNE_MODES,
+    FP8_RECIPES,
     LOCAL_HEADS,
     LORA_TARGETS,
     MOE_DISPATCHERS,
@@ -126,6 +127,12 @@ def problem_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--elementwise", type=click.Choice(ELEMENTWISE_MODES), default="fused", show_default=True,
                      help="Norms, RoPE and activation: fused kernels (Megatron-LM/Transformer Engine, torch.compile) "
                           "or eager PyTorch's op-by-op kernels (torchtitan without torch.compile)."),
+        click.option("--fp8-recipe", type=click.Choice(FP8_RECIPES),
+                     help="How --dtype fp8 scales its GEMM operands: per tensor from the amax history (delayed) or "
+                          "the tensor itself (tensorwise, current scaling), per row (rowwise; rowwise_with_gw_hp "
+                          "keeps the weight-gradient GEMMs in BF16), per 1x128/128x128 tile (blockwise) or per 32 "
+                          "elements (mxfp8, Blackwell).  [default: the --framework's own: megatron delayed, "
+                          "torchtitan tensorwise]"),
         click.option("--finetune", type=click.Choice(FINETUNE_MODES), default="full", show_default=True,
                      help="What trains: every parameter (full), or LoRA adapters on frozen 16-bit (lora) or 4-bit "
                           "NF4 (qlora) base weights."),
@@ -336,23 +343,28 @@ class TuningOptions:
     lora_targets: str | None = None
     optimizer_states: str = "auto"
     elementwise: str = "fused"
+    fp8_recipe: str | None = None  # as given; None: the target framework's (`fp8_default`)
     cross_entropy: str = "fused"  # set by the target framework (`for_framework`), not an option of its own
+    fp8_default: str = FP8_RECIPES[0]  # likewise
 
     @classmethod
     def pop_from(cls, options: dict[str, Any]) -> TuningOptions:
         """Take these options out of a command's keyword options."""
         return cls(*(options.pop(name) for name in ("finetune", "lora_rank", "lora_targets", "optimizer_states",
-                                                     "elementwise")))
+                                                     "elementwise", "fp8_recipe")))
 
     def for_framework(self, framework: str | None) -> TuningOptions:
-        """These options with the loss kernel `framework` runs at their element-wise setting."""
-        return replace(self, cross_entropy=framework_named(framework or "any").loss_kernel(self.elementwise))
+        """These options with the loss kernel `framework` runs at their element-wise setting and its default FP8
+        recipe."""
+        target = framework_named(framework or "any")
+        return replace(self, cross_entropy=target.loss_kernel(self.elementwise), fp8_default=target.fp8_recipes[0])
 
-    def training_fields(self) -> dict[str, Any]:
-        """Training's fields; "auto" optimizer states start as fp32 (plan may choose others)."""
+    def training_fields(self, dtype: str) -> dict[str, Any]:
+        """Training's fields at `dtype`; "auto" optimizer states start as fp32 (plan may choose others)."""
+        recipe = self.fp8_recipe or (self.fp8_default if dtype == "fp8" else None)
         return {"finetune": self.finetune, "lora_rank": self.lora_rank, "lora_targets": self.lora_targets,
                 "optimizer_states": "fp32" if self.optimizer_states == "auto" else self.optimizer_states,
-                "elementwise": self.elementwise, "cross_entropy": self.cross_entropy}
+                "elementwise": self.elementwise, "cross_entropy": self.cross_entropy, "fp8_recipe": recipe}
 
 
 def load_problem(model_spec: str, cluster_spec: str, global_batch: int, seq_len: int, dtype: str, attention: str,
@@ -366,7 +378,7 @@ def load_problem(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
         click.echo(f"warning: {warning}", err=True)
     cluster = condition_cluster(nominal, links_path, slowdowns)
     training = Training(global_batch=global_batch, seq_len=seq_len, dtype=dtype, attention=attention,
-                        **(tuning or TuningOptions()).training_fields())
+                        **(tuning or TuningOptions()).training_fields(dtype))
     calibration = load_calibration(calibration_path) if calibration_path else default_calibration()
     timer = None
     if profile_path:
@@ -383,9 +395,9 @@ def echo_memory(training: Training, result: Estimate) -> None:
 
 
 def describe_tuning(model: ModelSpec, training: Training) -> str:
-    """', LoRA r=16 all-linear (207.1 M trainable, 0.29 %)', the optimizer states when not fp32 and eager element-wise
-    kernels; '' otherwise."""
-    text = ""
+    """', LoRA r=16 all-linear (207.1 M trainable, 0.29 %)', the FP8 recipe, the optimizer states when not fp32 and
+    eager element-wise kernels; '' otherwise."""
+    text = f" ({training.fp8_recipe} scaling)" if training.fp8_recipe else ""
     if training.finetune != "full":
         trainable = adapter_parameters(model, training)
         text += (f", {training.finetune.replace('q', 'Q', 1).replace('lora', 'LoRA')} r={training.lora_rank} "

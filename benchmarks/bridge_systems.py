@@ -8,13 +8,21 @@ from planner.cluster import Cluster, load_cluster
 from planner.errors import PlannerError
 from planner.gpu import lookup_gpu
 
-__all__ = ["BRIDGE_DTYPES", "bridge_cluster", "bridge_gpu", "rack_segment_gpus"]
+__all__ = ["BRIDGE_DTYPES", "bridge_cluster", "bridge_gpu", "bridge_precision", "rack_segment_gpus"]
 
 # the files' hardware label (its first word) → catalog GPU; GPUs missing from profiles/gpus.yaml are skipped
 _GPUS = {"H100": "H100-80GB", "H800": "H800", "B200": "B200", "B300": "B300", "GB200": "GB200", "GB300": "GB300"}
 _FP8 = ("FP8", "MXFP8", "FP8-MX", "FP8-CS")
-# the files' precision labels planner runs (FP8 recipes differ in scaling granularity, which planner does not model)
+# the files' precision labels planner runs
 BRIDGE_DTYPES = {**{name: "fp8" for name in _FP8}, "BF16": "bf16"}
+# their FP8 recipes (Training.fp8_recipe): Megatron-Bridge's performance scripts run FP8 as current scaling on
+# Hopper and MXFP8 on Blackwell (`-c fp8_cs` / `fp8_mx`, scripts/performance/dump_perf_configs.py: h100 fp8_cs)
+_BRIDGE_FP8_RECIPES = {"FP8": "tensorwise", "FP8-CS": "tensorwise", "MXFP8": "mxfp8", "FP8-MX": "mxfp8"}
+
+
+def bridge_precision(label: str) -> dict[str, str | None]:
+    """Training's dtype and fp8_recipe for a Megatron-Bridge precision label (one of BRIDGE_DTYPES)."""
+    return {"dtype": BRIDGE_DTYPES[label], "fp8_recipe": _BRIDGE_FP8_RECIPES.get(label)}
 
 
 def bridge_gpu(hardware: str) -> str | None:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from benchmarks.bridge_systems import BRIDGE_DTYPES, bridge_cluster, bridge_gpu
+from benchmarks.bridge_systems import BRIDGE_DTYPES, bridge_cluster, bridge_gpu, bridge_precision
 from benchmarks.validation_runs import BRIDGE_PERF_GRAD_BYTES, DATA, Run, Skipped
 from planner.config import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES, ParallelConfig, Recompute, Schedule, Training
 from planner.gpu import GIB
@@ -274,7 +274,7 @@ def _run(row: pd.Series) -> Run:
                             recompute=recompute, recompute_modules=modules,
                             schedule=Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B)
     training = Training(global_batch=_int(row, "global_batch"), seq_len=int(row["seq_len"]),
-                        dtype=BRIDGE_DTYPES[str(row["precision"])], attention="flash",
+                        **bridge_precision(str(row["precision"])), attention="flash",
                         grad_bytes=BRIDGE_PERF_GRAD_BYTES)
     step, throughput = _number(row["step_time_s"]), _number(row["tokens_per_sec_per_gpu"])
     # a documented OOM states no time: NaN, never scored for time

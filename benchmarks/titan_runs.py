@@ -60,7 +60,7 @@ class _Row:
     global_batch: int
     seq_len: int
     checkpointing: str
-    fp8: bool
+    fp8_recipe: str | None  # Training.fp8_recipe of a float8 / MXFP8 row; None: BF16
     fp8_gather: bool  # FSDP all-gathers the float8 weights (torchao's enable_fsdp_float8_all_gather)
     tokens_per_s_per_gpu: float
     memory_gib: float | None
@@ -88,6 +88,18 @@ def _int(value: object, default: int) -> int:
 _FP8_GATHER_NOTES = ("float8 fsdp all-gather", "enable_fsdp_float8_all_gather")
 
 
+def _fp8_recipe(recipe: str) -> str | None:
+    """Training.fp8_recipe of a row's recipe text (lower case): torchao's rowwise, rowwise_with_gw_hp and MXFP8
+    as named, any other float8 as torchao's default, tensorwise (the torchtitan docs' and 2024-12 rows')."""
+    if "mxfp8" in recipe:
+        return "mxfp8"
+    if "rowwise_with_gw_hp" in recipe:
+        return "rowwise_with_gw_hp"
+    if "rowwise" in recipe:
+        return "rowwise"
+    return "tensorwise" if "float8" in recipe or "fp8" in recipe else None
+
+
 def _parse(row: pd.Series) -> _Row:
     dp_shard, micro_batch = _int(row["dp_shard_degree"], 1), _int(row["micro_batch"], 1)
     recipe = f"{row['low_precision_recipe']} {row['precision']}".lower()
@@ -95,7 +107,7 @@ def _parse(row: pd.Series) -> _Row:
                 _int(row["dp_replicate_degree"], 1), _int(row["tp"], 1), _int(row["pp"], 1), _int(row["cp"], 1),
                 _int(row["ep"], 1), micro_batch, _int(row["global_batch_seqs"], micro_batch * dp_shard),
                 int(row["seq_len"]), str(row["activation_checkpointing"]).lower(),
-                "float8" in recipe or "fp8" in recipe, any(note in recipe for note in _FP8_GATHER_NOTES),
+                _fp8_recipe(recipe), any(note in recipe for note in _FP8_GATHER_NOTES),
                 float(row["tokens_per_sec_per_gpu"]),
                 None if pd.isna(row["peak_memory_gib"]) else float(row["peak_memory_gib"]),
                 str(row["async_tp"]).strip().lower() == "yes", "interleaved" in str(row["pp_schedule"]).lower(),
@@ -160,7 +172,8 @@ def _run(file: str, frame_row: pd.Series, row: _Row) -> Run:
     # B200 rows (torchtitan 6fc499f) ran cuDNN attention, which that torchtitan's per-op SAC save list does not name
     # (it added every SDPA backend in b39377f9f, 2025-12-01): the attention runs again in backward, output not kept
     cudnn = row.gpu == "B200"
-    training = Training(global_batch=row.global_batch, seq_len=row.seq_len, dtype="fp8" if row.fp8 else "bf16",
+    training = Training(global_batch=row.global_batch, seq_len=row.seq_len, dtype="fp8" if row.fp8_recipe else "bf16",
+                        fp8_recipe=row.fp8_recipe,
                         attention="flash" if cudnn else "flash2", grad_bytes=4,
                         elementwise="eager" if row.eager else "fused", cross_entropy=_cross_entropy(frame_row, row))
     # torchtitan's execution semantics (planner.frameworks): its TP backward has no async all-reduce hidden behind

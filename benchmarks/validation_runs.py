@@ -55,7 +55,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmarks.bridge_systems import BRIDGE_DTYPES, bridge_cluster, bridge_gpu
+from benchmarks.bridge_systems import BRIDGE_DTYPES, bridge_cluster, bridge_gpu, bridge_precision
 from planner.cluster import Cluster, load_cluster
 from planner.config import ParallelConfig, Recompute, Schedule, Training, deepspeed_zero3_collectives
 from planner.cost.estimate import Estimate, estimate, model_flops_per_iteration
@@ -327,8 +327,11 @@ def h100_runs() -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
             schedule=Schedule.INTERLEAVED if vp > 1 else Schedule.ONE_F_ONE_B,
         )
         grad_bytes = BRIDGE_PERF_GRAD_BYTES if file == BRIDGE_FILE else _NEMO_GRAD_BYTES.get(name)
+        # NeMo 24.07's recipes scale FP8 from the amax history (Transformer Engine's DelayedScaling, NeMo's
+        # default); Megatron-Bridge's rows say FP8-CS, current scaling
+        recipe = "tensorwise" if file == BRIDGE_FILE else "delayed"
         training = Training(global_batch=int(row["gbs"]), seq_len=int(row["seq_len"]), dtype="fp8",
-                            attention="flash", grad_bytes=grad_bytes)
+                            fp8_recipe=recipe, attention="flash", grad_bytes=grad_bytes)
         iteration = training.tokens_per_iteration / (float(row["tokens_per_sec_per_gpu"]) * gpus)
         nodes = math.ceil(gpus / 8)
         label = f"{name} {gpus}xH100 {config.describe()}"
@@ -359,6 +362,16 @@ def _long_context_why(row: pd.Series) -> str | None:
     return None
 
 
+def _long_context_precision(row: pd.Series, bridge: bool) -> dict[str, str | None]:
+    """Training's dtype and FP8 recipe of a long-context row: NeMo's tables ran FP8 with delayed scaling (NeMo's
+    default recipe), Megatron-Bridge's as labelled; its H100 rows the 25.09 table leaves unlabelled as its H100
+    FP8, current scaling."""
+    label = str(row["precision"])
+    if not bridge:
+        return {"dtype": "fp8", "fp8_recipe": "delayed"}
+    return bridge_precision(label if label in BRIDGE_DTYPES else "FP8-CS")
+
+
 def long_context_runs() -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
     """NeMo long-sequence and Megatron-Bridge CP runs on H100, B200 and GB200/GB300 NVL72 racks (FP8 — the H100
     rows' table is FP8 throughout, the Blackwell rows say which recipe —, Megatron-LM's ring CP, TE userbuffer TP
@@ -382,7 +395,7 @@ def long_context_runs() -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
         gpu = bridge_gpu(str(row["hardware"])) or ""
         bridge = str(row["row_id"]).startswith("MB-")  # Megatron-Bridge's performance summary (NLS-: NeMo's)
         training = Training(global_batch=int(row["global_batch"]), seq_len=int(row["seq_len"]),
-                            dtype=BRIDGE_DTYPES.get(str(row["precision"]), "fp8"), attention="flash",
+                            **_long_context_precision(row, bridge), attention="flash",
                             grad_bytes=BRIDGE_PERF_GRAD_BYTES if bridge else None)
         tokens_per_s = _number(row["tokens_per_sec_per_gpu"])
         if tokens_per_s:

@@ -28,6 +28,7 @@ __all__ = [
     "DTYPES",
     "ELEMENTWISE_MODES",
     "FINETUNE_MODES",
+    "FP8_RECIPES",
     "LOCAL_HEADS",
     "LORA_TARGETS",
     "MOE_DISPATCHERS",
@@ -102,6 +103,13 @@ ELEMENTWISE_MODES = ("fused", "eager")
 # copy op by op (torchtitan before it compiled its loss, pytorch/torchtitan bbb1b616e of 2025-04-02, and since
 # whenever it runs without torch.compile); "compiled", that loss under torch.compile (one fused kernel each way).
 CROSS_ENTROPY_KERNELS = ("fused", "eager", "compiled")
+# How FP8 GEMM operands are scaled (planner/profile/analytic.py `_FP8_CAST_BYTES` holds what each costs): one scale
+# per tensor from the amax history ("delayed", Transformer Engine's DelayedScaling, Megatron-LM's default) or from
+# the tensor itself ("tensorwise", current scaling: TE's Float8CurrentScaling, torchao's tensorwise); one per row
+# ("rowwise", torchao; "rowwise_with_gw_hp" keeps the weight-gradient GEMM in BF16); one per 1×128 / 128×128 tile
+# ("blockwise", TE's Float8BlockScaling, DeepSeek-V3's recipe); one per 32 elements in hardware ("mxfp8", OCP MX on
+# GPUs with FP4 tensor cores: Blackwell).
+FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise", "mxfp8")
 # What trains: every parameter ("full", pre-training's accounting), or low-rank adapters on frozen 16-bit ("lora",
 # Hu et al. 2021) or 4-bit NF4 ("qlora", Dettmers et al. 2023) base weights (planner/finetune.py owns the rules).
 FINETUNE_MODES = ("full", "lora", "qlora")
@@ -168,6 +176,8 @@ class Training:
     `elementwise` (ELEMENTWISE_MODES) is how the norms, RoPE and activation run: fused kernels or eager PyTorch's.
     `cross_entropy` (CROSS_ENTROPY_KERNELS) is how the loss over the logits runs: Megatron-LM's fused kernel, eager
     PyTorch's or torch.compile's; it sets what the loss holds in memory.
+    `fp8_recipe` (FP8_RECIPES) is how dtype fp8 scales its GEMM operands (None with dtype fp8 takes "delayed"); it
+    must stay None for other dtypes.
     `grad_bytes` is the per-parameter gradient size: 4 when gradients accumulate in fp32
     (Megatron-LM's default for bf16 and fp8), 2 when they stay 16-bit (its fp16 optimizer);
     None takes that dtype's default.
@@ -192,10 +202,12 @@ class Training:
     optimizer_states: str = "fp32"
     elementwise: str = "fused"
     cross_entropy: str = "fused"
+    fp8_recipe: str | None = None
 
     def __post_init__(self) -> None:
         if self.grad_bytes is None:
             object.__setattr__(self, "grad_bytes", 2 if self.dtype == "fp16" else 4)
+        self._check_fp8_recipe()
         self._check_finetune()
         _positive("training", "global_batch", self.global_batch)
         _positive("training", "seq_len", self.seq_len)
@@ -214,6 +226,18 @@ class Training:
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not 1.0 <= value < float("inf")):
                 raise PlannerError(f"training: {name} must be a finite number >= 1, got {value!r}")
+
+    def _check_fp8_recipe(self) -> None:
+        """A recipe only with dtype fp8, one of FP8_RECIPES; fp8 without one scales as Megatron-LM's default."""
+        if self.dtype != "fp8":
+            if self.fp8_recipe is not None:
+                raise PlannerError(f"training: fp8_recipe applies to dtype fp8 only, got dtype {self.dtype!r} "
+                                   f"with fp8_recipe {self.fp8_recipe!r}")
+            return
+        if self.fp8_recipe is None:
+            object.__setattr__(self, "fp8_recipe", "delayed")
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise _not_one_of("training", "fp8_recipe", self.fp8_recipe, FP8_RECIPES)
 
     def _check_finetune(self) -> None:
         """Adapter options only with adapters; their defaults filled in; QLoRA computes in 16 bits."""

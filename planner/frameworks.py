@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from planner.config import (
     CP_COMMS,
     DEFAULT_RECOMPUTE_MODULES,
+    FP8_RECIPES,
     MOE_DISPATCHERS,
     OPTIMIZER_STATES,
     ParallelConfig,
@@ -114,6 +115,8 @@ class Framework:
     # it runs the loss as PyTorch's F.cross_entropy, compiled with the model when its element-wise kernels are
     # (torchtitan compiles its loss since pytorch/torchtitan bbb1b616e, 2025-04); False: Megatron-LM's fused kernel
     loss_follows_compile: bool = False
+    # Training.fp8_recipe values it runs, its default first (with --dtype fp8 and no --fp8-recipe)
+    fp8_recipes: tuple[str, ...] = FP8_RECIPES
     # what it runs of a given model, narrowed from the above (None: every model alike); see `for_model`
     model_limits: Callable[[Framework, ModelSpec], dict[str, object]] | None = None
 
@@ -165,6 +168,9 @@ class Framework:
             return f"{self.version} cannot fine-tune with {training.finetune}: {self.no_adapters}"
         if training.elementwise == "eager" and self.fused_elementwise_only:
             return f"{self.version} has no eager element-wise kernels: it runs {self.fused_elementwise_only}"
+        if training.dtype == "fp8" and training.fp8_recipe not in self.fp8_recipes:
+            return (f"{self.version} has no {training.fp8_recipe} FP8 recipe (it runs "
+                    f"{', '.join(self.fp8_recipes)})")
         needs = dict(self.optimizer_states)
         if training.optimizer_states not in needs:
             return f"{self.version} has no {training.optimizer_states} optimizer states"
@@ -298,7 +304,9 @@ FRAMEWORKS: dict[str, Framework] = {
         # --optimizer-cpu-offload runs Adam on the host inside the distributed optimizer (HybridDeviceOptimizer)
         no_adapters="pretrain_gpt.py has no LoRA/PEFT (Megatron-Bridge's peft.LoRA has; planner does not export it)",
         fused_elementwise_only="Transformer Engine's fused norms, RoPE and activations",
-        optimizer_states=(("fp32", None), ("cpu", frozenset({(0, True)})))),
+        optimizer_states=(("fp32", None), ("cpu", frozenset({(0, True)}))),
+        # --fp8-recipe's choices (TransformerConfig.fp8_recipe), delayed its default
+        fp8_recipes=("delayed", "tensorwise", "blockwise", "mxfp8")),
     # ZeRO-2/3 only without PP (PipelineEngine asserts stage < 2); CP only as Ulysses, which planner's cp is not
     "deepspeed": Framework(
         "deepspeed", "DeepSpeed 0.19 (Megatron-DeepSpeed)", frozenset({Schedule.ONE_F_ONE_B}),
@@ -332,7 +340,10 @@ FRAMEWORKS: dict[str, Framework] = {
         # offloads parameters too, which planner does not price
         no_adapters="0.2.2 has no LoRA model converter (pytorch/torchtitan#2484 adds one after the release)",
         fixed_selective_recompute='per-op SAC (activation_checkpoint.selective_ac_option "op") or every k-th block',
-        loss_follows_compile=True, model_limits=_torchtitan_model_limits),
+        loss_follows_compile=True, model_limits=_torchtitan_model_limits,
+        # torchao's float8 recipes ([quantize.linear.float8] recipe_name, tensorwise when unnamed) and MXFP8
+        # ([quantize.linear.mx]); torchao dropped delayed scaling
+        fp8_recipes=("tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8")),
 }
 FRAMEWORK_NAMES = tuple(FRAMEWORKS)
 TARGET_NAMES = FRAMEWORK_NAMES[1:]

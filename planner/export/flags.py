@@ -138,7 +138,7 @@ def model_flags(model: ModelSpec, training: Training, dialect: Dialect) -> Model
         flags += _megatron_layer_kind_flags(model, blocks)
     flags.append(("--fp16",) if training.dtype == "fp16" else ("--bf16",))
     if training.dtype == "fp8" and lm:
-        flags.append(("--fp8-format", "hybrid"))
+        flags += [("--fp8-format", "hybrid"), ("--fp8-recipe", training.fp8_recipe)]
     elif training.dtype == "fp8":
         unsupported.append(f"{dialect.value} and DeepSpeed have no fp8 switch; exported as bf16 (fp8 needs "
                            "Transformer Engine)")

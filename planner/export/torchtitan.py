@@ -65,6 +65,42 @@ ROTATE_METHODS = {"all-gather": "allgather", "p2p": "alltoall"}
 "alltoall" passes K/V shards between ranks step by step (the ring); Ulysses has none (frameworks.py refuses it)."""
 
 
+def _fp8_kind(plan: Plan) -> str | None:
+    """torchtitan's quantisation converter family for the plan's FP8 recipe ("float8", "mx"), None without FP8."""
+    if plan.training.dtype != "fp8":
+        return None
+    return "mx" if plan.training.fp8_recipe == "mxfp8" else "float8"
+
+
+def _fp8_converters(plan: Plan) -> list[str]:
+    """[model] converters of an FP8 plan: torchao on the linear layers and, for MoE, on the routed experts'
+    grouped GEMMs (one quantisation family for both, as torchtitan requires)."""
+    kind = _fp8_kind(plan)
+    if kind is None:
+        return []
+    names = [f"quantize.linear.{kind}"] + ([f"quantize.grouped_mm.{kind}"] if plan.model.is_moe else [])
+    return [f"converters = {_value(names)}  # the plan's FP8 GEMMs (torchao)"]
+
+
+def _fp8_sections(plan: Plan) -> list[str]:
+    """The torchao recipe of an FP8 plan: [quantize.linear.float8] with its recipe name and the planned FP8
+    all-gather of FSDP weights, or [quantize.linear.mx] (MXFP8 through cuBLAS); for MoE the experts' grouped
+    GEMMs' section."""
+    kind = _fp8_kind(plan)
+    if kind is None:
+        return []
+    if kind == "mx":
+        lines = ["", "[quantize.linear.mx]", 'recipe_name = "mxfp8_cublas"']
+        grouped = ["", "[quantize.grouped_mm.mx]", 'recipe_name = "mxfp8"', 'fqns = ["experts"]']
+    else:
+        gather = _value(plan.parallel.fp8_param_gather)
+        lines = ["", "[quantize.linear.float8]", f"recipe_name = {_value(plan.training.fp8_recipe)}",
+                 f"enable_fsdp_float8_all_gather = {gather}",
+                 f"precompute_float8_dynamic_scale_for_fsdp = {gather}"]
+        grouped = ["", "[quantize.grouped_mm.float8]", 'fqns = ["experts"]']
+    return lines + (grouped if plan.model.is_moe else [])
+
+
 def torchtitan_toml(plan: Plan, notes: tuple[str, ...] = ()) -> str:
     """The [job]/[model]/[training]/[parallelism]/[activation_checkpoint] TOML for the plan, notes in its header."""
     config, training = plan.parallel, plan.training
@@ -81,6 +117,7 @@ def torchtitan_toml(plan: Plan, notes: tuple[str, ...] = ()) -> str:
              "", "[job]", f"description = {_value(f'planner plan: {plan.model.name}')}",
              "# dump_folder: outputs and checkpoints; torchrun.sh sets it from OUTPUT_DIR", "",
              "[model]", f"name = {_value(flavor.name)}", f"flavor = {_value(flavor.flavor)}",
+             *_fp8_converters(plan),
              f"hf_assets_path = {_value(_PLACEHOLDER.format('TOKENIZER_PATH'))}  # the tokenizer's directory", "",
              "[training]", f"dataset = {_value(_PLACEHOLDER.format('DATASET'))}  # a name registered in "
              "torchtitan.hf_datasets"]
@@ -93,11 +130,7 @@ def torchtitan_toml(plan: Plan, notes: tuple[str, ...] = ()) -> str:
     lines += [f"global_batch_size = {training.global_batch}", f"seq_len = {training.seq_len}",
               f"mixed_precision_param = {_value('float16' if training.dtype == 'fp16' else 'bfloat16')}",
               'mixed_precision_reduce = "float32"']
-    if training.dtype == "fp8":
-        lines.append('# fp8: add [model] converters = ["float8"] with a [float8] section (torchao)')
-        if config.fp8_param_gather:
-            lines.append("# and [quantize.linear.float8] enable_fsdp_float8_all_gather = true (the planned FP8 "
-                         "all-gather)")
+    lines += _fp8_sections(plan)
     lines += ["", "[parallelism]",
               "# ZeRO-2/3 run as FSDP2 (data_parallel_shard_degree): FSDP shards",
               "# parameters, gradients and optimizer states; without sharding the plan's dp is plain DDP (replicate).",

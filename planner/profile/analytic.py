@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 
 from planner.config import Training
+from planner.errors import PlannerError
 from planner.gpu import GPUSpec
 from planner.model import AttentionSpec, BlockSpec, MlpSpec, ModelSpec, UnitKind
 from planner.profile.calibration import Calibration
@@ -49,15 +50,50 @@ _FLASH_QUERY_TILE_OVERHEAD = 1.8
 # softmax element. H100 SXM5 forward at 16K tokens (Shah et al. 2024, FlashAttention-3, Fig. 5): cuDNN 413 vs 595
 # and FA3 497 vs 648 TFLOP/s, 0.69 and 0.77 (the native kernels: 0.73); FA2 324 vs 370, 0.88. At 128 and above 1.
 _HEAD_DIM_64_SHARE = {"flash": 0.73, "flash2": 0.88}
-# FP8 (Transformer Engine, torchao float8) HBM bytes per element around each FP8 linear layer beyond the BF16
-# path, per-tensor scaling: the backward casts the BF16 output gradient to FP8 twice (row-major for dgrad,
-# transposed for wgrad; read 2 B, write 1 + 1 B) and the wgrad GEMM needs the saved FP8 input transposed
-# (read 1 B, write 1 B; Hopper FP8 tensor cores take only the TN layout). The forward casts of the inputs
-# are fused into the preceding LayerNorm / activation (LayerNormLinear, fp8 gelu/swiglu output), except the
-# attention projection's input (read 2 B, write 1 B).
-_FP8_GRAD_CAST_BYTES = 4
-_FP8_INPUT_TRANSPOSE_BYTES = 2
-_FP8_UNFUSED_CAST_BYTES = 3
+
+
+@dataclass(frozen=True)
+class _Fp8Casts:
+    """HBM bytes per element that FP8 quantisation adds around a linear layer beyond the BF16 path, by what
+    produces the element: an input whose producer (a norm, the MLP activation) can run the cast in its own kernel,
+    an input none can (the attention core's output), the output gradient, and the saved input the weight-gradient
+    GEMM reads. `bf16_wgrad`: the weight-gradient GEMM runs in BF16 (on the BF16 tensors)."""
+
+    fused_input: float
+    unfused_input: float
+    output_grad: float
+    saved_input: float
+    bf16_wgrad: bool = False
+
+
+# By Training.fp8_recipe. delayed (Transformer Engine DelayedScaling, scale from the amax history): the forward
+# casts ride in the norm / activation kernel (LayerNormLinear, fp8 swiglu output) except the attention projection's
+# input (read 2 B, write 1 B); the backward casts the BF16 output gradient row-major for dgrad and transposed for
+# wgrad in one pass (read 2, write 1 + 1) and transposes the saved FP8 input for wgrad (read 1, write 1): Hopper's
+# FP8 tensor cores take only the TN layout.
+# tensorwise (current scaling: TE Float8CurrentScaling, torchao tensorwise): the scale needs the whole tensor's
+# amax before any element is cast, so no cast runs inside its producer: the producer writes BF16 and reduces the
+# amax, a cast kernel reads 2 B and writes 1 B; an input or gradient whose producer cannot reduce the amax (the
+# attention core, a GEMM) is read once more for it (+2 B).
+# rowwise (torchao: one scale per row of each GEMM operand along its K): the casts are row-local, one pass each
+# (read 2, write 1); wgrad's K is the token dimension, so the output gradient and the saved BF16 input are cast
+# again along it (2 × 3 B, 3 B), and the backward GEMMs run cuBLAS's tensor-wise kernel with the row and column
+# scales applied to the output in a pass of their own (read 2 B, write 2 B per dgrad output element: pytorch/ao
+# #1325, torchao 0.7–0.11, avoiding the slow-accumulation CUTLASS kernel, pytorch/pytorch #147971).
+# rowwise_with_gw_hp: as rowwise for the forward and dgrad; wgrad runs in BF16 on the BF16 tensors.
+# blockwise (TE Float8BlockScaling: 1×128 activation and gradient tiles, 128×128 weight tiles) and mxfp8 (OCP MX,
+# 32-element blocks, E8M0 scales): block-local scales let one pass write both the row-wise copy and the
+# column-wise copy wgrad reads (read 2, write 1 + 1 plus a scale per block), so nothing is transposed later;
+# blockwise's quantiser is a kernel of its own, MXFP8's runs inside the norm on Blackwell (TE's fused
+# norm + MXFP8 cast), where both copies replace the BF16 output.
+_FP8_CASTS = {
+    "delayed": _Fp8Casts(0.0, 3.0, 4.0, 2.0),
+    "tensorwise": _Fp8Casts(3.0, 5.0, 6.0, 2.0),
+    "rowwise": _Fp8Casts(3.0, 3.0, 6.0, 3.0 + 4.0),
+    "rowwise_with_gw_hp": _Fp8Casts(3.0, 3.0, 3.0, 4.0, bf16_wgrad=True),
+    "blockwise": _Fp8Casts(4.0 + 2 * 4 / 128, 4.0 + 2 * 4 / 128, 4.0 + 2 * 4 / 128, 0.0),
+    "mxfp8": _Fp8Casts(2 / 32, 4.0 + 2 / 32, 4.0 + 2 / 32, 0.0),
+}
 _VECTOR_BYTES = 16  # tensor-core GEMM kernels load operands in 16-byte vectors
 # Kernels a transformer block's forward launches besides its linear layers' GEMMs, per rank (Megatron-LM's
 # fused kernels: one LayerNorm/RMSNorm each, one bias-dropout-add each): 2 norms, 2 residual adds, 1 activation;
@@ -119,6 +155,7 @@ class UnitSetting:
     etp: int = 1  # expert tensor parallelism: each expert's intermediate size split etp ways
     expert_load: float = 1.0  # routed tokens of the busiest expert rank over the mean (Training.moe_expert_load)
     elementwise: str = "fused"  # Training.elementwise: fused kernels or eager PyTorch's
+    fp8_recipe: str | None = None  # Training.fp8_recipe: how dtype fp8 scales its GEMM operands
 
     @property
     def tokens(self) -> float:
@@ -197,6 +234,23 @@ def _gemm_dtype_outside_linears(dtype: str, gpu: GPUSpec) -> str:
     router and the output layer (logits) stay BF16 (Megatron-LM / Transformer Engine, torchao float8's
     default filter, which skips the output projection)."""
     return "bf16" if dtype == "fp8" and gpu.supports("bf16") else dtype
+
+
+def _fp8_casts(setting: UnitSetting, gpu: GPUSpec) -> _Fp8Casts | None:
+    """What FP8 quantisation adds around the linear layers at `setting` (None: not FP8); MXFP8 needs the hardware
+    block scaling that came with FP4 tensor cores (NVIDIA Blackwell, AMD CDNA 4)."""
+    if setting.dtype != "fp8":
+        return None
+    recipe = setting.fp8_recipe or "delayed"
+    if recipe == "mxfp8" and not gpu.supports("fp4"):
+        raise PlannerError(f"fp8 recipe mxfp8 needs MX block-scaled tensor cores (Blackwell: B200, B300, GB200, "
+                           f"GB300); {gpu.name} has none: use delayed, tensorwise or blockwise")
+    return _FP8_CASTS[recipe]
+
+
+def _bf16_twin(setting: UnitSetting) -> UnitSetting:
+    """`setting` in BF16: what an FP8 recipe that keeps the weight-gradient GEMMs in BF16 runs them at."""
+    return replace(setting, dtype="bf16", fp8_recipe=None)
 
 
 def block_forward_flops(model: ModelSpec, tokens: int, seq_len: int, causal_halving: bool = False) -> float:
@@ -393,14 +447,22 @@ class AnalyticProfile:
         width = h / t if setting.sequence_parallel else h
         per_token = block.sublayers * (4 + 6 + (5 if block.dropout else 0)) * width
         kernels = 2 * block.sublayers
+        widths: list[tuple[float, float]] = []  # (input, output) per token of each linear layer, for FP8's casts
+        unfused_inputs = 0.0
         if block.attention is not None:
-            linears[0], linears[1], _ = view._attention_linears(setting, gpu)
+            linears[0], linears[1], qkv_width = view._attention_linears(setting, gpu)
+            query_width = block.attention.query_width / t
+            widths += [(h, qkv_width), (query_width, h)]
+            unfused_inputs += query_width
             core_forward, core_backward = self._typed_attention_core(
                 block.attention, view._attention_core(setting, gpu), setting)
             if block.attention.rope:
                 rope_width = (block.attention.query_width + block.attention.kv_width) / t
         if block.mamba is not None:
             linears[0], linears[1], scan_forward, scan_backward = self._mamba(block, setting, gpu)
+            inner = block.mamba.inner_size / t  # out_proj's input comes from mamba_ssm's gated-norm kernel
+            widths += [(h, block.mamba.in_proj_width / t), (inner, h)]
+            unfused_inputs += inner
         if block.mlp is not None:
             linears[2], linears[3], router = view._mlp_linears(setting, gpu, block.mlp.is_moe)
             mlp = block.mlp
@@ -409,15 +471,21 @@ class AnalyticProfile:
             per_token += (6 if mlp.gated else 4) * ffn / t
             gated = ffn / t if mlp.gated else 0.0
             kernels += 1
+            copies = mlp.moe_top_k * setting.expert_load if mlp.is_moe else 1
+            up_width = (2 if mlp.gated else 1) * mlp.ffn_hidden_size / t
+            widths += [(h * copies, up_width * copies), (mlp.ffn_hidden_size / t * copies, h * copies)]
         per_token += 4 * rope_width + _eager_extra_bytes(setting, block.sublayers, width, rope_width, gated)
         kernels += _eager_extra_kernels(setting, block.sublayers, rope_width > 0, gated > 0)
         gemms = sum(linears) + router
         elementwise = self.memory_time(gpu, setting.tokens * per_token) + kernels * self.calibration.kernel_launch_s
+        cast_forward, cast_backward = self._fp8_cast_times(setting, gpu, tuple(widths), unfused_inputs)
+        wgrad = self._composed_block(block, _bf16_twin(setting), gpu).weight_grad_s \
+            if self._bf16_wgrad(setting, gpu) else gemms
         modules = view._module_forward_s(setting, gpu, block.mlp is not None and block.mlp.is_moe,
                                          block.mlp is not None)
-        return UnitTimes(gemms + core_forward + scan_forward + elementwise,
-                         2 * gemms + core_backward + scan_backward + 2 * elementwise,
-                         core_forward, tuple(linears), core_backward, gemms, modules)
+        return UnitTimes(gemms + core_forward + scan_forward + elementwise + cast_forward,
+                         gemms + wgrad + core_backward + scan_backward + 2 * elementwise + cast_backward,
+                         core_forward, tuple(linears), core_backward, wgrad, modules)
 
     def _mamba(self, block: BlockSpec, setting: UnitSetting, gpu: GPUSpec) -> tuple[float, float, float, float]:
         """(in_proj, out_proj, scan forward, scan backward) of a Mamba-2 mixer on one TP rank. As Megatron-Core's
@@ -666,7 +734,7 @@ class AnalyticProfile:
                 self.gemm_time(gpu, setting.dtype, tokens, m.hidden_size, shared / t))
 
     def _block_of(self, setting: UnitSetting, gpu: GPUSpec, moe: bool) -> UnitTimes:
-        m, t, dtype = self.model, setting.tp, setting.dtype
+        m, t = self.model, setting.tp
         tokens = setting.tokens
         h, q, f = m.hidden_size, m.query_width, m.ffn_hidden_size
         qkv, projection, qkv_width = self._attention_linears(setting, gpu)
@@ -675,25 +743,42 @@ class AnalyticProfile:
         gemms = sum(linears) + router
         core_forward, core_backward = self._attention_core(setting, gpu)
         elementwise = self.memory_time(gpu, tokens * self._elementwise_bytes_per_token(setting, moe))
-        cast_forward = cast_backward = 0.0
-        if dtype == "fp8":  # (input, output) width of each linear layer per token, MoE tokens counted top-k times
-            k = m.moe_top_k * setting.expert_load if moe else 1
-            f = m.expert_ffn_hidden_size if moe else f
-            up_width = (2 if m.activation == "swiglu" else 1) * f / t
-            widths = ((h, qkv_width), (q / t, h), (h * k, up_width * k), (f / t * k, h * k))
-            cast_forward = self.memory_time(gpu, tokens * _FP8_UNFUSED_CAST_BYTES * q / t)
-            cast_backward = self.memory_time(gpu, tokens * sum(
-                _FP8_GRAD_CAST_BYTES * n + _FP8_INPUT_TRANSPOSE_BYTES * k_in for k_in, n in widths))
+        k = m.moe_top_k * setting.expert_load if moe else 1  # MoE tokens counted top-k times
+        f = m.expert_ffn_hidden_size if moe else f
+        up_width = (2 if m.activation == "swiglu" else 1) * f / t
+        widths = ((h, qkv_width), (q / t, h), (h * k, up_width * k), (f / t * k, h * k))
+        cast_forward, cast_backward = self._fp8_cast_times(setting, gpu, widths, q / t)
         memory_kernels, kernels = self._block_kernels(setting, moe)
         elementwise += memory_kernels * self.calibration.kernel_launch_s
         forward = gemms + core_forward + elementwise + cast_forward
         forward = self._synced_forward(setting, gpu, forward, kernels) if moe else self._host_bound(forward, kernels)
-        backward = self._host_bound(2 * gemms + core_backward + 2 * elementwise + cast_backward,
+        wgrad = self._block_of(_bf16_twin(setting), gpu, moe).weight_grad_s if self._bf16_wgrad(setting, gpu) \
+            else gemms
+        backward = self._host_bound(gemms + wgrad + core_backward + 2 * elementwise + cast_backward,
                                     _BACKWARD_KERNELS_PER_FORWARD * kernels)
-        # W: each linear layer's and the router's weight-gradient GEMM (as long as its forward GEMM); the
-        # input-gradient GEMMs, the attention core's backward and the element-wise work are B's
-        return UnitTimes(forward, backward, core_forward, tuple(linears), core_backward, gemms,
+        # W: each linear layer's and the router's weight-gradient GEMM (as long as its forward GEMM at the
+        # recipe's precision); the input-gradient GEMMs, the attention core's backward and the element-wise work
+        # are B's
+        return UnitTimes(forward, backward, core_forward, tuple(linears), core_backward, wgrad,
                          self._module_forward_s(setting, gpu, moe))
+
+    def _fp8_cast_times(self, setting: UnitSetting, gpu: GPUSpec, widths: tuple[tuple[float, float], ...],
+                        unfused_input: float) -> tuple[float, float]:
+        """(forward, backward) time of the FP8 recipe's quantisation around linear layers of (input, output)
+        `widths` per token, `unfused_input` of whose input width no kernel can cast in passing (`_FP8_CASTS`)."""
+        casts = _fp8_casts(setting, gpu)
+        if casts is None:
+            return 0.0, 0.0
+        inputs = sum(k_in for k_in, _ in widths)
+        forward = casts.fused_input * (inputs - unfused_input) + casts.unfused_input * unfused_input
+        backward = sum(casts.output_grad * n + casts.saved_input * k_in for k_in, n in widths)
+        return self.memory_time(gpu, setting.tokens * forward), self.memory_time(gpu, setting.tokens * backward)
+
+    @staticmethod
+    def _bf16_wgrad(setting: UnitSetting, gpu: GPUSpec) -> bool:
+        """Whether the FP8 recipe runs the weight-gradient GEMMs in BF16."""
+        casts = _fp8_casts(setting, gpu)
+        return casts is not None and casts.bf16_wgrad
 
     def _module_forward_s(self, setting: UnitSetting, gpu: GPUSpec, moe: bool,
                           has_mlp: bool = True) -> tuple[tuple[str, float], ...]:
@@ -812,4 +897,4 @@ def _block_view(model: ModelSpec, block: BlockSpec) -> ModelSpec:
 def unit_setting(training: Training, tp: int, micro_batch: int, sequence_parallel: bool, cp: int = 1, ep: int = 1,
                  etp: int = 1) -> UnitSetting:
     return UnitSetting(tp, micro_batch, training.seq_len, sequence_parallel, training.dtype, training.attention, cp,
-                       ep, etp, training.moe_expert_load, training.elementwise)
+                       ep, etp, training.moe_expert_load, training.elementwise, training.fp8_recipe)
