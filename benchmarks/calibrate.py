@@ -6,12 +6,14 @@
 
 Data (../shared/validation copies, see benchmarks/validation_runs.py): the *fit half* of the BLOOM
 topology sweep (alternate rows; the other half is held out and reported by benchmarks/accuracy.py),
-Korthikanti et al. 2022 Table 4 layer times, and the H100 FP8 NeMo / Megatron-Bridge runs.
+Korthikanti et al. 2022 Table 4 layer times, the H100 FP8 NeMo / Megatron-Bridge runs, and NeMo's H100
+long-sequence runs (4K to 1M tokens: the only group in which the fused attention's share of the time, and so its
+rate, varies enough to be told apart from the GEMMs'; the long-context file's other rows stay held out).
 
 One cluster-state constant is fitted with them: the inter-node bandwidth ratio of Jean Zay before its
 PCIe/NUMA fix (the BLOOM rows whose `pcie_numa_fix_applied` is "no"), written to `cluster_states`.
 
-Objective: the mean over those three groups of each group's mean absolute relative error, so a
+Objective: the mean over those four groups of each group's mean absolute relative error, so a
 group with many rows does not drown the others. Memory constants are sourced, not fitted
 (`MEMORY_FITTED` is empty). Method: cyclic coordinate descent, a golden-section
 search of each constant inside its physical bounds (scipy is not a dependency). Every constant is a
@@ -36,6 +38,7 @@ from benchmarks.validation_runs import (
     bloom_runs,
     h100_runs,
     korthikanti_layer_rows,
+    nemo_long_sequence_h100_runs,
     predict,
     predict_layer,
     shipped_before_fix_nic_ratio,
@@ -98,9 +101,17 @@ def _layer_errors(calibration: Calibration) -> list[float]:
 
 
 def group_errors(calibration: Calibration, bloom: tuple[Run, ...], h100: tuple[Run, ...]) -> dict[str, list[float]]:
-    """Relative errors (predicted / published − 1) of every data point, per group."""
+    """Relative errors (predicted / published − 1) of every data point, per group; `h100` holds the short- and the
+    long-sequence H100 runs (`calibration_h100_runs`), each its own group."""
+    short = tuple(run for run in h100 if not run.label.startswith("NLS-"))
+    long = tuple(run for run in h100 if run.label.startswith("NLS-"))
     return {"bloom": _run_errors(bloom, calibration), "korthikanti": _layer_errors(calibration),
-            "h100": _run_errors(h100, calibration)}
+            "h100": _run_errors(short, calibration), "h100_long_sequence": _run_errors(long, calibration)}
+
+
+def calibration_h100_runs() -> tuple[Run, ...]:
+    """The H100 runs of the calibration set: NeMo 24.07 / Megatron-Bridge 25.11 and NeMo's long-sequence table."""
+    return h100_runs()[0] + nemo_long_sequence_h100_runs()
 
 
 def objective(calibration: Calibration, bloom: tuple[Run, ...], h100: tuple[Run, ...]) -> float:
@@ -229,11 +240,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     path, only = _destination(args), args.only
     ratio = shipped_before_fix_nic_ratio() if only else BEFORE_FIX_NIC_RATIO.prior
     fit_half = fit_half_runs(ratio)
-    h100, _ = h100_runs()
+    h100 = calibration_h100_runs()
     start = (default_calibration() if only
              else default_calibration().updated(**{c.name: c.prior for c in FITTED + MEMORY_FITTED}))
+    long = len(nemo_long_sequence_h100_runs())
     print(f"fitting on {len(fit_half)} BLOOM rows (fit half), {len(korthikanti_layer_rows())} Korthikanti "
-          f"Table 4 rows, {len(h100)} H100 runs; start objective {100 * objective(start, fit_half, h100):.2f} %")
+          f"Table 4 rows, {len(h100) - long} H100 runs and {long} H100 long-sequence runs; start objective "
+          f"{100 * objective(start, fit_half, h100):.2f} %")
     if only:
         result = coordinate_descent(start, only, lambda c: objective(c, fit_half, h100))
     else:
@@ -243,7 +256,8 @@ def main(argv: Sequence[str] | None = None) -> None:
            f"{','.join(c.name for c in only)}" if only else f"fitted {today} by benchmarks/calibrate.py")
     source = (f"{how} on {BLOOM_FILE} (fit half, {len(fit_half)} rows), "
               f"korthikanti2022_table4_layer_time_22b.csv, nemo_2407_h100_fp8_pretraining.csv and "
-              f"megatron_bridge_2511_h100_dense.csv ({len(h100)} runs)")
+              f"megatron_bridge_2511_h100_dense.csv ({len(h100) - long} runs), long_context_cp_throughput.csv's "
+              f"NeMo H100 long-sequence rows ({long} runs, 4K-1M tokens)")
     document = _document(result, ratio, _previous_sources(), source,
                          frozenset(c.name for c in only) if only else None)
     text = ("# Efficiencies and latencies of the analytic cost model. Every constant is physical (a fraction\n"

@@ -409,6 +409,13 @@ def long_context_runs() -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
     return tuple(runs), tuple(skipped)
 
 
+def nemo_long_sequence_h100_runs() -> tuple[Run, ...]:
+    """NeMo's long-sequence table on H100 (Llama 2 7B, FP8, 4K to 1M tokens): the calibration's evidence for the
+    fused attention rate and FP8 GEMMs, where attention goes from a fifth to nearly all of the time."""
+    return tuple(run for run in long_context_runs()[0]
+                 if run.label.startswith("NLS-") and run.cluster.gpu.name.startswith("H100"))
+
+
 # ---- ZeRO-3 / FSDP runs -------------------------------------------------------------------------
 _NARAYANAN_MODELS = {174.6: (96, 12288, 96), 529.6: (105, 20480, 128)}  # Narayanan et al. 2021 Table 1
 NARAYANAN_SEQ_LEN, NARAYANAN_VOCAB = 2048, 51200

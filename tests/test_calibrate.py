@@ -193,3 +193,13 @@ def test_benchmark_calibrate_only_refits_the_named_constant_from_its_shipped_val
     with pytest.raises(SystemExit) as exit_info:
         benchmark_calibrate.destination(["--only", "warp_speed"])
     assert exit_info.value.code == 2
+
+
+def test_benchmark_calibration_set_holds_nemos_h100_long_sequence_rows_as_a_group_of_their_own() -> None:
+    """NeMo's H100 long-sequence runs (4K to 1M tokens) are the calibration's fourth group: the only one in which
+    attention's share of the time varies enough to tell its rate from the GEMMs'."""
+    runs = benchmark_calibrate.calibration_h100_runs()
+    long = [run for run in runs if run.label.startswith("NLS-")]
+    assert len(long) == 9 and {run.training.seq_len for run in long} == {4096 * 2**i for i in range(9)}
+    groups = benchmark_calibrate.group_errors(default_calibration(), (), runs)
+    assert len(groups["h100_long_sequence"]) == 9 and len(groups["h100"]) == len(runs) - 9
