@@ -193,7 +193,7 @@ def unit_costs(
     the expert-parallel group crosses (needed for MoE blocks; their exposed all-to-all joins their TP
     communication, `UnitCost.ep_s`)."""
     setting = unit_setting(training, config.tp, config.micro_batch, config.sequence_parallel, config.cp, config.ep,
-                           config.etp)
+                           config.etp, config.moe_dispatcher)
     all_reduce = all_reduce_time(2 * setting.tokens * model.hidden_size, config.tp, tp_link, calibration)
     costs: dict[CostKey, UnitCost] = {}
     for kind, parameters in ((UnitKind.EMBEDDING, model.embedding_parameters()),
