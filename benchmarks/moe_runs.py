@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
@@ -56,7 +56,8 @@ _RACK_SCALE = ("B300", "GB200", "GB300")  # scored apart: the issue's target cov
 # every DeepSeek-V3 preset sets moe_flex_dispatcher_backend "hybridep" (GB200, GB300, B300 since the presets'
 # first version, 2025-12-03; B200 since 2026-02-03, before the 26.02 container) or "deepep" (H100)
 # (scripts/performance/configs/deepseek/deepseek_workload_base_configs.py until 2026-07, then
-# src/megatron/bridge/perf_recipes/deepseek/*/deepseek_v3.py). Qwen3 and GPT-OSS presets differ by GPU: alltoall.
+# src/megatron/bridge/perf_recipes/deepseek/*/deepseek_v3.py). Qwen3 and GPT-OSS presets differ by GPU and layout:
+# alltoall unless `PRESETS` names HybridEP for the row's layout.
 # Every Nemotron-3-Nano preset sets moe_flex_dispatcher_backend "hybridep" (BASE_NEMOTRON_3_NANO_CONFIG in
 # scripts/performance/configs/nemotronh/nemotron_3_nano_workload_base_configs.py at v0.3.1, nemotron_3_workload_base_
 # configs.py at v0.4.0 through v0.5.1; HEAD's src/megatron/bridge/perf_recipes/nemotronh/<gpu>/nemotronh.py).
@@ -110,11 +111,21 @@ class Preset:
 #   moe_a2a_overlap True: Qwen3-30B-A3B's and Qwen3-235B-A22B's ..._FP8_MX_V1/V2, DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_
 #   FP8_MX_V1/V2 (with recompute ["mla_up_proj"]), GPT_OSS_120B_PRETRAIN_CONFIG_GB200/GB300_FP8_MX_V2; v0.5.1 and
 #   HEAD's recipes (_enable_hybridep_full_iteration_mxfp8, _apply_gpt_oss_120b_full_iter_fp8mx_configs: the 26.06.01
-#   and 26.08 rows) keep it; v0.4.1 (26.04.01) and earlier ran the same layouts without it.
+#   and 26.08 rows) keep it; v0.4.1 (26.04.01) and earlier ran the same layouts without it. All of them run HybridEP
+#   (flex): their base presets set moe_flex_dispatcher_backend "hybridep", which the model scripts apply
+#   (apply_flex_dispatcher_backend, or moe_token_dispatcher_type "flex" in scripts/performance/configs/qwen/
+#   qwen3_llm_pretrain.py from v0.4.0), as HEAD's recipes do (src/megatron/bridge/perf_recipes/qwen/gb300/qwen3_moe.py).
+# * Qwen3 on rack-scale GPUs before 26.06, HybridEP (moe_flex_dispatcher_backend "hybridep" in every preset below):
+#   Qwen3-30B-A3B GB300 (micro-batch 8) and GB200 (4) since v0.2.0 (QWEN3_30B_A3B_GB300/GB200_FP8_CS/FP8_MX_BASE_CONFIG
+#   in scripts/performance/configs/qwen3/workload_base_configs.py), B300 (8) since v0.3.0 and B200 (4) since v0.4.0
+#   (QWEN3_30B_A3B_PRETRAIN_CONFIG_<GPU>_FP8_MX_V1 in configs/qwen/qwen3_workload_base_configs.py); Qwen3-235B-A22B
+#   GB300 pp 4 × EP 32 × micro-batch 2 and GB200 pp 8 × EP 32 (QWEN3_235B_A22B_PRETRAIN_CONFIG_GB300/GB200_FP8_MX_V2,
+#   inheriting V1's HybridEP) without virtual stages in v0.3.x, with vpp 12 / vpp 3 from v0.4.0.
 # * NEMOTRON_3_NANO_PRETRAIN_CONFIG_H100_FP8_CS_V1, 16 GPUs, EP 8, micro-batch 1, from v0.3.1 (26.02.01, the
 #   presets' first release) through v0.5.1: recompute ["moe", "layernorm", "core_attn", "moe_act"], HybridEP, no
 #   moe_a2a_overlap (HEAD's nemotron_3_nano_pretrain_16gpu_h100_fp8cs_config moved to EP 16, recompute ["layernorm"]).
-_FULL_ITERATION = (Preset(ep_overlap=True, since=(26, 6)),)
+_HYBRIDEP = Preset(dispatcher="flex")
+_FULL_ITERATION = (Preset(ep_overlap=True, dispatcher="flex", since=(26, 6)),)
 _GPT_OSS_RECOMPUTE = ("layernorm", "moe_act")
 PRESETS: dict[tuple[str, str, str, tuple[int, ...]], tuple[Preset, ...]] = {
     ("DeepSeek-V3", "GB300", "MXFP8", (1, 2, 8, 32, 2)): (Preset(("mla_up_proj",)),),
@@ -132,10 +143,15 @@ PRESETS: dict[tuple[str, str, str, tuple[int, ...]], tuple[Preset, ...]] = {
     ("Nemotron-3-Nano", "H100", "FP8", (1, 1, 1, 8, 1)): (Preset(("core_attn", "moe_act", "layernorm", "moe")),),
     ("Qwen3-235B-A22B", "H100", "FP8-CS", (2, 8, 4, 32, 1)): (Preset(ep_overlap=True),),
     ("Qwen3-30B-A3B", "H100", "FP8", (1, 2, 12, 8, 1)): (Preset(ep_overlap=True),),
-    **{("Qwen3-30B-A3B", gpu, "MXFP8", (1, 1, 1, 8, micro_batch)): _FULL_ITERATION
-       for gpu, micro_batch in (("GB300", 8), ("GB200", 4), ("B300", 8))},
-    ("Qwen3-235B-A22B", "GB300", "MXFP8", (1, 4, 12, 32, 2)): _FULL_ITERATION,
-    ("Qwen3-235B-A22B", "GB200", "MXFP8", (1, 8, 3, 32, 1)): _FULL_ITERATION,
+    ("Qwen3-30B-A3B", "GB300", "MXFP8", (1, 1, 1, 8, 8)): (_HYBRIDEP, *_FULL_ITERATION),
+    ("Qwen3-30B-A3B", "GB200", "MXFP8", (1, 1, 1, 8, 4)): (_HYBRIDEP, *_FULL_ITERATION),
+    ("Qwen3-30B-A3B", "GB200", "FP8-MX", (1, 1, 1, 8, 4)): (_HYBRIDEP,),
+    ("Qwen3-30B-A3B", "B300", "MXFP8", (1, 1, 1, 8, 8)): (replace(_HYBRIDEP, since=(26, 2)), *_FULL_ITERATION),
+    ("Qwen3-30B-A3B", "B200", "MXFP8", (1, 1, 1, 8, 4)): (replace(_HYBRIDEP, since=(26, 4)),),
+    ("Qwen3-235B-A22B", "GB300", "MXFP8", (1, 4, 1, 32, 2)): (replace(_HYBRIDEP, since=(26, 2)),),
+    ("Qwen3-235B-A22B", "GB300", "MXFP8", (1, 4, 12, 32, 2)): (replace(_HYBRIDEP, since=(26, 4)), *_FULL_ITERATION),
+    ("Qwen3-235B-A22B", "GB200", "MXFP8", (1, 8, 1, 32, 1)): (replace(_HYBRIDEP, since=(26, 2)),),
+    ("Qwen3-235B-A22B", "GB200", "MXFP8", (1, 8, 3, 32, 1)): (replace(_HYBRIDEP, since=(26, 4)), *_FULL_ITERATION),
 }
 _RELEASE = re.compile(r"NeMo (\d+)\.(\d+)(?:\.(\d+))? container")
 _RECIPE_NAME = re.compile(r"\b\w+_pretrain_\w+_config\b")
