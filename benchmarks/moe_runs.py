@@ -16,6 +16,9 @@ modules a row names ("selective: mlp, moe_act", "selective [layernorm, moe_act]"
 "norm, act") are Megatron-LM's selective recompute of those modules (`ParallelConfig.recompute_modules`); a row
 that states nothing runs its preset's modules where `PRESETS` knows them, else none; "none" and
 "selective []" recompute nothing.
+CUDA graphs: full-iteration graphs (`Training.cuda_graphs`) where the preset that ran the row's layout captures them
+(`Preset.full_iteration_graphs`); the partial Transformer Engine graphs other presets capture (attention, router,
+dispatcher preprocessing) leave the MoE layers' launches and syncs eager, as planner costs them.
 Dispatcher and EP overlap: the first dispatcher the row's dispatcher_routing names ("flex", "HybridEP" or
 "DeepEP": flex; "alltoall", "A2A": alltoall; the H100 rows quote the HEAD perf recipe there), else the flex
 backend of the preset that ran the row's layout in its release (`PRESETS`), else its model's presets' dispatcher
@@ -74,13 +77,15 @@ EP_OVERLAP_RECIPES = frozenset({"qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_conf
 class Preset:
     """What a Megatron-Bridge performance preset sets that its rows do not state: recompute modules (empty: none),
     Megatron-Core's EP communication overlap (`overlap_moe_expert_parallel_comm`, the presets' `moe_a2a_overlap`) and
-    the token dispatcher (None: the rule of `_dispatch`); `since`, the first NeMo container release whose presets set
-    them ((): every release)."""
+    the token dispatcher (None: the rule of `_dispatch`), whether it runs full-iteration CUDA graphs
+    (cuda_graph_impl "full_iteration": `Training.cuda_graphs`); `since`, the first NeMo container release whose
+    presets set them ((): every release)."""
 
     recompute_modules: tuple[str, ...] = ()
     ep_overlap: bool = False
     dispatcher: str | None = None
     since: tuple[int, ...] = ()
+    full_iteration_graphs: bool = False
 
 
 # Megatron-Bridge performance presets, for rows that state no recompute, EP overlap or dispatcher but run the
@@ -93,7 +98,8 @@ class Preset:
 # * DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V1 (= ..._GB300_V1), micro-batch 2: recompute ["mla_up_proj"], overlap
 #   off, from 941c0b23a (2026-02-09, before the 26.02 container) through 8af195c0a (2026-06-06, after 26.04.01).
 # * the same preset at micro-batch 1, from 8af195c0a (2026-06-06) through HEAD's deepseek_v3_pretrain_256gpu_gb300_fp8mx
-#   config (26.06, 26.08 rows): moe_a2a_overlap True (HEAD: _enable_deepseek_full_iteration_mxfp8), recompute [].
+#   config (26.06, 26.08 rows): moe_a2a_overlap True and full-iteration CUDA graphs (v0.5.0's ..._GB300_FP8_MX_V1:
+#   cuda_graph_impl "full_iteration"; HEAD: _enable_deepseek_full_iteration_mxfp8), recompute [].
 # * DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2, pp 8 × vpp 2, EP 32, from 5acef9309 (2026-04-18, the 26.04.01 row)
 #   through HEAD's deepseek_v3_pretrain_256gpu_b200_fp8mx_config: DeepEP, moe_a2a_overlap True, recompute
 #   ["mla_up_proj", "mlp"].
@@ -107,7 +113,8 @@ class Preset:
 # * QWEN3_30B_A3B_H100_FP8_CS_BASE_CONFIG / ..._PRETRAIN_CONFIG_H100_FP8_CS_V1, pp 2 × vpp 12, EP 8
 #   (BASE_QWEN3_30B_A3B), from v0.2.0 until acc52e249 (2026-03-14) moved H100 to EP 16 without overlap:
 #   moe_a2a_overlap.
-# * v0.5.0 (26.06) turned the MXFP8 presets on GB200 / GB300 / B300 into full-iteration CUDA graphs with
+# * v0.5.0 (26.06) turned the MXFP8 presets on GB200 / GB300 / B300 into full-iteration CUDA graphs (planner's
+#   Training.cuda_graphs "full_iteration": no host launch time, no dispatcher sync) with
 #   moe_a2a_overlap True: Qwen3-30B-A3B's and Qwen3-235B-A22B's ..._FP8_MX_V1/V2, DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_
 #   FP8_MX_V1/V2 (with recompute ["mla_up_proj"]), GPT_OSS_120B_PRETRAIN_CONFIG_GB200/GB300_FP8_MX_V2; v0.5.1 and
 #   HEAD's recipes (_enable_hybridep_full_iteration_mxfp8, _apply_gpt_oss_120b_full_iter_fp8mx_configs: the 26.06.01
@@ -125,13 +132,14 @@ class Preset:
 #   presets' first release) through v0.5.1: recompute ["moe", "layernorm", "core_attn", "moe_act"], HybridEP, no
 #   moe_a2a_overlap (HEAD's nemotron_3_nano_pretrain_16gpu_h100_fp8cs_config moved to EP 16, recompute ["layernorm"]).
 _HYBRIDEP = Preset(dispatcher="flex")
-_FULL_ITERATION = (Preset(ep_overlap=True, dispatcher="flex", since=(26, 6)),)
+_FULL_ITERATION = (Preset(ep_overlap=True, dispatcher="flex", since=(26, 6), full_iteration_graphs=True),)
 _GPT_OSS_RECOMPUTE = ("layernorm", "moe_act")
 PRESETS: dict[tuple[str, str, str, tuple[int, ...]], tuple[Preset, ...]] = {
     ("DeepSeek-V3", "GB300", "MXFP8", (1, 2, 8, 32, 2)): (Preset(("mla_up_proj",)),),
-    ("DeepSeek-V3", "GB300", "MXFP8", (1, 2, 8, 32, 1)): (Preset(ep_overlap=True),),
+    ("DeepSeek-V3", "GB300", "MXFP8", (1, 2, 8, 32, 1)): (Preset(ep_overlap=True, full_iteration_graphs=True),),
     ("DeepSeek-V3", "B200", "MXFP8", (1, 8, 2, 32, 1)): (Preset(("mla_up_proj", "mlp"), ep_overlap=True),),
-    ("DeepSeek-V3", "GB200", "MXFP8", (1, 4, 4, 64, 1)): (Preset(("mla_up_proj",), ep_overlap=True, since=(26, 6)),),
+    ("DeepSeek-V3", "GB200", "MXFP8", (1, 4, 4, 64, 1)): (
+        Preset(("mla_up_proj",), ep_overlap=True, since=(26, 6), full_iteration_graphs=True),),
     ("GPT-OSS-120B", "B200", "BF16", (1, 1, 1, 8, 4)): (
         Preset(_GPT_OSS_RECOMPUTE), Preset(_GPT_OSS_RECOMPUTE, dispatcher="flex", since=(26, 4))),
     ("GPT-OSS-120B", "B200", "BF16", (1, 1, 1, 64, 4)): (Preset(_GPT_OSS_RECOMPUTE),),
@@ -289,9 +297,11 @@ def _run(row: pd.Series) -> Run:
                             distributed_optimizer=dp * cp > 1, overlap_param_gather=True,
                             recompute=recompute, recompute_modules=modules,
                             schedule=Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B)
+    preset = _preset(row)
+    graphs = "full_iteration" if preset is not None and preset.full_iteration_graphs else "none"
     training = Training(global_batch=_int(row, "global_batch"), seq_len=int(row["seq_len"]),
                         dtype=BRIDGE_DTYPES[str(row["precision"])], attention="flash",
-                        grad_bytes=BRIDGE_PERF_GRAD_BYTES)
+                        grad_bytes=BRIDGE_PERF_GRAD_BYTES, cuda_graphs=graphs)
     step, throughput = _number(row["step_time_s"]), _number(row["tokens_per_sec_per_gpu"])
     # a documented OOM states no time: NaN, never scored for time
     iteration = step or (training.tokens_per_iteration / (throughput * gpus) if throughput else math.nan)

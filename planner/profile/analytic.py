@@ -131,6 +131,7 @@ class UnitSetting:
     expert_load: float = 1.0  # routed tokens of the busiest expert rank over the mean (Training.moe_expert_load)
     elementwise: str = "fused"  # Training.elementwise: fused kernels or eager PyTorch's
     dispatcher: str = "alltoall"  # ParallelConfig.moe_dispatcher: how an MoE block's routed tokens move
+    cuda_graphs: str = "none"  # Training.cuda_graphs: kernels launched one by one, or replayed as one graph
 
     @property
     def tokens(self) -> float:
@@ -600,11 +601,14 @@ class AnalyticProfile:
         routed_bytes = setting.tokens * self._routed_bytes_per_token(setting)
         routed = up + down + self.memory_time(gpu, routed_bytes) + memory_kernels * self.calibration.kernel_launch_s
         after = memory_kernels + routed_kernels
-        return self._host_bound(gpu_s - routed, kernels - after) + self._host_bound(routed, after)
+        return self._host_bound(setting, gpu_s - routed, kernels - after) + self._host_bound(setting, routed, after)
 
-    def _host_bound(self, gpu_s: float, kernels: float) -> float:
+    def _host_bound(self, setting: UnitSetting, gpu_s: float, kernels: float) -> float:
         """A pass's time: its GPU time, or the host's time to launch its kernels when that is longer (eager
-        PyTorch queues kernels asynchronously, so the GPU waits only when the host falls behind)."""
+        PyTorch queues kernels asynchronously, so the GPU waits only when the host falls behind); a replayed
+        full-iteration CUDA graph launches nothing from the host (Training.cuda_graphs), so its GPU time."""
+        if setting.cuda_graphs == "full_iteration":
+            return gpu_s
         return max(gpu_s, kernels * self.calibration.host_kernel_s)
 
     def _block(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
@@ -707,8 +711,9 @@ class AnalyticProfile:
         memory_kernels, kernels = self._block_kernels(setting, moe)
         elementwise += memory_kernels * self.calibration.kernel_launch_s
         forward = gemms + core_forward + elementwise + cast_forward
-        forward = self._synced_forward(setting, gpu, forward, kernels) if moe else self._host_bound(forward, kernels)
-        backward = self._host_bound(2 * gemms + core_backward + 2 * elementwise + cast_backward,
+        forward = (self._synced_forward(setting, gpu, forward, kernels) if moe
+                   else self._host_bound(setting, forward, kernels))
+        backward = self._host_bound(setting, 2 * gemms + core_backward + 2 * elementwise + cast_backward,
                                     _BACKWARD_KERNELS_PER_FORWARD * kernels)
         # W: each linear layer's and the router's weight-gradient GEMM (as long as its forward GEMM); the
         # input-gradient GEMMs, the attention core's backward and the element-wise work are B's
@@ -763,9 +768,9 @@ class AnalyticProfile:
         # lookup, position add, dropout; the vocab-parallel lookup's all-reduce under TP
         kernels = (1 + (m.position_embedding == "learned") + m.dropout + (setting.tp > 1))
         launch = kernels * self.calibration.kernel_launch_s
-        backward = self._host_bound(self.memory_time(gpu, backward_bytes) + launch, kernels)
+        backward = self._host_bound(setting, self.memory_time(gpu, backward_bytes) + launch, kernels)
         # all weight gradient: the tokens need no gradient
-        return UnitTimes(self._host_bound(self.memory_time(gpu, forward_bytes) + launch, kernels), backward,
+        return UnitTimes(self._host_bound(setting, self.memory_time(gpu, forward_bytes) + launch, kernels), backward,
                          weight_grad_s=backward)
 
     def _head(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
@@ -781,8 +786,8 @@ class AnalyticProfile:
         cross_entropy += _CROSS_ENTROPY_KERNELS * self.calibration.kernel_launch_s
         kernels = 2 + _CROSS_ENTROPY_KERNELS + (2 if t > 1 else 0)  # the norm and the logits GEMM besides
         backward_kernels = _BACKWARD_KERNELS_PER_FORWARD * kernels
-        return UnitTimes(self._host_bound(logits + norm + cross_entropy, kernels),
-                         self._host_bound(2 * logits + 2 * norm + cross_entropy, backward_kernels),
+        return UnitTimes(self._host_bound(setting, logits + norm + cross_entropy, kernels),
+                         self._host_bound(setting, 2 * logits + 2 * norm + cross_entropy, backward_kernels),
                          weight_grad_s=logits, linear_forward_s=(logits,))
 
 
@@ -832,4 +837,4 @@ def _block_view(model: ModelSpec, block: BlockSpec) -> ModelSpec:
 def unit_setting(training: Training, tp: int, micro_batch: int, sequence_parallel: bool, cp: int = 1, ep: int = 1,
                  etp: int = 1, dispatcher: str = "alltoall") -> UnitSetting:
     return UnitSetting(tp, micro_batch, training.seq_len, sequence_parallel, training.dtype, training.attention, cp,
-                       ep, etp, training.moe_expert_load, training.elementwise, dispatcher)
+                       ep, etp, training.moe_expert_load, training.elementwise, dispatcher, training.cuda_graphs)
