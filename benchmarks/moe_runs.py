@@ -22,8 +22,8 @@ dispatcher preprocessing) leave the MoE layers' launches and syncs eager, as pla
 Dispatcher and EP overlap: the first dispatcher the row's dispatcher_routing names ("flex", "HybridEP" or
 "DeepEP": flex; "alltoall", "A2A": alltoall; the H100 rows quote the HEAD perf recipe there), else the flex
 backend of the preset that ran the row's layout in its release (`PRESETS`), else its model's presets' dispatcher
-when they agree (`MODEL_DISPATCHERS`: DeepSeek-V3, flex), else alltoall (Megatron-Bridge's
-scripts/performance/utils/overrides.py sets alltoall unless a flex backend is given); EP
+(on its GPU) when they agree (`MODEL_DISPATCHERS`: DeepSeek-V3, Nemotron-3-Nano, Qwen3 on GB300 / GB200: flex), else
+alltoall (Megatron-Bridge's scripts/performance/utils/overrides.py sets alltoall unless a flex backend is given); EP
 communication overlap where dispatcher_routing or notes say "EP overlap on", where the HEAD recipe a row
 quotes for its settings sets it (`EP_OVERLAP_RECIPES`), or where the preset that ran the row's layout does
 (`PRESETS`).
@@ -65,7 +65,13 @@ _RACK_SCALE = ("B300", "GB200", "GB300")  # scored apart: the issue's target cov
 # Every Nemotron-3-Nano preset sets moe_flex_dispatcher_backend "hybridep" (BASE_NEMOTRON_3_NANO_CONFIG in
 # scripts/performance/configs/nemotronh/nemotron_3_nano_workload_base_configs.py at v0.3.1, nemotron_3_workload_base_
 # configs.py at v0.4.0 through v0.5.1; HEAD's src/megatron/bridge/perf_recipes/nemotronh/<gpu>/nemotronh.py).
-MODEL_DISPATCHERS = {"DeepSeek-V3": "flex", "Nemotron-3-Nano": "flex"}
+# Every Qwen3 preset on GB300 and GB200 names HybridEP too, in every release (QWEN3_*_GB300/GB200_*_BASE_CONFIG in
+# scripts/performance/configs/qwen3/workload_base_configs.py at v0.2.0; ..._PRETRAIN_CONFIG_GB300/GB200_*_V1/V2, which
+# inherit it, in configs/qwen/qwen3_workload_base_configs.py from v0.3.0; HEAD's perf_recipes/qwen/gb300|gb200), so a
+# rack-scale Qwen3 row whose layout no preset ran (Qwen3-235B-A22B BF16 on 256 GB300 / GB200 in 25.11) ran it too.
+MODEL_DISPATCHERS: dict[str | tuple[str, str], str] = {
+    "DeepSeek-V3": "flex", "Nemotron-3-Nano": "flex",
+    **{(model, gpu): "flex" for model in ("Qwen3-30B-A3B", "Qwen3-235B-A22B") for gpu in ("GB300", "GB200")}}
 # Megatron-Bridge HEAD (@067f987df0) performance recipes, quoted by name in a row's recompute or notes column as the
 # source of its unstated settings, that set CommOverlapConfig(overlap_moe_expert_parallel_comm=True)
 # (src/megatron/bridge/perf_recipes/qwen/h100/qwen3_moe.py; the legacy H100 Qwen3-235B presets had moe_a2a_overlap
@@ -123,12 +129,9 @@ class Preset:
 #   (flex): their base presets set moe_flex_dispatcher_backend "hybridep", which the model scripts apply
 #   (apply_flex_dispatcher_backend, or moe_token_dispatcher_type "flex" in scripts/performance/configs/qwen/
 #   qwen3_llm_pretrain.py from v0.4.0), as HEAD's recipes do (src/megatron/bridge/perf_recipes/qwen/gb300/qwen3_moe.py).
-# * Qwen3 on rack-scale GPUs before 26.06, HybridEP (moe_flex_dispatcher_backend "hybridep" in every preset below):
-#   Qwen3-30B-A3B GB300 (micro-batch 8) and GB200 (4) since v0.2.0 (QWEN3_30B_A3B_GB300/GB200_FP8_CS/FP8_MX_BASE_CONFIG
-#   in scripts/performance/configs/qwen3/workload_base_configs.py), B300 (8) since v0.3.0 and B200 (4) since v0.4.0
-#   (QWEN3_30B_A3B_PRETRAIN_CONFIG_<GPU>_FP8_MX_V1 in configs/qwen/qwen3_workload_base_configs.py); Qwen3-235B-A22B
-#   GB300 pp 4 × EP 32 × micro-batch 2 and GB200 pp 8 × EP 32 (QWEN3_235B_A22B_PRETRAIN_CONFIG_GB300/GB200_FP8_MX_V2,
-#   inheriting V1's HybridEP) without virtual stages in v0.3.x, with vpp 12 / vpp 3 from v0.4.0.
+# * Qwen3-30B-A3B MXFP8 on B300 (micro-batch 8) from v0.3.0 and on B200 (4) from v0.4.0 run HybridEP
+#   (QWEN3_30B_A3B_PRETRAIN_CONFIG_B300/B200_FP8_MX_V1 in configs/qwen/qwen3_workload_base_configs.py; on GB300 /
+#   GB200 every release's Qwen3 presets do: `MODEL_DISPATCHERS`).
 # * NEMOTRON_3_NANO_PRETRAIN_CONFIG_H100_FP8_CS_V1, 16 GPUs, EP 8, micro-batch 1, from v0.3.1 (26.02.01, the
 #   presets' first release) through v0.5.1: recompute ["moe", "layernorm", "core_attn", "moe_act"], HybridEP, no
 #   moe_a2a_overlap (HEAD's nemotron_3_nano_pretrain_16gpu_h100_fp8cs_config moved to EP 16, recompute ["layernorm"]).
@@ -152,15 +155,12 @@ PRESETS: dict[tuple[str, str, str, tuple[int, ...]], tuple[Preset, ...]] = {
     ("Nemotron-3-Nano", "H100", "FP8", (1, 1, 1, 8, 1)): (Preset(("core_attn", "moe_act", "layernorm", "moe")),),
     ("Qwen3-235B-A22B", "H100", "FP8-CS", (2, 8, 4, 32, 1)): (Preset(ep_overlap=True),),
     ("Qwen3-30B-A3B", "H100", "FP8", (1, 2, 12, 8, 1)): (Preset(ep_overlap=True),),
-    ("Qwen3-30B-A3B", "GB300", "MXFP8", (1, 1, 1, 8, 8)): (_HYBRIDEP, *_FULL_ITERATION),
-    ("Qwen3-30B-A3B", "GB200", "MXFP8", (1, 1, 1, 8, 4)): (_HYBRIDEP, *_FULL_ITERATION),
-    ("Qwen3-30B-A3B", "GB200", "FP8-MX", (1, 1, 1, 8, 4)): (_HYBRIDEP,),
+    ("Qwen3-30B-A3B", "GB300", "MXFP8", (1, 1, 1, 8, 8)): _FULL_ITERATION,
+    ("Qwen3-30B-A3B", "GB200", "MXFP8", (1, 1, 1, 8, 4)): _FULL_ITERATION,
     ("Qwen3-30B-A3B", "B300", "MXFP8", (1, 1, 1, 8, 8)): (replace(_HYBRIDEP, since=(26, 2)), *_FULL_ITERATION),
     ("Qwen3-30B-A3B", "B200", "MXFP8", (1, 1, 1, 8, 4)): (replace(_HYBRIDEP, since=(26, 4)),),
-    ("Qwen3-235B-A22B", "GB300", "MXFP8", (1, 4, 1, 32, 2)): (replace(_HYBRIDEP, since=(26, 2)),),
-    ("Qwen3-235B-A22B", "GB300", "MXFP8", (1, 4, 12, 32, 2)): (replace(_HYBRIDEP, since=(26, 4)), *_FULL_ITERATION),
-    ("Qwen3-235B-A22B", "GB200", "MXFP8", (1, 8, 1, 32, 1)): (replace(_HYBRIDEP, since=(26, 2)),),
-    ("Qwen3-235B-A22B", "GB200", "MXFP8", (1, 8, 3, 32, 1)): (replace(_HYBRIDEP, since=(26, 4)), *_FULL_ITERATION),
+    ("Qwen3-235B-A22B", "GB300", "MXFP8", (1, 4, 12, 32, 2)): _FULL_ITERATION,
+    ("Qwen3-235B-A22B", "GB200", "MXFP8", (1, 8, 3, 32, 1)): _FULL_ITERATION,
 }
 _RELEASE = re.compile(r"NeMo (\d+)\.(\d+)(?:\.(\d+))? container")
 _RECIPE_NAME = re.compile(r"\b\w+_pretrain_\w+_config\b")
@@ -184,8 +184,9 @@ def _preset(row: pd.Series) -> Preset | None:
 
 def _dispatch(row: pd.Series) -> tuple[str, bool]:
     """(dispatcher, EP overlap) a row states: its first-named dispatcher, else its release's preset's for its layout
-    (`PRESETS`), else its model's (`MODEL_DISPATCHERS`), else alltoall; overlap if "EP overlap on", the HEAD recipe
-    the row quotes for its settings turns it on (`EP_OVERLAP_RECIPES`) or the preset does."""
+    (`PRESETS`), else its model's on its GPU, else its model's (`MODEL_DISPATCHERS`), else alltoall; overlap if "EP
+    overlap on", the HEAD recipe the row quotes for its settings turns it on (`EP_OVERLAP_RECIPES`) or the preset
+    does."""
     routing = str(row["dispatcher_routing"])
     named = _DISPATCHER_WORDS.search(routing)
     preset = _preset(row)
@@ -194,7 +195,8 @@ def _dispatch(row: pd.Series) -> tuple[str, bool]:
     elif preset is not None and preset.dispatcher is not None:
         dispatcher = preset.dispatcher
     else:
-        dispatcher = MODEL_DISPATCHERS.get(str(row["model"]), "alltoall")
+        model, gpu = str(row["model"]), str(row["hardware"]).split()[0]
+        dispatcher = MODEL_DISPATCHERS.get((model, gpu), MODEL_DISPATCHERS.get(model, "alltoall"))
     quoted = set(_RECIPE_NAME.findall(f"{row['recompute']} {row['notes']}"))
     return dispatcher, ("ep overlap on" in f"{routing} {row['notes']}".lower() or bool(quoted & EP_OVERLAP_RECIPES)
                         or (preset is not None and preset.ep_overlap))

@@ -208,13 +208,14 @@ def test_loso_fit_on_one_source_does_not_worsen_it() -> None:
 
 
 def test_qwen3_rack_scale_rows_run_their_presets_hybridep() -> None:
-    """Qwen3 MXFP8 presets on GB300 / GB200 name moe_flex_dispatcher_backend "hybridep" in every release, on B300
-    from 0.3.0 (26.02) and Qwen3-30B-A3B on B200 from 0.4.0 (26.04): Qwen3-30B-A3B on 8 GB300 (MB-066, 26.04.01; MB-007,
-    26.08 with the full-iteration preset's EP overlap), on 8 B300 (MB-132, 26.02.01), on 8 B200 in 26.04.01 (MB-069)
-    but not in 26.02.01 (MB-133), Qwen3-235B-A22B on 256 GB200 at pp 8 without (MB-136) and with vpp 3 (MB-072) run
-    flex; Qwen3-235B-A22B on 256 B300 in 26.04 (MB-106) stays on alltoall."""
+    """Qwen3 presets on GB300 / GB200 name moe_flex_dispatcher_backend "hybridep" in every release, Qwen3-30B-A3B's
+    MXFP8 ones on B300 from 0.3.0 (26.02) and on B200 from 0.4.0 (26.04): Qwen3-30B-A3B on 8 GB300 (MB-066, 26.04.01;
+    MB-007, 26.08 with the full-iteration preset's EP overlap), on 8 B300 (MB-132, 26.02.01), on 8 B200 in 26.04.01
+    (MB-069) but not in 26.02.01 (MB-133), Qwen3-235B-A22B on 256 GB200 at pp 8 without (MB-136) and with vpp 3
+    (MB-072) and BF16 on 256 GB300 in 25.11 at a layout no preset ran (MB-167) run flex; Qwen3-235B-A22B on 256 B300
+    in 26.04 (MB-106) stays on alltoall."""
     runs = {r.source.split()[-1]: r.config for rack in (False, True) for r in moe_runs(rack)[0]}
-    for row in ("MB-066", "MB-007", "MB-132", "MB-069", "MB-136", "MB-072"):
+    for row in ("MB-066", "MB-007", "MB-132", "MB-069", "MB-136", "MB-072", "MB-167"):
         assert runs[row].moe_dispatcher == "flex", row
     assert runs["MB-007"].moe_ep_overlap and not runs["MB-066"].moe_ep_overlap
     assert runs["MB-133"].moe_dispatcher == "alltoall" and runs["MB-106"].moe_dispatcher == "alltoall"
