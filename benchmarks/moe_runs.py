@@ -16,15 +16,19 @@ modules a row names ("selective: mlp, moe_act", "selective [layernorm, moe_act]"
 "norm, act") are Megatron-LM's selective recompute of those modules (`ParallelConfig.recompute_modules`); a row
 that states nothing runs its preset's modules where `PRESETS` knows them, else none; "none" and
 "selective []" recompute nothing.
+CUDA graphs: full-iteration graphs (`Training.cuda_graphs`) where the preset that ran the row's layout captures them
+(`Preset.full_iteration_graphs`); the partial Transformer Engine graphs other presets capture (attention, router,
+dispatcher preprocessing) leave the MoE layers' launches and syncs eager, as planner costs them.
 Dispatcher and EP overlap: the first dispatcher the row's dispatcher_routing names ("flex", "HybridEP" or
 "DeepEP": flex; "alltoall", "A2A": alltoall; the H100 rows quote the HEAD perf recipe there), else the flex
 backend of the preset that ran the row's layout in its release (`PRESETS`), else its model's presets' dispatcher
-when they agree (`MODEL_DISPATCHERS`: DeepSeek-V3, flex), else alltoall (Megatron-Bridge's
-scripts/performance/utils/overrides.py sets alltoall unless a flex backend is given); EP
+(on its GPU) when they agree (`MODEL_DISPATCHERS`: DeepSeek-V3, Nemotron-3-Nano, Qwen3 on GB300 / GB200: flex), else
+alltoall (Megatron-Bridge's scripts/performance/utils/overrides.py sets alltoall unless a flex backend is given); EP
 communication overlap where dispatcher_routing or notes say "EP overlap on", where the HEAD recipe a row
 quotes for its settings sets it (`EP_OVERLAP_RECIPES`), or where the preset that ran the row's layout does
 (`PRESETS`).
-Time is scored only on force-balanced, dropless rows (`Training.moe_load_imbalance` = 1): the others
+Rows the source footnotes as a known performance regression (GPT-OSS-120B in the 26.06.01 container, a cuDNN bug) are
+skipped. Time is scored only on force-balanced, dropless rows (`Training.moe_load_imbalance` = 1): the others
 depend on a router imbalance or capacity factor the rows do not state. Rows documented as out of memory (their
 notes say OOM; they state no time) are estimated whatever their router, under a balanced one, and scored only on
 whether they are predicted not to fit.
@@ -35,7 +39,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
@@ -56,11 +60,18 @@ _RACK_SCALE = ("B300", "GB200", "GB300")  # scored apart: the issue's target cov
 # every DeepSeek-V3 preset sets moe_flex_dispatcher_backend "hybridep" (GB200, GB300, B300 since the presets'
 # first version, 2025-12-03; B200 since 2026-02-03, before the 26.02 container) or "deepep" (H100)
 # (scripts/performance/configs/deepseek/deepseek_workload_base_configs.py until 2026-07, then
-# src/megatron/bridge/perf_recipes/deepseek/*/deepseek_v3.py). Qwen3 and GPT-OSS presets differ by GPU: alltoall.
+# src/megatron/bridge/perf_recipes/deepseek/*/deepseek_v3.py). Qwen3 and GPT-OSS presets differ by GPU and layout:
+# alltoall unless `PRESETS` names HybridEP for the row's layout.
 # Every Nemotron-3-Nano preset sets moe_flex_dispatcher_backend "hybridep" (BASE_NEMOTRON_3_NANO_CONFIG in
 # scripts/performance/configs/nemotronh/nemotron_3_nano_workload_base_configs.py at v0.3.1, nemotron_3_workload_base_
 # configs.py at v0.4.0 through v0.5.1; HEAD's src/megatron/bridge/perf_recipes/nemotronh/<gpu>/nemotronh.py).
-MODEL_DISPATCHERS = {"DeepSeek-V3": "flex", "Nemotron-3-Nano": "flex"}
+# Every Qwen3 preset on GB300 and GB200 names HybridEP too, in every release (QWEN3_*_GB300/GB200_*_BASE_CONFIG in
+# scripts/performance/configs/qwen3/workload_base_configs.py at v0.2.0; ..._PRETRAIN_CONFIG_GB300/GB200_*_V1/V2, which
+# inherit it, in configs/qwen/qwen3_workload_base_configs.py from v0.3.0; HEAD's perf_recipes/qwen/gb300|gb200), so a
+# rack-scale Qwen3 row whose layout no preset ran (Qwen3-235B-A22B BF16 on 256 GB300 / GB200 in 25.11) ran it too.
+MODEL_DISPATCHERS: dict[str | tuple[str, str], str] = {
+    "DeepSeek-V3": "flex", "Nemotron-3-Nano": "flex",
+    **{(model, gpu): "flex" for model in ("Qwen3-30B-A3B", "Qwen3-235B-A22B") for gpu in ("GB300", "GB200")}}
 # Megatron-Bridge HEAD (@067f987df0) performance recipes, quoted by name in a row's recompute or notes column as the
 # source of its unstated settings, that set CommOverlapConfig(overlap_moe_expert_parallel_comm=True)
 # (src/megatron/bridge/perf_recipes/qwen/h100/qwen3_moe.py; the legacy H100 Qwen3-235B presets had moe_a2a_overlap
@@ -73,13 +84,15 @@ EP_OVERLAP_RECIPES = frozenset({"qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_conf
 class Preset:
     """What a Megatron-Bridge performance preset sets that its rows do not state: recompute modules (empty: none),
     Megatron-Core's EP communication overlap (`overlap_moe_expert_parallel_comm`, the presets' `moe_a2a_overlap`) and
-    the token dispatcher (None: the rule of `_dispatch`); `since`, the first NeMo container release whose presets set
-    them ((): every release)."""
+    the token dispatcher (None: the rule of `_dispatch`), whether it runs full-iteration CUDA graphs
+    (cuda_graph_impl "full_iteration": `Training.cuda_graphs`); `since`, the first NeMo container release whose
+    presets set them ((): every release)."""
 
     recompute_modules: tuple[str, ...] = ()
     ep_overlap: bool = False
     dispatcher: str | None = None
     since: tuple[int, ...] = ()
+    full_iteration_graphs: bool = False
 
 
 # Megatron-Bridge performance presets, for rows that state no recompute, EP overlap or dispatcher but run the
@@ -92,7 +105,8 @@ class Preset:
 # * DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V1 (= ..._GB300_V1), micro-batch 2: recompute ["mla_up_proj"], overlap
 #   off, from 941c0b23a (2026-02-09, before the 26.02 container) through 8af195c0a (2026-06-06, after 26.04.01).
 # * the same preset at micro-batch 1, from 8af195c0a (2026-06-06) through HEAD's deepseek_v3_pretrain_256gpu_gb300_fp8mx
-#   config (26.06, 26.08 rows): moe_a2a_overlap True (HEAD: _enable_deepseek_full_iteration_mxfp8), recompute [].
+#   config (26.06, 26.08 rows): moe_a2a_overlap True and full-iteration CUDA graphs (v0.5.0's ..._GB300_FP8_MX_V1:
+#   cuda_graph_impl "full_iteration"; HEAD: _enable_deepseek_full_iteration_mxfp8), recompute [].
 # * DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2, pp 8 × vpp 2, EP 32, from 5acef9309 (2026-04-18, the 26.04.01 row)
 #   through HEAD's deepseek_v3_pretrain_256gpu_b200_fp8mx_config: DeepEP, moe_a2a_overlap True, recompute
 #   ["mla_up_proj", "mlp"].
@@ -106,21 +120,30 @@ class Preset:
 # * QWEN3_30B_A3B_H100_FP8_CS_BASE_CONFIG / ..._PRETRAIN_CONFIG_H100_FP8_CS_V1, pp 2 × vpp 12, EP 8
 #   (BASE_QWEN3_30B_A3B), from v0.2.0 until acc52e249 (2026-03-14) moved H100 to EP 16 without overlap:
 #   moe_a2a_overlap.
-# * v0.5.0 (26.06) turned the MXFP8 presets on GB200 / GB300 / B300 into full-iteration CUDA graphs with
+# * v0.5.0 (26.06) turned the MXFP8 presets on GB200 / GB300 / B300 into full-iteration CUDA graphs (planner's
+#   Training.cuda_graphs "full_iteration": no host launch time, no dispatcher sync) with
 #   moe_a2a_overlap True: Qwen3-30B-A3B's and Qwen3-235B-A22B's ..._FP8_MX_V1/V2, DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_
 #   FP8_MX_V1/V2 (with recompute ["mla_up_proj"]), GPT_OSS_120B_PRETRAIN_CONFIG_GB200/GB300_FP8_MX_V2; v0.5.1 and
 #   HEAD's recipes (_enable_hybridep_full_iteration_mxfp8, _apply_gpt_oss_120b_full_iter_fp8mx_configs: the 26.06.01
-#   and 26.08 rows) keep it; v0.4.1 (26.04.01) and earlier ran the same layouts without it.
+#   and 26.08 rows) keep it; v0.4.1 (26.04.01) and earlier ran the same layouts without it. All of them run HybridEP
+#   (flex): their base presets set moe_flex_dispatcher_backend "hybridep", which the model scripts apply
+#   (apply_flex_dispatcher_backend, or moe_token_dispatcher_type "flex" in scripts/performance/configs/qwen/
+#   qwen3_llm_pretrain.py from v0.4.0), as HEAD's recipes do (src/megatron/bridge/perf_recipes/qwen/gb300/qwen3_moe.py).
+# * Qwen3-30B-A3B MXFP8 on B300 (micro-batch 8) from v0.3.0 and on B200 (4) from v0.4.0 run HybridEP
+#   (QWEN3_30B_A3B_PRETRAIN_CONFIG_B300/B200_FP8_MX_V1 in configs/qwen/qwen3_workload_base_configs.py; on GB300 /
+#   GB200 every release's Qwen3 presets do: `MODEL_DISPATCHERS`).
 # * NEMOTRON_3_NANO_PRETRAIN_CONFIG_H100_FP8_CS_V1, 16 GPUs, EP 8, micro-batch 1, from v0.3.1 (26.02.01, the
 #   presets' first release) through v0.5.1: recompute ["moe", "layernorm", "core_attn", "moe_act"], HybridEP, no
 #   moe_a2a_overlap (HEAD's nemotron_3_nano_pretrain_16gpu_h100_fp8cs_config moved to EP 16, recompute ["layernorm"]).
-_FULL_ITERATION = (Preset(ep_overlap=True, since=(26, 6)),)
+_HYBRIDEP = Preset(dispatcher="flex")
+_FULL_ITERATION = (Preset(ep_overlap=True, dispatcher="flex", since=(26, 6), full_iteration_graphs=True),)
 _GPT_OSS_RECOMPUTE = ("layernorm", "moe_act")
 PRESETS: dict[tuple[str, str, str, tuple[int, ...]], tuple[Preset, ...]] = {
     ("DeepSeek-V3", "GB300", "MXFP8", (1, 2, 8, 32, 2)): (Preset(("mla_up_proj",)),),
-    ("DeepSeek-V3", "GB300", "MXFP8", (1, 2, 8, 32, 1)): (Preset(ep_overlap=True),),
+    ("DeepSeek-V3", "GB300", "MXFP8", (1, 2, 8, 32, 1)): (Preset(ep_overlap=True, full_iteration_graphs=True),),
     ("DeepSeek-V3", "B200", "MXFP8", (1, 8, 2, 32, 1)): (Preset(("mla_up_proj", "mlp"), ep_overlap=True),),
-    ("DeepSeek-V3", "GB200", "MXFP8", (1, 4, 4, 64, 1)): (Preset(("mla_up_proj",), ep_overlap=True, since=(26, 6)),),
+    ("DeepSeek-V3", "GB200", "MXFP8", (1, 4, 4, 64, 1)): (
+        Preset(("mla_up_proj",), ep_overlap=True, since=(26, 6), full_iteration_graphs=True),),
     ("GPT-OSS-120B", "B200", "BF16", (1, 1, 1, 8, 4)): (
         Preset(_GPT_OSS_RECOMPUTE), Preset(_GPT_OSS_RECOMPUTE, dispatcher="flex", since=(26, 4))),
     ("GPT-OSS-120B", "B200", "BF16", (1, 1, 1, 64, 4)): (Preset(_GPT_OSS_RECOMPUTE),),
@@ -132,8 +155,10 @@ PRESETS: dict[tuple[str, str, str, tuple[int, ...]], tuple[Preset, ...]] = {
     ("Nemotron-3-Nano", "H100", "FP8", (1, 1, 1, 8, 1)): (Preset(("core_attn", "moe_act", "layernorm", "moe")),),
     ("Qwen3-235B-A22B", "H100", "FP8-CS", (2, 8, 4, 32, 1)): (Preset(ep_overlap=True),),
     ("Qwen3-30B-A3B", "H100", "FP8", (1, 2, 12, 8, 1)): (Preset(ep_overlap=True),),
-    **{("Qwen3-30B-A3B", gpu, "MXFP8", (1, 1, 1, 8, micro_batch)): _FULL_ITERATION
-       for gpu, micro_batch in (("GB300", 8), ("GB200", 4), ("B300", 8))},
+    ("Qwen3-30B-A3B", "GB300", "MXFP8", (1, 1, 1, 8, 8)): _FULL_ITERATION,
+    ("Qwen3-30B-A3B", "GB200", "MXFP8", (1, 1, 1, 8, 4)): _FULL_ITERATION,
+    ("Qwen3-30B-A3B", "B300", "MXFP8", (1, 1, 1, 8, 8)): (replace(_HYBRIDEP, since=(26, 2)), *_FULL_ITERATION),
+    ("Qwen3-30B-A3B", "B200", "MXFP8", (1, 1, 1, 8, 4)): (replace(_HYBRIDEP, since=(26, 4)),),
     ("Qwen3-235B-A22B", "GB300", "MXFP8", (1, 4, 12, 32, 2)): _FULL_ITERATION,
     ("Qwen3-235B-A22B", "GB200", "MXFP8", (1, 8, 3, 32, 1)): _FULL_ITERATION,
 }
@@ -159,8 +184,9 @@ def _preset(row: pd.Series) -> Preset | None:
 
 def _dispatch(row: pd.Series) -> tuple[str, bool]:
     """(dispatcher, EP overlap) a row states: its first-named dispatcher, else its release's preset's for its layout
-    (`PRESETS`), else its model's (`MODEL_DISPATCHERS`), else alltoall; overlap if "EP overlap on", the HEAD recipe
-    the row quotes for its settings turns it on (`EP_OVERLAP_RECIPES`) or the preset does."""
+    (`PRESETS`), else its model's on its GPU, else its model's (`MODEL_DISPATCHERS`), else alltoall; overlap if "EP
+    overlap on", the HEAD recipe the row quotes for its settings turns it on (`EP_OVERLAP_RECIPES`) or the preset
+    does."""
     routing = str(row["dispatcher_routing"])
     named = _DISPATCHER_WORDS.search(routing)
     preset = _preset(row)
@@ -169,7 +195,8 @@ def _dispatch(row: pd.Series) -> tuple[str, bool]:
     elif preset is not None and preset.dispatcher is not None:
         dispatcher = preset.dispatcher
     else:
-        dispatcher = MODEL_DISPATCHERS.get(str(row["model"]), "alltoall")
+        model, gpu = str(row["model"]), str(row["hardware"]).split()[0]
+        dispatcher = MODEL_DISPATCHERS.get((model, gpu), MODEL_DISPATCHERS.get(model, "alltoall"))
     quoted = set(_RECIPE_NAME.findall(f"{row['recompute']} {row['notes']}"))
     return dispatcher, ("ep overlap on" in f"{routing} {row['notes']}".lower() or bool(quoted & EP_OVERLAP_RECIPES)
                         or (preset is not None and preset.ep_overlap))
@@ -221,9 +248,19 @@ def _inexpressible(row: pd.Series) -> str | None:
     return _model_why(row) or _setup_why(row)
 
 
+def _regression_why(row: pd.Series) -> str | None:
+    """Why a row's time is not the kernels planner models, or None: the performance summary footnotes GPT-OSS-120B's
+    26.06.01 rows as a known regression (cudnn-frontend issue 256, "resolved with the next container release"; the
+    26.08 rows of the same layouts run 1.6 s faster), which the file's notes carry."""
+    if "known perf regression" in str(row["notes"]):
+        return "a known performance regression the source footnotes (cudnn-frontend issue 256)"
+    return None
+
+
 def _why(row: pd.Series) -> str | None:
-    """Why planner does not time a row, or None: not expressible, routing not force-balanced, no time stated."""
-    why = _model_why(row) or _routing_why(row) or _setup_why(row)
+    """Why planner does not time a row, or None: not expressible, routing not force-balanced, a footnoted
+    performance regression, no time stated."""
+    why = _model_why(row) or _routing_why(row) or _setup_why(row) or _regression_why(row)
     if why is None and _number(row["step_time_s"]) is None and _number(row["tokens_per_sec_per_gpu"]) is None:
         return "no step time or tokens/s stated"
     return why
@@ -273,9 +310,11 @@ def _run(row: pd.Series) -> Run:
                             distributed_optimizer=dp * cp > 1, overlap_param_gather=True,
                             recompute=recompute, recompute_modules=modules,
                             schedule=Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B)
+    preset = _preset(row)
+    graphs = "full_iteration" if preset is not None and preset.full_iteration_graphs else "none"
     training = Training(global_batch=_int(row, "global_batch"), seq_len=int(row["seq_len"]),
                         **bridge_precision(str(row["precision"])), attention="flash",
-                        grad_bytes=BRIDGE_PERF_GRAD_BYTES)
+                        grad_bytes=BRIDGE_PERF_GRAD_BYTES, cuda_graphs=graphs)
     step, throughput = _number(row["step_time_s"]), _number(row["tokens_per_sec_per_gpu"])
     # a documented OOM states no time: NaN, never scored for time
     iteration = step or (training.tokens_per_iteration / (throughput * gpus) if throughput else math.nan)

@@ -19,6 +19,7 @@ from planner.errors import PlannerError
 __all__ = [
     "CP_COMMS",
     "CROSS_ENTROPY_KERNELS",
+    "CUDA_GRAPH_MODES",
     "DEEPSPEED_OPTIMIZERS",
     "DEEPSPEED_PER_UNIT_ZERO3",
     "DEFAULT_LOCAL_QUEUE_DEPTH",
@@ -98,6 +99,12 @@ ATTENTION_KERNELS = ("flash", "flash2", "unfused")
 # Transformer Engine / apex kernels, torch.compile's); "eager", eager PyTorch's op-by-op kernels as torchtitan's Llama
 # code runs without torch.compile (RMSNorm and RoPE through fp32 copies, SiLU and the gate product apart).
 ELEMENTWISE_MODES = ("fused", "eager")
+# How the host launches a step's kernels: "none", eager PyTorch launching each kernel (a pass takes at least the host's
+# launch time, and an MoE layer's dropless dispatch reads its token counts back to the host); "full_iteration",
+# Megatron-Core's full-iteration CUDA graph (--cuda-graph-impl full_iteration: the forward and backward of every
+# micro-batch captured once and replayed, dropless MoE padded to a static per-rank capacity so nothing syncs), where
+# the GPU runs the kernels back to back and no launch or sync time shows.
+CUDA_GRAPH_MODES = ("none", "full_iteration")
 # How the loss runs over the logits (planner/cost/memory.py `LOSS_BYTES_PER_LOGIT` holds what each keeps): "fused",
 # Megatron-LM's vocab-parallel cross-entropy, in place on one fp32 copy; "eager", PyTorch's F.cross_entropy on an fp32
 # copy op by op (torchtitan before it compiled its loss, pytorch/torchtitan bbb1b616e of 2025-04-02, and since
@@ -174,6 +181,7 @@ class Training:
     work halved; the GPU's native kernel or FlashAttention-2's) or "unfused" (softmax/dropout materialised, as in
     Megatron-LM runs before FlashAttention).
     `elementwise` (ELEMENTWISE_MODES) is how the norms, RoPE and activation run: fused kernels or eager PyTorch's.
+    `cuda_graphs` (CUDA_GRAPH_MODES) is how the host launches the kernels: one by one, or one full-iteration graph.
     `cross_entropy` (CROSS_ENTROPY_KERNELS) is how the loss over the logits runs: Megatron-LM's fused kernel, eager
     PyTorch's or torch.compile's; it sets what the loss holds in memory.
     `fp8_recipe` (FP8_RECIPES) is how dtype fp8 scales its GEMM operands (None with dtype fp8 takes "delayed"); it
@@ -202,6 +210,7 @@ class Training:
     optimizer_states: str = "fp32"
     elementwise: str = "fused"
     cross_entropy: str = "fused"
+    cuda_graphs: str = "none"
     fp8_recipe: str | None = None
 
     def __post_init__(self) -> None:
@@ -219,6 +228,8 @@ class Training:
             raise _not_one_of("training", "elementwise", self.elementwise, ELEMENTWISE_MODES)
         if self.cross_entropy not in CROSS_ENTROPY_KERNELS:
             raise _not_one_of("training", "cross_entropy", self.cross_entropy, CROSS_ENTROPY_KERNELS)
+        if self.cuda_graphs not in CUDA_GRAPH_MODES:
+            raise _not_one_of("training", "cuda_graphs", self.cuda_graphs, CUDA_GRAPH_MODES)
         if self.grad_bytes not in (2, 4):
             raise PlannerError(f"training: grad_bytes must be 2 or 4, got {self.grad_bytes!r}")
         for name in ("moe_load_imbalance", "moe_capacity_factor"):

@@ -52,10 +52,14 @@ RECORDED = {
     # 2026-12-02: Nemotron-3-Nano rows added (catalog model), 30-48 % too fast: 37 runs at 14.2 % -> 42 at 16.5 %,
     # 82 at 14.9 % -> 97 at 19.1 % (README "Accuracy"); the other rows' errors are unchanged; 15.3 / 17.3 % with
     # fused attention's sequence ramp and head-dimension share; 13.5 / 14.8 % with the Mamba-2 scan's kernel efficiency;
-    # 14.6 / 16.5 % with GPT-OSS's alternating 128-token windows (what ran, cuDNN skipping the masked tiles)
+    # 14.6 / 16.5 % with GPT-OSS's alternating 128-token windows (what ran, cuDNN skipping the masked tiles);
+    # 14.6 / 16.9 % with the alltoall dispatcher's chunk sorts; 14.2 / 17.0 % with the rack-scale Qwen3 presets'
+    # HybridEP; 13.6 / 17.2 % with the SMs HybridEP takes from overlapped compute; 13.6 / 16.0 % with full-iteration
+    # CUDA graphs; 13.6 / 15.3 % over 95 rack-scale rows without the two footnoted as a cuDNN regression; 15.2 % with
+    # HybridEP for every rack-scale Qwen3 row (all their presets name it)
     # memory: its 2 rows publish max_memory_allocated, compared without CUDA context and NCCL (0.074 -> 0.092)
-    "Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (42, 0.142, 0.092, 41),
-    "Megatron-Bridge MoE with EP (B300/GB200/GB300, force-balanced)": (97, 0.157, None, 97),
+    "Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (42, 0.132, 0.092, 41),
+    "Megatron-Bridge MoE with EP (B300/GB200/GB300, force-balanced)": (95, 0.145, None, 95),
 }
 # source: documented OOM runs predicted not to fit (2026-12-02: the Nemotron-3-Nano sweep's MBS-012 and MBS-013;
 # MBS-014 and MBS-015 are predicted to fit under a balanced router, README "Accuracy")

@@ -15,8 +15,10 @@ QWEN = load_model("qwen3-30b-a3b")  # 128 experts, top-8, h 2048, expert ffn 768
 
 
 def _setting(seq_len: int = 4096, dtype: str = "bf16", ep: int = 8) -> UnitSetting:
+    """The flex dispatcher's setting: one permute and one un-permute (the alltoall dispatcher's extra chunk sorts are
+    tests/test_moe_permutations.py's)."""
     return UnitSetting(tp=1, micro_batch=1, seq_len=seq_len, sequence_parallel=False, dtype=dtype,
-                       attention="flash", ep=ep)
+                       attention="flash", ep=ep, dispatcher="flex")
 
 
 def test_routed_experts_launch_one_gemm_per_local_expert_and_linear() -> None:

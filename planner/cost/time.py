@@ -193,7 +193,7 @@ def unit_costs(
     the expert-parallel group crosses (needed for MoE blocks; their exposed all-to-all joins their TP
     communication, `UnitCost.ep_s`)."""
     setting = unit_setting(training, config.tp, config.micro_batch, config.sequence_parallel, config.cp, config.ep,
-                           config.etp)
+                           config.etp, config.moe_dispatcher)
     all_reduce = all_reduce_time(2 * setting.tokens * model.hidden_size, config.tp, tp_link, calibration)
     costs: dict[CostKey, UnitCost] = {}
     for kind, parameters in ((UnitKind.EMBEDDING, model.embedding_parameters()),
@@ -213,7 +213,7 @@ def unit_costs(
         times = timer.block_times(block, setting, gpu) if typed else timer.times(UnitKind.BLOCK, setting, gpu)
         times = adapter_block_times(block, times, training, setting, gpu, timer)
         costs[block] = _block_cost(model, block, times, training, config, setting, tp_link, calibration, cp_link,
-                                   ep_link, timer)
+                                   ep_link, timer, gpu.sm_count)
     if len(model.block_types()) == 1:
         costs[UnitKind.BLOCK] = costs[next(iter(model.block_types()))]
     return costs
@@ -221,7 +221,7 @@ def unit_costs(
 
 def _block_cost(model: ModelSpec, block: BlockSpec, times: UnitTimes, training: Training, config: ParallelConfig,
                 setting: UnitSetting, tp_link: Link, calibration: Calibration, cp_link: Link | None,
-                ep_link: ExpertLink | None, timer: UnitTimer) -> UnitCost:
+                ep_link: ExpertLink | None, timer: UnitTimer, sm_count: int | None = None) -> UnitCost:
     """One block of type `block` (compute `times`) per micro-batch: TP collectives by the sub-layers it has at its
     own width and token count (a block with its own tokens, e.g. a vision encoder's, runs them whole on every CP
     rank), context parallelism's exchange for attention over the training sequence, the expert all-to-all for
@@ -255,7 +255,7 @@ def _block_cost(model: ModelSpec, block: BlockSpec, times: UnitTimes, training: 
     ep_forward = ep_backward = 0.0
     if block.mlp is not None and block.mlp.is_moe:
         ep_forward, ep_backward = expert_parallel_s(block.mlp, block.hidden_size, setting, config, ep_link, tp_link,
-                                                    calibration, times)
+                                                    calibration, times, sm_count)
         ep_backward += ep_forward if "moe" in modules else 0.0  # the MoE layer re-run, dispatch and combine too
         tp_forward, tp_backward = tp_forward + ep_forward, tp_backward + ep_backward
     return UnitCost(
@@ -452,7 +452,7 @@ def flex_dispatch_s(token_bytes: float, mlp: MlpSpec, ep: int, link: ExpertLink,
 
 def expert_parallel_s(mlp: MlpSpec, hidden_size: int, setting: UnitSetting, config: ParallelConfig,
                       link: ExpertLink | None, tp_link: Link, calibration: Calibration,
-                      times: UnitTimes) -> tuple[float, float]:
+                      times: UnitTimes, sm_count: int | None = None) -> tuple[float, float]:
     """Exposed expert-parallel communication of one MoE block (MLP `mlp` at width `hidden_size`, compute `times`)
     per micro-batch, (forward, backward). Forward: a dispatch and a combine of the rank's tokens (tokens/tp under
     sequence parallelism, times the busiest rank's load): with the alltoall dispatcher every routed copy
@@ -462,7 +462,8 @@ def expert_parallel_s(mlp: MlpSpec, hidden_size: int, setting: UnitSetting, conf
 
     With `moe_ep_overlap` (Megatron-Core's --overlap-moe-expert-parallel-comm, the combined 1F1B schedule after
     DeepSeek-V3's DualPipe, report §3.2.1) one micro-batch's forward of a layer runs with another's backward of a
-    layer, in three phases (`_ep_overlap_exposed_s`); without it the all-to-alls are exposed."""
+    layer, in three phases (`_ep_overlap_exposed_s`), the flex dispatcher's kernels holding `ep_comm_sm_share` of the
+    GPU's `sm_count` SMs while they run; without it the all-to-alls are exposed."""
     if config.ep * config.etp == 1 or link is None:
         return 0.0, 0.0
     token_bytes = setting.tokens / setting.tp * setting.expert_load * hidden_size * EP_DISPATCH_BYTES
@@ -474,27 +475,52 @@ def expert_parallel_s(mlp: MlpSpec, hidden_size: int, setting: UnitSetting, conf
     if config.etp > 1:
         one_way += all_gather_time(local_bytes * config.etp, config.etp, tp_link, calibration)
     if config.moe_ep_overlap:
-        return _ep_overlap_exposed_s(one_way, times)
+        return _ep_overlap_exposed_s(one_way, times, ep_comm_sm_share(config, sm_count))
     return 2 * one_way, 2 * one_way
 
 
-def _ep_overlap_exposed_s(one_way: float, times: UnitTimes) -> tuple[float, float]:
+# SMs the flex dispatcher's HybridEP / DeepEP kernels run on, taken from the GEMMs and attention while they run:
+# Megatron-Bridge's performance recipes set moe_hybridep_num_sms = 32 for every HybridEP run (src/megatron/bridge/
+# perf_recipes/_common.py `_benchmark_common`; gpt_oss/common.py, deepseek/common.py), as its measured Qwen3-30B-A3B
+# EP-overlap run on 16 H100 does (skills/nemo-mbridge-perf-expert-parallel-overlap/SKILL.md: HybridEP with 32 SMs;
+# Nsight: only 36.55 % of the communication time ran concurrently with GEMMs or attention).
+FLEX_DISPATCH_SMS = 32
+
+
+def ep_comm_sm_share(config: ParallelConfig, sm_count: int | None) -> float:
+    """Share of the GPU's SMs the EP all-to-all kernels hold while they overlap compute: the flex dispatcher's
+    `FLEX_DISPATCH_SMS` of `sm_count`; 0 for NCCL's all-to-all (its CTA count per all-to-all is not modelled) or
+    when the GPU is not given."""
+    if config.moe_dispatcher != "flex" or not sm_count:
+        return 0.0
+    return min(FLEX_DISPATCH_SMS / sm_count, 1.0)
+
+
+def _overlapped_exposed_s(comm: float, compute: float, sm_share: float) -> float:
+    """What `comm` seconds of communication on `sm_share` of the SMs add to `compute` seconds of (full-GPU) compute run
+    beside it: the compute runs on the other SMs while the communication lasts, so either it finishes under the
+    communication (comm − compute shows) or it is slowed by the SMs the communication held (comm · sm_share)."""
+    return max(comm - compute, comm * sm_share, 0.0)
+
+
+def _ep_overlap_exposed_s(one_way: float, times: UnitTimes, sm_share: float = 0.0) -> tuple[float, float]:
     """(forward, backward) EP all-to-all time a block leaves exposed under Megatron-Core's combined 1F1B overlap
     (TransformerLayerSchedulePlan.run, core 0.16): the communication stream runs combine_bwd | dispatch_fwd,
     dispatch_bwd | combine_fwd while the compute stream runs attn_fwd | mlp_bwd, mlp_fwd | attn_bwd, so each
     phase shows what its all-to-alls (`one_way` each) exceed its compute. Attention is the QKV and output
     projections plus the core, forward (their dgrad and wgrad GEMMs and the core's backward, backward); the MLP
     the rest (`UnitTimes.linear_forward_s`; a measured profile without it spreads the forward over four linears
-    like `_block_tp_s`). The middle phase is split evenly between the passes. The first forward and last
-    backward of an iteration, which have no partner, and the SMs DeepEP's kernels take from the GEMMs are not
-    modelled."""
+    like `_block_tp_s`). The middle phase is split evenly between the passes. Each phase's compute runs on the SMs
+    the all-to-alls leave it (`_overlapped_exposed_s`). The first forward and last backward of an iteration, which
+    have no partner, are not modelled."""
     gemm = times.linear_forward_s or (times.forward_s / 4,) * 4
     attention_forward = times.attention_core_forward_s + gemm[0] + gemm[1]
     core_backward = times.attention_core_backward_s or 2 * times.attention_core_forward_s
     attention_backward = min(core_backward + 2 * (gemm[0] + gemm[1]), times.backward_s)
     mlp = max(times.forward_s - attention_forward, 0.0) + times.backward_s - attention_backward
-    middle = _positive(2 * one_way - mlp) / 2
-    return middle + _positive(one_way - attention_backward), middle + _positive(one_way - attention_forward)
+    middle = _overlapped_exposed_s(2 * one_way, mlp, sm_share) / 2
+    return (middle + _overlapped_exposed_s(one_way, attention_backward, sm_share),
+            middle + _overlapped_exposed_s(one_way, attention_forward, sm_share))
 
 
 def context_parallel_s(times: UnitTimes, attention: AttentionSpec, training: Training, config: ParallelConfig,

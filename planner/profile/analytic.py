@@ -117,8 +117,19 @@ _GROUPED_LINEARS = 2
 # The streams that loop spreads its GEMMs over (Transformer Engine common/util/multi_stream.cpp,
 # get_num_compute_streams): at most 4 experts' GEMMs share the SMs at once, so small experts leave SMs idle
 _GROUPED_GEMM_STREAMS = 4
-# Kernels of the dispatched tokens' path besides the experts' GEMMs: the permute, the un-permute, the activation
-_ROUTED_ELEMENTWISE_KERNELS = 3
+# Kernels of the dispatched tokens' path besides the experts' GEMMs and permutations: the activation
+_ROUTED_ELEMENTWISE_KERNELS = 1
+# Passes over the routed copies of the tokens that reorder them, per forward. Every dispatcher permutes the tokens by
+# expert and un-permutes the experts' outputs (2). Megatron-Core's alltoall dispatcher (MoEAlltoAllTokenDispatcher,
+# core_v0.15.0 through HEAD) receives each source rank's tokens grouped by that rank, so with more than one local
+# expert it sorts them by local expert after the all-to-all ("Permutation 2", `sort_chunks_by_idxs` in
+# dispatch_postprocess) and back before the combine ("Unpermutation 2", combine_preprocess): 2 more, each a read and
+# a write of every routed copy (fused into one kernel each under moe_permute_fusion). The flex dispatcher's
+# DeepEP / HybridEP kernels deliver the tokens per destination, permuted once by expert (2). Without expert
+# parallelism there is no all-to-all to sort after (Megatron-Core's default dispatcher there is allgather's, which
+# permutes once).
+_PERMUTATIONS = 2
+_ALLTOALL_CHUNK_SORTS = 2
 # Eager PyTorch (Training.elementwise "eager") over fused kernels, per element and forward, from torchtitan's Llama
 # code of December 2024 (pytorch/torchtitan 9dec370: models/norms.py RMSNorm, llama/model.py apply_rotary_emb and
 # FeedForward). RMSNorm casts to fp32 (read 2 B, write 4 B), squares (4, 4), takes the mean (4), scales (4, 4), casts
@@ -155,6 +166,8 @@ class UnitSetting:
     etp: int = 1  # expert tensor parallelism: each expert's intermediate size split etp ways
     expert_load: float = 1.0  # routed tokens of the busiest expert rank over the mean (Training.moe_expert_load)
     elementwise: str = "fused"  # Training.elementwise: fused kernels or eager PyTorch's
+    dispatcher: str = "alltoall"  # ParallelConfig.moe_dispatcher: how an MoE block's routed tokens move
+    cuda_graphs: str = "none"  # Training.cuda_graphs: kernels launched one by one, or replayed as one graph
     fp8_recipe: str | None = None  # Training.fp8_recipe: how dtype fp8 scales its GEMM operands
 
     @property
@@ -577,9 +590,16 @@ class AnalyticProfile:
         return _EXPERT_BIAS_ACCESSES * 2 * self._routed_hidden(setting)
 
     def _permute_bytes_per_token(self, setting: UnitSetting) -> float:
-        """The dispatcher's permute and un-permute of every routed copy (top-k, times the busiest rank's load):
-        read + write of h 16-bit values each way."""
-        return 2 * 2 * 2 * self._routed_hidden(setting)
+        """The dispatcher's reorderings of every routed copy (top-k, times the busiest rank's load; `_permutations`):
+        each a read + write of h 16-bit values."""
+        return self._permutations(setting) * 2 * 2 * self._routed_hidden(setting)
+
+    def _permutations(self, setting: UnitSetting) -> int:
+        """Passes that reorder the routed copies in an MoE block's forward (`_PERMUTATIONS`): the permute and the
+        un-permute, and under the alltoall dispatcher with more than one local expert its sort of the received tokens
+        by local expert and the sort back (`_ALLTOALL_CHUNK_SORTS`), when there is an expert-parallel all-to-all."""
+        chunk_sorts = setting.dispatcher == "alltoall" and setting.ep > 1 and self.model.num_experts / setting.ep > 1
+        return _PERMUTATIONS + (_ALLTOALL_CHUNK_SORTS if chunk_sorts else 0)
 
     def _routed_hidden(self, setting: UnitSetting) -> float:
         """Hidden values per token of its routed copies on one rank: top-k copies, times the busiest rank's load, of
@@ -620,12 +640,13 @@ class AnalyticProfile:
 
     def _routed_kernels(self, setting: UnitSetting) -> tuple[float, float]:
         """(memory-bound kernels, other kernels) of an MoE block's dispatched-token path in the forward on one rank:
-        the permute, un-permute and activation (with expert biases, the per-expert bias add and its concatenation:
-        `_EXPERT_BIAS_KERNELS_PER_EXPERT`), and per local expert one GEMM in each of the two grouped linears and,
-        with FP8, one quantisation of its input split (`_GROUPED_LINEARS`)."""
+        its permutations (`_permutations`, one kernel each) and activation (with expert biases, the per-expert bias
+        add and its concatenation: `_EXPERT_BIAS_KERNELS_PER_EXPERT`), and per local expert one GEMM in each of the
+        two grouped linears and, with FP8, one quantisation of its input split (`_GROUPED_LINEARS`)."""
         local = self.model.num_experts / setting.ep
         per_expert = 2 if setting.dtype == "fp8" else 1
-        return _ROUTED_ELEMENTWISE_KERNELS + self._expert_bias_kernels(setting), _GROUPED_LINEARS * local * per_expert
+        memory = _ROUTED_ELEMENTWISE_KERNELS + self._permutations(setting) + self._expert_bias_kernels(setting)
+        return memory, _GROUPED_LINEARS * local * per_expert
 
     def _expert_bias_kernels(self, setting: UnitSetting) -> float:
         """Kernels of the eager expert-bias add on one rank: per local expert `_EXPERT_BIAS_KERNELS_PER_EXPERT`, and
@@ -648,11 +669,14 @@ class AnalyticProfile:
         routed_bytes = setting.tokens * self._routed_bytes_per_token(setting)
         routed = up + down + self.memory_time(gpu, routed_bytes) + memory_kernels * self.calibration.kernel_launch_s
         after = memory_kernels + routed_kernels
-        return self._host_bound(gpu_s - routed, kernels - after) + self._host_bound(routed, after)
+        return self._host_bound(setting, gpu_s - routed, kernels - after) + self._host_bound(setting, routed, after)
 
-    def _host_bound(self, gpu_s: float, kernels: float) -> float:
+    def _host_bound(self, setting: UnitSetting, gpu_s: float, kernels: float) -> float:
         """A pass's time: its GPU time, or the host's time to launch its kernels when that is longer (eager
-        PyTorch queues kernels asynchronously, so the GPU waits only when the host falls behind)."""
+        PyTorch queues kernels asynchronously, so the GPU waits only when the host falls behind); a replayed
+        full-iteration CUDA graph launches nothing from the host (Training.cuda_graphs), so its GPU time."""
+        if setting.cuda_graphs == "full_iteration":
+            return gpu_s
         return max(gpu_s, kernels * self.calibration.host_kernel_s)
 
     def _block(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
@@ -751,10 +775,11 @@ class AnalyticProfile:
         memory_kernels, kernels = self._block_kernels(setting, moe)
         elementwise += memory_kernels * self.calibration.kernel_launch_s
         forward = gemms + core_forward + elementwise + cast_forward
-        forward = self._synced_forward(setting, gpu, forward, kernels) if moe else self._host_bound(forward, kernels)
+        forward = (self._synced_forward(setting, gpu, forward, kernels) if moe
+                   else self._host_bound(setting, forward, kernels))
         wgrad = self._block_of(_bf16_twin(setting), gpu, moe).weight_grad_s if self._bf16_wgrad(setting, gpu) \
             else gemms
-        backward = self._host_bound(gemms + wgrad + core_backward + 2 * elementwise + cast_backward,
+        backward = self._host_bound(setting, gemms + wgrad + core_backward + 2 * elementwise + cast_backward,
                                     _BACKWARD_KERNELS_PER_FORWARD * kernels)
         # W: each linear layer's and the router's weight-gradient GEMM (as long as its forward GEMM at the
         # recipe's precision); the input-gradient GEMMs, the attention core's backward and the element-wise work
@@ -828,9 +853,9 @@ class AnalyticProfile:
         # lookup, position add, dropout; the vocab-parallel lookup's all-reduce under TP
         kernels = (1 + (m.position_embedding == "learned") + m.dropout + (setting.tp > 1))
         launch = kernels * self.calibration.kernel_launch_s
-        backward = self._host_bound(self.memory_time(gpu, backward_bytes) + launch, kernels)
+        backward = self._host_bound(setting, self.memory_time(gpu, backward_bytes) + launch, kernels)
         # all weight gradient: the tokens need no gradient
-        return UnitTimes(self._host_bound(self.memory_time(gpu, forward_bytes) + launch, kernels), backward,
+        return UnitTimes(self._host_bound(setting, self.memory_time(gpu, forward_bytes) + launch, kernels), backward,
                          weight_grad_s=backward)
 
     def _head(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
@@ -846,8 +871,8 @@ class AnalyticProfile:
         cross_entropy += _CROSS_ENTROPY_KERNELS * self.calibration.kernel_launch_s
         kernels = 2 + _CROSS_ENTROPY_KERNELS + (2 if t > 1 else 0)  # the norm and the logits GEMM besides
         backward_kernels = _BACKWARD_KERNELS_PER_FORWARD * kernels
-        return UnitTimes(self._host_bound(logits + norm + cross_entropy, kernels),
-                         self._host_bound(2 * logits + 2 * norm + cross_entropy, backward_kernels),
+        return UnitTimes(self._host_bound(setting, logits + norm + cross_entropy, kernels),
+                         self._host_bound(setting, 2 * logits + 2 * norm + cross_entropy, backward_kernels),
                          weight_grad_s=logits, linear_forward_s=(logits,))
 
 
@@ -895,6 +920,7 @@ def _block_view(model: ModelSpec, block: BlockSpec) -> ModelSpec:
 
 
 def unit_setting(training: Training, tp: int, micro_batch: int, sequence_parallel: bool, cp: int = 1, ep: int = 1,
-                 etp: int = 1) -> UnitSetting:
+                 etp: int = 1, dispatcher: str = "alltoall") -> UnitSetting:
     return UnitSetting(tp, micro_batch, training.seq_len, sequence_parallel, training.dtype, training.attention, cp,
-                       ep, etp, training.moe_expert_load, training.elementwise, training.fp8_recipe)
+                       ep, etp, training.moe_expert_load, training.elementwise, dispatcher, training.cuda_graphs,
+                       training.fp8_recipe)
