@@ -24,6 +24,7 @@ from planner.cluster import Cluster, catalog_cluster_names, load_cluster
 from planner.compare import compare_plans
 from planner.config import (
     ATTENTION_KERNELS,
+    CUDA_GRAPH_MODES,
     DEFAULT_LOCAL_QUEUE_DEPTH,
     DEFAULT_LORA_RANK,
     DEFAULT_LORA_TARGETS,
@@ -133,6 +134,9 @@ def problem_options(command: Callable[..., Any]) -> Callable[..., Any]:
                           "keeps the weight-gradient GEMMs in BF16), per 1x128/128x128 tile (blockwise) or per 32 "
                           "elements (mxfp8, Blackwell).  [default: the --framework's own: megatron delayed, "
                           "torchtitan tensorwise]"),
+        click.option("--cuda-graphs", type=click.Choice(CUDA_GRAPH_MODES), default="none", show_default=True,
+                     help="Kernels launched one by one (none) or the whole iteration replayed as one CUDA graph "
+                          "(full_iteration: Megatron-Core's --cuda-graph-impl, no host launch or MoE sync time)."),
         click.option("--finetune", type=click.Choice(FINETUNE_MODES), default="full", show_default=True,
                      help="What trains: every parameter (full), or LoRA adapters on frozen 16-bit (lora) or 4-bit "
                           "NF4 (qlora) base weights."),
@@ -344,6 +348,7 @@ class TuningOptions:
     optimizer_states: str = "auto"
     elementwise: str = "fused"
     fp8_recipe: str | None = None  # as given; None: the target framework's (`fp8_default`)
+    cuda_graphs: str = "none"
     cross_entropy: str = "fused"  # set by the target framework (`for_framework`), not an option of its own
     fp8_default: str = FP8_RECIPES[0]  # likewise
 
@@ -351,7 +356,7 @@ class TuningOptions:
     def pop_from(cls, options: dict[str, Any]) -> TuningOptions:
         """Take these options out of a command's keyword options."""
         return cls(*(options.pop(name) for name in ("finetune", "lora_rank", "lora_targets", "optimizer_states",
-                                                     "elementwise", "fp8_recipe")))
+                                                     "elementwise", "fp8_recipe", "cuda_graphs")))
 
     def for_framework(self, framework: str | None) -> TuningOptions:
         """These options with the loss kernel `framework` runs at their element-wise setting and its default FP8
@@ -364,7 +369,8 @@ class TuningOptions:
         recipe = self.fp8_recipe or (self.fp8_default if dtype == "fp8" else None)
         return {"finetune": self.finetune, "lora_rank": self.lora_rank, "lora_targets": self.lora_targets,
                 "optimizer_states": "fp32" if self.optimizer_states == "auto" else self.optimizer_states,
-                "elementwise": self.elementwise, "cross_entropy": self.cross_entropy, "fp8_recipe": recipe}
+                "elementwise": self.elementwise, "cross_entropy": self.cross_entropy, "fp8_recipe": recipe,
+                "cuda_graphs": self.cuda_graphs}
 
 
 def load_problem(model_spec: str, cluster_spec: str, global_batch: int, seq_len: int, dtype: str, attention: str,
@@ -407,6 +413,8 @@ def describe_tuning(model: ModelSpec, training: Training) -> str:
         text += f", optimizer states {training.optimizer_states}"
     if training.elementwise != "fused":
         text += f", {training.elementwise} element-wise kernels"
+    if training.cuda_graphs != "none":
+        text += f", {training.cuda_graphs.replace('_', '-')} CUDA graphs"
     return text
 
 

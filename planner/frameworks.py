@@ -115,6 +115,8 @@ class Framework:
     # it runs the loss as PyTorch's F.cross_entropy, compiled with the model when its element-wise kernels are
     # (torchtitan compiles its loss since pytorch/torchtitan bbb1b616e, 2025-04); False: Megatron-LM's fused kernel
     loss_follows_compile: bool = False
+    # it captures a whole iteration in one CUDA graph (Training.cuda_graphs "full_iteration")
+    full_iteration_graphs: bool = False
     # Training.fp8_recipe values it runs, its default first (with --dtype fp8 and no --fp8-recipe)
     fp8_recipes: tuple[str, ...] = FP8_RECIPES
     # what it runs of a given model, narrowed from the above (None: every model alike); see `for_model`
@@ -168,6 +170,8 @@ class Framework:
             return f"{self.version} cannot fine-tune with {training.finetune}: {self.no_adapters}"
         if training.elementwise == "eager" and self.fused_elementwise_only:
             return f"{self.version} has no eager element-wise kernels: it runs {self.fused_elementwise_only}"
+        if training.cuda_graphs != "none" and not self.full_iteration_graphs:
+            return f"{self.version} cannot capture a whole iteration in one CUDA graph"
         if training.dtype == "fp8" and training.fp8_recipe not in self.fp8_recipes:
             return (f"{self.version} has no {training.fp8_recipe} FP8 recipe (it runs "
                     f"{', '.join(self.fp8_recipes)})")
@@ -293,7 +297,7 @@ FRAMEWORKS: dict[str, Framework] = {
     "any": Framework(
         "any", "any framework", _ALL_SCHEDULES, _ANY_SHARDING, _ANY_SHARDING, True, True, _CP_COMMS, True, True,
         _DISPATCHERS, True, True, True, _megatron_semantics, (0, True), searched_schedules=_UNSPLIT_SCHEDULES,
-        optimizer_states=tuple((states, None) for states in OPTIMIZER_STATES)),
+        optimizer_states=tuple((states, None) for states in OPTIMIZER_STATES), full_iteration_graphs=True),
     # ZeRO-2/3 through Megatron-FSDP (optim_grads / optim_grads_params), which it does not claim with PP; no
     # zero-bubble schedule (core_v0.16.1's delay_wgrad_compute only overlaps MoE all-to-all in its 1F1B)
     "megatron": Framework(
@@ -305,8 +309,9 @@ FRAMEWORKS: dict[str, Framework] = {
         no_adapters="pretrain_gpt.py has no LoRA/PEFT (Megatron-Bridge's peft.LoRA has; planner does not export it)",
         fused_elementwise_only="Transformer Engine's fused norms, RoPE and activations",
         optimizer_states=(("fp32", None), ("cpu", frozenset({(0, True)}))),
-        # --fp8-recipe's choices (TransformerConfig.fp8_recipe), delayed its default
-        fp8_recipes=("delayed", "tensorwise", "blockwise", "mxfp8")),
+        # --fp8-recipe's choices (TransformerConfig.fp8_recipe), delayed its default; full-iteration CUDA graphs
+        # as --cuda-graph-impl local --cuda-graph-scope full_iteration (core 0.16)
+        fp8_recipes=("delayed", "tensorwise", "blockwise", "mxfp8"), full_iteration_graphs=True),
     # ZeRO-2/3 only without PP (PipelineEngine asserts stage < 2); CP only as Ulysses, which planner's cp is not
     "deepspeed": Framework(
         "deepspeed", "DeepSpeed 0.19 (Megatron-DeepSpeed)", frozenset({Schedule.ONE_F_ONE_B}),

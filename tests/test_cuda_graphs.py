@@ -4,6 +4,7 @@ dropless MoE layers (padded to a static capacity) read no token counts back, so 
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -75,3 +76,48 @@ def test_moe_rows_of_full_iteration_presets_run_graphs() -> None:
     runs = {r.source.split()[-1]: r.training for r in moe_runs(rack_scale=True)[0]}
     assert runs["MB-007"].cuda_graphs == "full_iteration" and runs["MB-066"].cuda_graphs == "none"
     assert runs["MB-001"].cuda_graphs == "full_iteration" and runs["MB-057"].cuda_graphs == "none"
+
+
+QWEN_ESTIMATE = ["estimate", "--model", "qwen3-30b-a3b", "--cluster", "1x8xB200", "--dtype", "fp8", "--fp8-recipe",
+                 "mxfp8", "--ep", "8", "--tp", "1", "--pp", "1", "--dp", "8", "--micro-batch", "1", "--global-batch",
+                 "64", "--seq-len", "4096", "--json"]
+
+
+def test_cli_graphs_remove_the_host_time_and_are_named() -> None:
+    from click.testing import CliRunner
+
+    from cli import main
+    runner = CliRunner()
+    launched = runner.invoke(main, QWEN_ESTIMATE)
+    graphed = runner.invoke(main, [*QWEN_ESTIMATE, "--cuda-graphs", "full_iteration"])
+    assert launched.exit_code == graphed.exit_code == 0, graphed.output
+    launched_doc, graphed_doc = json.loads(launched.output), json.loads(graphed.output)
+    assert graphed_doc["training"]["cuda_graphs"] == "full_iteration"
+    assert graphed_doc["estimate"]["iteration_time_s"] < launched_doc["estimate"]["iteration_time_s"]
+    text = runner.invoke(main, [*QWEN_ESTIMATE[:-1], "--cuda-graphs", "full_iteration"]).output
+    assert "full-iteration CUDA graphs" in text.splitlines()[0]
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--cuda-graphs", "partial"], "'partial' is not one of 'none', 'full_iteration'"),
+    (["--cuda-graphs", "full_iteration", "--framework", "torchtitan"], "cannot capture a whole iteration"),
+    (["--cuda-graphs", "full_iteration", "--framework", "deepspeed"], "cannot capture a whole iteration"),
+])
+def test_cli_bad_or_unsupported_graphs_exit_2(extra: list[str], message: str) -> None:
+    from click.testing import CliRunner
+
+    from cli import main
+    result = CliRunner().invoke(main, [*QWEN_ESTIMATE[:-1], *extra])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_megatron_export_captures_the_iteration_as_core_0_16_spells_it() -> None:
+    from test_export_plans import parse_flags, plan_document
+
+    from planner.export.megatron import export_megatron
+    from planner.plan import parse_plan_document
+    document = plan_document(cluster="1x8xH100-80GB", blocks=(32,), tp=1, pp=1, dp=8, distributed_optimizer=True)
+    document["training"]["cuda_graphs"] = "full_iteration"
+    flags = parse_flags(export_megatron(parse_plan_document(document)).files["megatron_args.txt"])
+    assert flags["--cuda-graph-impl"] == ["local"] and flags["--cuda-graph-scope"] == ["full_iteration"]
+    assert "--no-check-for-nan-in-loss-and-grad" in flags

@@ -142,6 +142,10 @@ def model_flags(model: ModelSpec, training: Training, dialect: Dialect) -> Model
     elif training.dtype == "fp8":
         unsupported.append(f"{dialect.value} and DeepSpeed have no fp8 switch; exported as bf16 (fp8 needs "
                            "Transformer Engine)")
+    if lm and training.cuda_graphs == "full_iteration":  # core 0.16: the local implementation's whole-iteration
+        # scope, which needs the NaN check of loss and gradients off (arguments.py validate_args)
+        flags += [("--cuda-graph-impl", "local"), ("--cuda-graph-scope", "full_iteration"),
+                  ("--no-check-for-nan-in-loss-and-grad",)]
     if lm:
         flags.append(("--attention-backend", _MEGATRON_ATTENTION_BACKENDS[training.attention]))
     elif training.attention != "unfused":
