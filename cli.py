@@ -351,6 +351,7 @@ class TuningOptions:
     cuda_graphs: str = "none"
     cross_entropy: str = "fused"  # set by the target framework (`for_framework`), not an option of its own
     fp8_default: str = FP8_RECIPES[0]  # likewise
+    fp8_saved_input: str = "fp8"  # likewise
 
     @classmethod
     def pop_from(cls, options: dict[str, Any]) -> TuningOptions:
@@ -359,10 +360,11 @@ class TuningOptions:
                                                      "elementwise", "fp8_recipe", "cuda_graphs")))
 
     def for_framework(self, framework: str | None) -> TuningOptions:
-        """These options with the loss kernel `framework` runs at their element-wise setting and its default FP8
-        recipe."""
+        """These options with the loss kernel `framework` runs at their element-wise setting, its default FP8 recipe
+        and what its FP8 linears keep for backward."""
         target = framework_named(framework or "any")
-        return replace(self, cross_entropy=target.loss_kernel(self.elementwise), fp8_default=target.fp8_recipes[0])
+        return replace(self, cross_entropy=target.loss_kernel(self.elementwise), fp8_default=target.fp8_recipes[0],
+                       fp8_saved_input=target.fp8_saved_input)
 
     def training_fields(self, dtype: str) -> dict[str, Any]:
         """Training's fields at `dtype`; "auto" optimizer states start as fp32 (plan may choose others)."""
@@ -370,7 +372,7 @@ class TuningOptions:
         return {"finetune": self.finetune, "lora_rank": self.lora_rank, "lora_targets": self.lora_targets,
                 "optimizer_states": "fp32" if self.optimizer_states == "auto" else self.optimizer_states,
                 "elementwise": self.elementwise, "cross_entropy": self.cross_entropy, "fp8_recipe": recipe,
-                "cuda_graphs": self.cuda_graphs}
+                "cuda_graphs": self.cuda_graphs, "fp8_saved_input": self.fp8_saved_input}
 
 
 def load_problem(model_spec: str, cluster_spec: str, global_batch: int, seq_len: int, dtype: str, attention: str,

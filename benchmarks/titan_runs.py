@@ -173,7 +173,7 @@ def _run(file: str, frame_row: pd.Series, row: _Row) -> Run:
     # (it added every SDPA backend in b39377f9f, 2025-12-01): the attention runs again in backward, output not kept
     cudnn = row.gpu == "B200"
     training = Training(global_batch=row.global_batch, seq_len=row.seq_len, dtype="fp8" if row.fp8_recipe else "bf16",
-                        fp8_recipe=row.fp8_recipe,
+                        fp8_recipe=row.fp8_recipe, fp8_saved_input=TORCHTITAN.fp8_saved_input,
                         attention="flash" if cudnn else "flash2", grad_bytes=4,
                         elementwise="eager" if row.eager else "fused", cross_entropy=_cross_entropy(frame_row, row))
     # torchtitan's execution semantics (planner.frameworks): its TP backward has no async all-reduce hidden behind

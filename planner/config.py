@@ -30,6 +30,7 @@ __all__ = [
     "ELEMENTWISE_MODES",
     "FINETUNE_MODES",
     "FP8_RECIPES",
+    "FP8_SAVED_INPUTS",
     "LOCAL_HEADS",
     "LORA_TARGETS",
     "MOE_DISPATCHERS",
@@ -117,6 +118,9 @@ CROSS_ENTROPY_KERNELS = ("fused", "eager", "compiled")
 # ("blockwise", TE's Float8BlockScaling, DeepSeek-V3's recipe); one per 32 elements in hardware ("mxfp8", OCP MX on
 # GPUs with FP4 tensor cores: Blackwell).
 FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise", "mxfp8")
+# What an FP8 linear layer keeps of its input for the weight gradient: its FP8 copy ("fp8", Transformer Engine), or
+# the BF16 tensor it casts again in backward ("bf16", torchao's Float8Linear: save_for_backward(input_hp, ...)).
+FP8_SAVED_INPUTS = ("fp8", "bf16")
 # What trains: every parameter ("full", pre-training's accounting), or low-rank adapters on frozen 16-bit ("lora",
 # Hu et al. 2021) or 4-bit NF4 ("qlora", Dettmers et al. 2023) base weights (planner/finetune.py owns the rules).
 FINETUNE_MODES = ("full", "lora", "qlora")
@@ -185,7 +189,8 @@ class Training:
     `cross_entropy` (CROSS_ENTROPY_KERNELS) is how the loss over the logits runs: Megatron-LM's fused kernel, eager
     PyTorch's or torch.compile's; it sets what the loss holds in memory.
     `fp8_recipe` (FP8_RECIPES) is how dtype fp8 scales its GEMM operands (None with dtype fp8 takes "delayed"); it
-    must stay None for other dtypes.
+    must stay None for other dtypes. `fp8_saved_input` (FP8_SAVED_INPUTS) is what an FP8 linear keeps of its input
+    for the weight gradient, set by the framework that runs it.
     `grad_bytes` is the per-parameter gradient size: 4 when gradients accumulate in fp32
     (Megatron-LM's default for bf16 and fp8), 2 when they stay 16-bit (its fp16 optimizer);
     None takes that dtype's default.
@@ -212,6 +217,7 @@ class Training:
     cross_entropy: str = "fused"
     cuda_graphs: str = "none"
     fp8_recipe: str | None = None
+    fp8_saved_input: str = "fp8"
 
     def __post_init__(self) -> None:
         if self.grad_bytes is None:
@@ -249,6 +255,8 @@ class Training:
             object.__setattr__(self, "fp8_recipe", "delayed")
         if self.fp8_recipe not in FP8_RECIPES:
             raise _not_one_of("training", "fp8_recipe", self.fp8_recipe, FP8_RECIPES)
+        if self.fp8_saved_input not in FP8_SAVED_INPUTS:
+            raise _not_one_of("training", "fp8_saved_input", self.fp8_saved_input, FP8_SAVED_INPUTS)
 
     def _check_finetune(self) -> None:
         """Adapter options only with adapters; their defaults filled in; QLoRA computes in 16 bits."""

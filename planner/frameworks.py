@@ -119,6 +119,8 @@ class Framework:
     full_iteration_graphs: bool = False
     # Training.fp8_recipe values it runs, its default first (with --dtype fp8 and no --fp8-recipe)
     fp8_recipes: tuple[str, ...] = FP8_RECIPES
+    # what its FP8 linears keep of their input for the weight gradient (Training.fp8_saved_input)
+    fp8_saved_input: str = "fp8"
     # what it runs of a given model, narrowed from the above (None: every model alike); see `for_model`
     model_limits: Callable[[Framework, ModelSpec], dict[str, object]] | None = None
 
@@ -348,7 +350,7 @@ FRAMEWORKS: dict[str, Framework] = {
         loss_follows_compile=True, model_limits=_torchtitan_model_limits,
         # torchao's float8 recipes ([quantize.linear.float8] recipe_name, tensorwise when unnamed) and MXFP8
         # ([quantize.linear.mx]); torchao dropped delayed scaling
-        fp8_recipes=("tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8")),
+        fp8_recipes=("tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8"), fp8_saved_input="bf16"),
 }
 FRAMEWORK_NAMES = tuple(FRAMEWORKS)
 TARGET_NAMES = FRAMEWORK_NAMES[1:]

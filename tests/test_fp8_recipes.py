@@ -174,3 +174,25 @@ def test_torchtitans_own_parser_accepts_the_fp8_sections(tmp_path) -> None:
         run = subprocess.run([sys.executable, "-c", _TORCHTITAN_CHECK, str(path), "8"], capture_output=True,
                              text=True, timeout=120)
         assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_torchao_keeps_the_bf16_input_and_casts_it_again() -> None:
+    """torchao's Float8Linear saves the high-precision input (save_for_backward(input_hp, ...)) and casts it again
+    for the weight gradient (read 2 B, write 1 B) where Transformer Engine transposes its FP8 copy (2 B); torchtitan
+    sets it, and its activations keep 2 bytes per linear input, not 1."""
+    profile, kept_fp8 = _block("tensorwise")
+    kept_bf16 = profile.times(UnitKind.BLOCK, replace(FP8, fp8_recipe="tensorwise", fp8_saved_input="bf16"), H100)
+    inputs = 4096 + 4096 + 4096 + 14336  # QKV, projection, FC1, FC2 inputs per token
+    assert kept_bf16.backward_s - kept_fp8.backward_s == pytest.approx(profile.memory_time(H100, 8192 * inputs))
+    assert FRAMEWORKS["torchtitan"].fp8_saved_input == "bf16" and FRAMEWORKS["megatron"].fp8_saved_input == "fp8"
+    with pytest.raises(PlannerError, match="fp8_saved_input must be one of fp8, bf16"):
+        Training(dtype="fp8", fp8_saved_input="fp16")
+
+
+def test_torchtitan_fp8_plans_hold_more_activation_memory() -> None:
+    runner = CliRunner()
+    base = [*ESTIMATE, "--fp8-recipe", "tensorwise", "--recompute", "none", "--json"]
+    megatron = json.loads(runner.invoke(main, [*base, "--framework", "any"]).output)
+    titan = json.loads(runner.invoke(main, [*base, "--framework", "torchtitan"]).output)
+    assert titan["training"]["fp8_saved_input"] == "bf16" and megatron["training"]["fp8_saved_input"] == "fp8"
+    assert titan["estimate"]["peak_memory_bytes"] > megatron["estimate"]["peak_memory_bytes"]

@@ -226,7 +226,8 @@ FP8_SAVED_INPUT_BYTES = 1
 """Bytes per element of a linear layer's input that Transformer Engine keeps for the weight-gradient GEMM when the
 layer runs in FP8: the quantized copy it made for the forward GEMM (te.pytorch Linear, LayerNormLinear and
 GroupedLinear save the FP8 input, for MXFP8 its column-wise copy, not the BF16 tensor; Micikevicius et al. 2022,
-"FP8 formats for deep learning", §4, store activations for backward in FP8). Scaling factors (MXFP8: one byte
+"FP8 formats for deep learning", §4, store activations for backward in FP8); torchao's Float8Linear keeps the BF16
+input instead and casts it again in backward (Training.fp8_saved_input "bf16"). Scaling factors (MXFP8: one byte
 per 32 elements; per-tensor: one float) are not counted. Tensors that a BF16 operation also needs keep their
 16-bit copy besides: a norm's input, the attention output the fused attention backward reads, the MoE router's
 input, the gated activation's input."""
@@ -287,7 +288,7 @@ def block_type_activation_bytes(model: ModelSpec, block: BlockSpec, training: Tr
 
 def _saved_input_bytes(training: Training) -> int:
     """Bytes per element of an input a linear layer keeps for its weight gradient (`FP8_SAVED_INPUT_BYTES` in FP8)."""
-    return FP8_SAVED_INPUT_BYTES if training.dtype == "fp8" else 2
+    return FP8_SAVED_INPUT_BYTES if training.dtype == "fp8" and training.fp8_saved_input == "fp8" else 2
 
 
 @dataclass(frozen=True)

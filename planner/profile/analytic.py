@@ -57,12 +57,15 @@ class _Fp8Casts:
     """HBM bytes per element that FP8 quantisation adds around a linear layer beyond the BF16 path, by what
     produces the element: an input whose producer (a norm, the MLP activation) can run the cast in its own kernel,
     an input none can (the attention core's output), the output gradient, and the saved input the weight-gradient
-    GEMM reads. `bf16_wgrad`: the weight-gradient GEMM runs in BF16 (on the BF16 tensors)."""
+    GEMM reads: from the FP8 copy the forward kept (`saved_input`, Transformer Engine) or from the BF16 input
+    (`saved_input_bf16`, torchao, which keeps the BF16 tensor and casts it again: read 2 B, write 1 B).
+    `bf16_wgrad`: the weight-gradient GEMM runs in BF16 (on the BF16 tensors)."""
 
     fused_input: float
     unfused_input: float
     output_grad: float
     saved_input: float
+    saved_input_bf16: float
     bf16_wgrad: bool = False
 
 
@@ -87,12 +90,12 @@ class _Fp8Casts:
 # blockwise's quantiser is a kernel of its own, MXFP8's runs inside the norm on Blackwell (TE's fused
 # norm + MXFP8 cast), where both copies replace the BF16 output.
 _FP8_CASTS = {
-    "delayed": _Fp8Casts(0.0, 3.0, 4.0, 2.0),
-    "tensorwise": _Fp8Casts(3.0, 5.0, 6.0, 2.0),
-    "rowwise": _Fp8Casts(3.0, 3.0, 6.0, 3.0 + 4.0),
-    "rowwise_with_gw_hp": _Fp8Casts(3.0, 3.0, 3.0, 4.0, bf16_wgrad=True),
-    "blockwise": _Fp8Casts(4.0 + 2 * 4 / 128, 4.0 + 2 * 4 / 128, 4.0 + 2 * 4 / 128, 0.0),
-    "mxfp8": _Fp8Casts(2 / 32, 4.0 + 2 / 32, 4.0 + 2 / 32, 0.0),
+    "delayed": _Fp8Casts(0.0, 3.0, 4.0, 2.0, 3.0),
+    "tensorwise": _Fp8Casts(3.0, 5.0, 6.0, 2.0, 3.0),
+    "rowwise": _Fp8Casts(3.0, 3.0, 6.0, 3.0 + 4.0, 3.0 + 4.0),
+    "rowwise_with_gw_hp": _Fp8Casts(3.0, 3.0, 3.0, 4.0, 4.0, bf16_wgrad=True),
+    "blockwise": _Fp8Casts(4.0 + 2 * 4 / 128, 4.0 + 2 * 4 / 128, 4.0 + 2 * 4 / 128, 0.0, 3.0 + 4 / 128),
+    "mxfp8": _Fp8Casts(2 / 32, 4.0 + 2 / 32, 4.0 + 2 / 32, 0.0, 3.0 + 1 / 32),
 }
 _VECTOR_BYTES = 16  # tensor-core GEMM kernels load operands in 16-byte vectors
 # Kernels a transformer block's forward launches besides its linear layers' GEMMs, per rank (Megatron-LM's
@@ -169,6 +172,7 @@ class UnitSetting:
     dispatcher: str = "alltoall"  # ParallelConfig.moe_dispatcher: how an MoE block's routed tokens move
     cuda_graphs: str = "none"  # Training.cuda_graphs: kernels launched one by one, or replayed as one graph
     fp8_recipe: str | None = None  # Training.fp8_recipe: how dtype fp8 scales its GEMM operands
+    fp8_saved_input: str = "fp8"  # Training.fp8_saved_input: what an FP8 linear keeps of its input for wgrad
 
     @property
     def tokens(self) -> float:
@@ -796,7 +800,8 @@ class AnalyticProfile:
             return 0.0, 0.0
         inputs = sum(k_in for k_in, _ in widths)
         forward = casts.fused_input * (inputs - unfused_input) + casts.unfused_input * unfused_input
-        backward = sum(casts.output_grad * n + casts.saved_input * k_in for k_in, n in widths)
+        saved = casts.saved_input if setting.fp8_saved_input == "fp8" else casts.saved_input_bf16
+        backward = sum(casts.output_grad * n + saved * k_in for k_in, n in widths)
         return self.memory_time(gpu, setting.tokens * forward), self.memory_time(gpu, setting.tokens * backward)
 
     @staticmethod
@@ -923,4 +928,4 @@ def unit_setting(training: Training, tp: int, micro_batch: int, sequence_paralle
                  etp: int = 1, dispatcher: str = "alltoall") -> UnitSetting:
     return UnitSetting(tp, micro_batch, training.seq_len, sequence_parallel, training.dtype, training.attention, cp,
                        ep, etp, training.moe_expert_load, training.elementwise, dispatcher, training.cuda_graphs,
-                       training.fp8_recipe)
+                       training.fp8_recipe, training.fp8_saved_input)
