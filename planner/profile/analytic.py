@@ -261,7 +261,8 @@ def _fp8_casts(setting: UnitSetting, gpu: GPUSpec) -> _Fp8Casts | None:
     recipe = setting.fp8_recipe or "delayed"
     if recipe == "mxfp8" and not gpu.supports("fp4"):
         raise PlannerError(f"fp8 recipe mxfp8 needs MX block-scaled tensor cores (Blackwell: B200, B300, GB200, "
-                           f"GB300); {gpu.name} has none: use delayed, tensorwise or blockwise")
+                           f"GB300); {gpu.name} has none: use a recipe without MX scaling (delayed, tensorwise, "
+                           f"rowwise, blockwise)")
     return _FP8_CASTS[recipe]
 
 
