@@ -148,6 +148,8 @@ class _Context:
         self.parameter_states = parameter_states(model, training)
         self.links: dict[tuple[int, ...], tuple[Placement, GroupLinks]] = {}
         self.costs: dict[tuple, dict[CostKey, UnitCost]] = {}
+        self.link_index: dict[tuple, int] = {}  # `unit_links`: each distinct (GPU, TP, CP, EP links), its index
+        self.distinct_links: list[tuple] = []
         self.block_types: tuple[tuple[BlockSpec, int], ...] = tuple(model.block_types().items())
         self.unit_counts: tuple[tuple[CostKey, int], ...] = ((UnitKind.EMBEDDING, 1), (UnitKind.HEAD, 1),
                                                              *self.block_types)
@@ -180,14 +182,30 @@ class _Context:
         setting = _setting(config)
         whole = (id(links), "setting", *setting)
         if whole not in self.per_config:
+            tables: dict[int, dict[CostKey, UnitCost]] = {}  # per distinct rank links, by `unit_links` index
+            for index in self.unit_links(config, links):
+                if index not in tables:
+                    key = (index, *setting)
+                    if key not in self.costs:
+                        gpu, tp_link, cp_link, ep_link = self.distinct_links[index]
+                        self.costs[key] = unit_costs(self.model, self.training, config, gpu, tp_link, self.timer,
+                                                     self.calibration, cp_link, ep_link)
+                    tables[index] = self.costs[key]
+            self.per_config[whole] = tuple(tables[index] for index in self.unit_links(config, links))
+        return self.per_config[whole]
+
+    def unit_links(self, config: ParallelConfig, links: GroupLinks) -> tuple[int, ...]:
+        """Per pipeline rank, the index in `distinct_links` of what its unit costs depend on besides the setting:
+        its GPU and TP ring, its CP ring when cp > 1 and its expert links when ep > 1 (links of equal value share
+        one index, so their unit costs are computed once, and a cost key hashes no link)."""
+        whole = (id(links), "unit links")
+        if whole not in self.per_config:
             out = []
             for gpu, tp_link, cp_link, ep_link in zip(links.gpu, links.tp, links.cp, links.ep, strict=True):
-                key = (gpu, tp_link, cp_link if config.cp > 1 else None, ep_link if config.ep > 1 else None,
-                       *setting)
-                if key not in self.costs:
-                    self.costs[key] = unit_costs(self.model, self.training, config, gpu, tp_link, self.timer,
-                                                 self.calibration, cp_link, ep_link)
-                out.append(self.costs[key])
+                value = (gpu, tp_link, cp_link if config.cp > 1 else None, ep_link if config.ep > 1 else None)
+                out.append(self.link_index.setdefault(value, len(self.link_index)))
+                if out[-1] == len(self.distinct_links):  # the first ranks' links stand for the equal ones
+                    self.distinct_links.append((gpu, tp_link, cp_link, ep_link))
             self.per_config[whole] = tuple(out)
         return self.per_config[whole]
 
@@ -451,7 +469,7 @@ def _members(ctx: _Context, configs: list[ParallelConfig], family: _Family, vari
                 undominated[group[0]] = _undominated_cp_comms(ctx, [configs[o] for o in group], group)
             if order not in undominated[group[0]]:
                 continue
-        yield _bound(ctx, order, configs[order])
+        yield _bound(ctx, order, configs[order].checked())
 
 
 def _cp_comm_variants(configs: list[ParallelConfig]) -> dict[int, list[int]]:

@@ -424,7 +424,8 @@ def complete_config(fixed: FixedOptions, model: ModelSpec, cluster: Cluster, tra
 
 def enumerate_configs(model: ModelSpec, cluster: Cluster, training: Training,
                       fixed: FixedOptions = FixedOptions()) -> Iterator[ParallelConfig]:
-    """Every valid configuration `fixed.framework` runs, as it runs it, in a fixed, deterministic order."""
+    """Every valid configuration `fixed.framework` runs, as it runs it, in a fixed, deterministic order (built from
+    checked options without checking each, `ParallelConfig.unchecked`; each equals its checked configuration)."""
     return runnable_by_framework(_layouts(model, cluster, training, fixed), fixed, training, model)
 
 
@@ -483,7 +484,7 @@ def _layouts(model: ModelSpec, cluster: Cluster, training: Training, fixed: Fixe
                         ep_overlap = _ep_overlap(ep, recompute, pp, vpp, fixed)
                         if ep_overlap is None:
                             continue
-                        yield ParallelConfig(
+                        yield ParallelConfig.unchecked(  # options checked above; the search checks what it uses
                             dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, vpp=vpp, cp=cp, cp_comm=comm, ep=ep, etp=etp,
                             hsdp_replicas=hsdp, sequence_parallel=sp, recompute=recompute, recompute_modules=modules,
                             zero_stage=zero_stage,
