@@ -278,6 +278,13 @@ class _Context:
             self.per_config[key] = tuple(in_flight_microbatches(config, r, m) for r in range(config.pp))
         return self.per_config[key]
 
+    def capacity_bytes(self, links: GroupLinks) -> float:
+        """All pipeline ranks' memory together."""
+        key = (id(links), "capacity")
+        if key not in self.per_config:
+            self.per_config[key] = float(sum(links.capacity_bytes))
+        return self.per_config[key]
+
     def gpu_types(self, links: GroupLinks) -> tuple[GPUSpec, ...]:
         """The distinct GPUs of the pipeline ranks (by identity: no hashing of each rank's spec per call)."""
         key = (id(links), "gpu types")
@@ -429,10 +436,7 @@ def _with_memory(ctx: _Context, candidate: _Candidate) -> _Candidate:
     every block of each type at its own bytes (an MoE block can hold many times a dense one's)."""
     config, costs = candidate.config, candidate.rank_costs
     _, links = ctx.placed(config)
-    activations = _model_total(ctx, costs[0], "activation_bytes")
-    param_bytes, activation_factor = ctx.least_memory_factors(config, candidate.num_microbatches)
-    need = param_bytes * _model_total(ctx, costs[0], "params") + activation_factor * activations
-    available = float(sum(links.capacity_bytes))
+    need, available = _pipeline_need_bytes(ctx, config, costs, candidate.num_microbatches), ctx.capacity_bytes(links)
     if need > available:  # short even before any rank's fixed bytes: no other rank's model is needed
         return replace(candidate, memory_need_bytes=need, memory_available_bytes=available)
     available -= ctx.memory_models(config, links, candidate.num_microbatches)[1]
@@ -448,6 +452,24 @@ def _with_memory(ctx: _Context, candidate: _Candidate) -> _Candidate:
                    joint=joint)
 
 
+def _pipeline_need_bytes(ctx: _Context, config: ParallelConfig, costs: tuple[dict[CostKey, UnitCost], ...],
+                         m: int) -> float:
+    """The whole pipeline's least memory need over every split: model states plus the fewest in-flight activations
+    of any rank (`_with_memory`), before any rank's fixed bytes."""
+    param_bytes, activation_factor = ctx.least_memory_factors(config, m)
+    return (param_bytes * _model_total(ctx, costs[0], "params")
+            + activation_factor * _model_total(ctx, costs[0], "activation_bytes"))
+
+
+def _fits_pipeline(ctx: _Context, config: ParallelConfig) -> bool:
+    """Whether the configuration passes `_with_memory`'s first test (its whole pipeline's least need within all its
+    ranks' memory) — checked when its family is opened, so members that cannot fit are never bounded."""
+    _, links = ctx.placed(config)
+    need = _pipeline_need_bytes(ctx, config, ctx.rank_costs(config, links),
+                                config.num_microbatches(ctx.training.global_batch))
+    return need <= ctx.capacity_bytes(links)
+
+
 def _room_for(most: tuple[float, ...], blocks: int) -> bool:
     """Whether ranks holding at most `most` blocks each hold `blocks` together."""
     return sum(min(cap, blocks) for cap in most) >= blocks
@@ -459,8 +481,8 @@ def _memory_key(config: ParallelConfig) -> tuple:
 
 
 def _members(ctx: _Context, configs: list[ParallelConfig], family: _Family, variants: dict[int, list[int]],
-             undominated: dict[int, set[int]]) -> Iterator[_Candidate]:
-    """The candidates of a family's members, less the CP exchange variants another variant dominates
+             undominated: dict[int, set[int]]) -> Iterator[tuple[int, ParallelConfig]]:
+    """A family's members (order, checked configuration), less the CP exchange variants another variant dominates
     (`undominated` caches them per group of variants, by its first order)."""
     for order in family.members:
         group = variants.get(order)
@@ -469,7 +491,7 @@ def _members(ctx: _Context, configs: list[ParallelConfig], family: _Family, vari
                 undominated[group[0]] = _undominated_cp_comms(ctx, [configs[o] for o in group], group)
             if order not in undominated[group[0]]:
                 continue
-        yield _bound(ctx, order, configs[order].checked())
+        yield order, configs[order].checked()
 
 
 def _cp_comm_variants(configs: list[ParallelConfig]) -> dict[int, list[int]]:
@@ -760,14 +782,20 @@ def search(
     heapq.heapify(heap)
     plans: list[RankedPlan] = []
     rejected: list[_Candidate] = []
-    ilps = proven = hits = limited = tightened = pruned_memory = partitioned = 0
+    unbuilt: list[tuple[int, ParallelConfig]] = []  # members short of memory when their family opened
+    ilps = proven = hits = limited = tightened = pruned_memory = partitioned = infeasible = 0
     while heap:
         bound_s, _, _, item = heap[0]
         if len(plans) >= top_k and bound_s > plans[top_k - 1].estimate.iteration_time_s * (1 + 1e-9):
             break
         heapq.heappop(heap)
         if isinstance(item, _Family):
-            for candidate in _members(ctx, configs, item, variants, undominated):
+            for order, config in _members(ctx, configs, item, variants, undominated):
+                if not _fits_pipeline(ctx, config):  # rejected by `_with_memory` whenever examined: never bounded
+                    unbuilt.append((order, config))
+                    pruned_memory += 1
+                    continue
+                candidate = _bound(ctx, order, config)
                 heapq.heappush(heap, (candidate.time_bound_s, candidate.order, 1, candidate))
             continue
         candidate = item
@@ -797,6 +825,7 @@ def search(
         plan = _evaluate(ctx, candidate, found)
         if plan is None:
             rejected.append(candidate)
+            infeasible += 1
             continue
         plans.append(plan)
         plans.sort(key=_rank_key)
@@ -806,11 +835,12 @@ def search(
     pruned_time = len(configs) - pruned_memory - partitioned  # left on the heap, in unbuilt families or dominated
     stats = SearchStats(
         configurations=len(configs), pruned_memory=pruned_memory, pruned_time=pruned_time,
-        infeasible=len(rejected) - pruned_memory, ilps_solved=ilps, proven_by_bound=proven,
+        infeasible=infeasible, ilps_solved=ilps, proven_by_bound=proven,
         cache_hits=hits, bounds_tightened=tightened,
         time_limited=limited, solver=solver_name(), wall_s=time.perf_counter() - started,
     )
-    if not plans:
+    if not plans:  # every member was examined: those short of memory as a whole pipeline join the rest
+        rejected += [_with_memory(ctx, _bound(ctx, order, config)) for order, config in unbuilt]
         raise InfeasibleError(_infeasible_message(ctx, rejected))
     return SearchResult(tuple(plans), stats)
 
