@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import cache
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -345,15 +346,15 @@ class _Context:
         return self.per_config[key]
 
 
-def _placement_key(config: ParallelConfig) -> tuple[int, ...]:
-    """What a configuration's placement and group links depend on."""
-    return config.dp, config.tp, config.pp, config.cp, config.hsdp_replicas, config.ep, config.etp
-
-
-def _setting(config: ParallelConfig) -> tuple:
-    """What a configuration's unit costs depend on besides its links (and, for MoE blocks, its sharding)."""
-    return (config.tp, config.micro_batch, config.sequence_parallel, config.recompute, config.tp_comm_overlap,
-            config.cp, config.cp_comm, config.ep, config.etp, config.moe_dispatcher, config.moe_ep_overlap)
+_PLACEMENT_FIELDS = ("dp", "tp", "pp", "cp", "hsdp_replicas", "ep", "etp")
+_SETTING_FIELDS = ("tp", "micro_batch", "sequence_parallel", "recompute", "tp_comm_overlap", "cp", "cp_comm", "ep",
+                   "etp", "moe_dispatcher", "moe_ep_overlap")
+_placement_key: Callable[[ParallelConfig], tuple] = attrgetter(*_PLACEMENT_FIELDS)
+"""What a configuration's placement and group links depend on."""
+_setting: Callable[[ParallelConfig], tuple] = attrgetter(*_SETTING_FIELDS)
+"""What a configuration's unit costs depend on besides its links (and, for MoE blocks, its sharding)."""
+_family_key: Callable[[ParallelConfig], tuple] = attrgetter(*dict.fromkeys(_PLACEMENT_FIELDS + _SETTING_FIELDS))
+"""Placement and setting at once (`_Family`): one C-level call per configuration of the space."""
 
 
 @dataclass(frozen=True)
@@ -371,7 +372,7 @@ def _families(ctx: _Context, configs: list[ParallelConfig]) -> list[_Family]:
     """The configurations grouped into families, each with its bound, in enumeration order."""
     groups: dict[tuple, list[int]] = {}
     for order, config in enumerate(configs):
-        groups.setdefault((*_placement_key(config), *_setting(config)), []).append(order)
+        groups.setdefault(_family_key(config), []).append(order)
     return [_Family(orders[0], _family_bound(ctx, [configs[order] for order in orders]), tuple(orders))
             for orders in groups.values()]
 
