@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from planner.cluster import Cluster, Link
-from planner.config import ParallelConfig, Partition, Training
+from planner.config import ParallelConfig, Partition, Recompute, Training
 from planner.cost.estimate import Estimate, estimate, fit_advice
 from planner.cost.memory import RankMemoryModel, in_flight_microbatches, rank_memory_model, sharded_state_bytes
 from planner.cost.schedule import JointTypes, RankTerms, costlier_sets, joint_fits, schedule_of
@@ -353,8 +353,10 @@ _placement_key: Callable[[ParallelConfig], tuple] = attrgetter(*_PLACEMENT_FIELD
 """What a configuration's placement and group links depend on."""
 _setting: Callable[[ParallelConfig], tuple] = attrgetter(*_SETTING_FIELDS)
 """What a configuration's unit costs depend on besides its links (and, for MoE blocks, its sharding)."""
-_family_key: Callable[[ParallelConfig], tuple] = attrgetter(*dict.fromkeys(_PLACEMENT_FIELDS + _SETTING_FIELDS))
+_FAMILY_FIELDS = tuple(dict.fromkeys(_PLACEMENT_FIELDS + _SETTING_FIELDS))
+_family_key: Callable[[ParallelConfig], tuple] = attrgetter(*_FAMILY_FIELDS)
 """Placement and setting at once (`_Family`): one C-level call per configuration of the space."""
+_RECOMPUTE_AT = _FAMILY_FIELDS.index("recompute")
 
 
 @dataclass(frozen=True)
@@ -368,21 +370,50 @@ class _Family:
     members: tuple[int, ...]
 
 
-def _families(ctx: _Context, configs: list[ParallelConfig]) -> list[_Family]:
-    """The configurations grouped into families, each with its bound, in enumeration order."""
-    groups: dict[tuple, list[int]] = {}
+@dataclass(frozen=True)
+class _Kin:
+    """Families alike but in recompute (none, selective, full). Recompute only adds to a unit's time (the forward
+    again, its TP collectives, CP exchange and expert all-to-alls; `_block_cost`), so one bound from the unit costs
+    without it (`_kin_bound`) holds for them all, and the others' unit costs are computed only when it reaches the
+    top of the heap."""
+
+    order: int  # its first family's: the kin comes off the heap before any of its families would
+    bound_s: float  # at most every family's bound
+    families: tuple[tuple[int, ...], ...]  # each family's members, in enumeration order
+
+
+def _kins(ctx: _Context, configs: list[ParallelConfig]) -> list[_Kin]:
+    """The configurations grouped into families and the families into kins, each kin with its bound, in
+    enumeration order."""
+    families: dict[tuple, list[int]] = {}
     for order, config in enumerate(configs):
-        groups.setdefault(_family_key(config), []).append(order)
-    return [_Family(orders[0], _family_bound(ctx, [configs[order] for order in orders]), tuple(orders))
-            for orders in groups.values()]
+        families.setdefault(_family_key(config), []).append(order)
+    kins: dict[tuple, list[tuple[int, ...]]] = {}
+    for key, orders in families.items():
+        kins.setdefault(key[:_RECOMPUTE_AT] + key[_RECOMPUTE_AT + 1:], []).append(tuple(orders))
+    return [_Kin(members[0][0], _kin_bound(ctx, configs, members), tuple(members)) for members in kins.values()]
 
 
-def _family_bound(ctx: _Context, members: list[ParallelConfig]) -> float:
+def _kin_bound(ctx: _Context, configs: list[ParallelConfig], families: list[tuple[int, ...]]) -> float:
+    """`_family_bound` of all the kin's members at once, with the unit costs of its setting without recompute: at
+    most each family's (every unit time, so the least load, no larger; the least rate over more schedules)."""
+    first = configs[families[0][0]]
+    bare = first if first.recompute is Recompute.NONE else replace(first, recompute=Recompute.NONE)
+    return _family_bound(ctx, bare, [configs[order] for members in families for order in members])
+
+
+def _family(ctx: _Context, configs: list[ParallelConfig], members: tuple[int, ...]) -> _Family:
+    """The family of these members with its bound."""
+    return _Family(members[0], _family_bound(ctx, configs[members[0]], [configs[order] for order in members]),
+                   members)
+
+
+def _family_bound(ctx: _Context, config: ParallelConfig, members: list[ParallelConfig]) -> float:
     """A lower bound on the cheap bound (`_bound`) of every member: the pipeline term a·S/pp + b·S at the least
     a/pp + b of the members' schedules, with S — the least sum of rank loads — cut to every unit at its cheapest
-    rank's time (no stage boundaries), plus the fixed overhead; the optimizer step, the embedding sync and one
-    stage's DP exposure, all ≥ 0, are left out. Members share the unit times: sharding changes only parameters."""
-    config = members[0]
+    rank's time (no stage boundaries) in `config`'s setting, plus the fixed overhead; the optimizer step, the
+    embedding sync and one stage's DP exposure, all ≥ 0, are left out. Members share the unit times: sharding
+    changes only parameters."""
     costs = ctx.setting_costs(config, ctx.placed(config)[1])
     least_sum = sum(count * min(cost[key].total_s for cost in costs) for key, count in ctx.unit_counts)
     m = config.num_microbatches(ctx.training.global_batch)
@@ -776,10 +807,10 @@ def search(
                                fixed)
     variants = _cp_comm_variants(configs)
     undominated: dict[int, set[int]] = {}  # per group of CP exchange variants (its first order), those kept
-    # Best bound first, families before their members; when popped, a family builds its members' candidates and a
-    # cheap bound is checked for memory, tightened and pushed back (lazy best-first): what the time bound
-    # skips is never built or checked for memory.
-    heap: list[tuple[float, int, int, Any]] = [(f.bound_s, f.order, 0, f) for f in _families(ctx, configs)]
+    # Best bound first, kins before their families, families before their members; when popped, a kin bounds its
+    # families, a family builds its members' candidates and a cheap bound is checked for memory, tightened and
+    # pushed back (lazy best-first): what the time bound skips is never built or checked for memory.
+    heap: list[tuple[float, int, int, Any]] = [(k.bound_s, k.order, -1, k) for k in _kins(ctx, configs)]
     heapq.heapify(heap)
     plans: list[RankedPlan] = []
     rejected: list[_Candidate] = []
@@ -790,6 +821,10 @@ def search(
         if len(plans) >= top_k and bound_s > plans[top_k - 1].estimate.iteration_time_s * (1 + 1e-9):
             break
         heapq.heappop(heap)
+        if isinstance(item, _Kin):
+            for family in (_family(ctx, configs, members) for members in item.families):
+                heapq.heappush(heap, (family.bound_s, family.order, 0, family))
+            continue
         if isinstance(item, _Family):
             for order, config in _members(ctx, configs, item, variants, undominated):
                 if not _fits_pipeline(ctx, config):  # rejected by `_with_memory` whenever examined: never bounded
