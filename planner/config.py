@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from dataclasses import MISSING, dataclass, fields, replace
 from enum import Enum
+from types import MappingProxyType
 
 from planner.cost.schedule import Schedule, schedule_of, stage_ranks
 from planner.errors import PlannerError
@@ -426,12 +427,12 @@ class ParallelConfig:
             object.__setattr__(self, "schedule", Schedule(self.schedule))
 
     @classmethod
-    def unchecked(cls, **values: object) -> ParallelConfig:
-        """The configuration of `fields`, normalised as `__init__` does but not checked: for the search's space,
-        whose 10⁵ layouts come from option lists checked once (space.py); `checked` runs the checks on one it
-        uses. Equal to the checked configuration whenever that exists."""
+    def unchecked(cls, values: dict[str, object]) -> ParallelConfig:
+        """The configuration of `values` (every field: `{**PARALLEL_DEFAULTS, ...}`), normalised as `__init__` does
+        but not checked: for the search's space, whose 10⁵ layouts come from option lists checked once (space.py);
+        `checked` runs the checks on one it uses. Equal to the checked configuration whenever that exists."""
         config = object.__new__(cls)
-        config.__dict__.update(_FIELD_DEFAULTS, **values)
+        object.__setattr__(config, "__dict__", values)
         config._normalise()
         return config
 
@@ -573,8 +574,8 @@ class ParallelConfig:
         return " ".join(parts)
 
 
-# the defaults `ParallelConfig.unchecked` starts from
-_FIELD_DEFAULTS = {f.name: f.default for f in fields(ParallelConfig) if f.default is not MISSING}
+PARALLEL_DEFAULTS = MappingProxyType({f.name: f.default for f in fields(ParallelConfig) if f.default is not MISSING})
+"""Every defaulted field of ParallelConfig with its default (what `ParallelConfig.unchecked` values start from)."""
 
 
 def fp8_param_gather_why_not(training: Training) -> str | None:
