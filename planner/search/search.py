@@ -356,7 +356,9 @@ _setting: Callable[[ParallelConfig], tuple] = attrgetter(*_SETTING_FIELDS)
 _FAMILY_FIELDS = tuple(dict.fromkeys(_PLACEMENT_FIELDS + _SETTING_FIELDS))
 _family_key: Callable[[ParallelConfig], tuple] = attrgetter(*_FAMILY_FIELDS)
 """Placement and setting at once (`_Family`): one C-level call per configuration of the space."""
-_RECOMPUTE_AT = _FAMILY_FIELDS.index("recompute")
+_KIN_FIELDS = tuple(name for name in _FAMILY_FIELDS if name not in ("recompute", "moe_ep_overlap"))
+_kin_key: Callable[[ParallelConfig], tuple] = attrgetter(*_KIN_FIELDS)
+"""A family's placement and setting but recompute and EP overlap (`_Kin`)."""
 
 
 @dataclass(frozen=True)
@@ -372,10 +374,11 @@ class _Family:
 
 @dataclass(frozen=True)
 class _Kin:
-    """Families alike but in recompute (none, selective, full). Recompute only adds to a unit's time (the forward
-    again, its TP collectives, CP exchange and expert all-to-alls; `_block_cost`), so one bound from the unit costs
-    without it (`_kin_bound`) holds for them all, and the others' unit costs are computed only when it reaches the
-    top of the heap."""
+    """Families alike but in recompute (none, selective, full) and EP overlap. Recompute only adds to a unit's time
+    (the forward again, its TP collectives, CP exchange and expert all-to-alls; `_block_cost`) and EP overlap only
+    hides all-to-alls (`_ep_overlap_exposed_s` leaves at most the 2·one-way each pass shows without it), so one
+    bound from the unit costs without recompute, with EP overlap where a family has it (`_kin_bound`), holds for
+    them all, and the others' unit costs are computed only when it reaches the top of the heap."""
 
     order: int  # its first family's: the kin comes off the heap before any of its families would
     bound_s: float  # at most every family's bound
@@ -389,17 +392,19 @@ def _kins(ctx: _Context, configs: list[ParallelConfig]) -> list[_Kin]:
     for order, config in enumerate(configs):
         families.setdefault(_family_key(config), []).append(order)
     kins: dict[tuple, list[tuple[int, ...]]] = {}
-    for key, orders in families.items():
-        kins.setdefault(key[:_RECOMPUTE_AT] + key[_RECOMPUTE_AT + 1:], []).append(tuple(orders))
+    for orders in families.values():
+        kins.setdefault(_kin_key(configs[orders[0]]), []).append(tuple(orders))
     return [_Kin(members[0][0], _kin_bound(ctx, configs, members), tuple(members)) for members in kins.values()]
 
 
 def _kin_bound(ctx: _Context, configs: list[ParallelConfig], families: list[tuple[int, ...]]) -> float:
-    """`_family_bound` of all the kin's members at once, with the unit costs of its setting without recompute: at
-    most each family's (every unit time, so the least load, no larger; the least rate over more schedules)."""
-    first = configs[families[0][0]]
-    bare = first if first.recompute is Recompute.NONE else replace(first, recompute=Recompute.NONE)
-    return _family_bound(ctx, bare, [configs[order] for members in families for order in members])
+    """`_family_bound` of all the kin's members at once, with the unit costs of its setting without recompute and
+    with EP overlap if a family has it: at most each family's (every unit time, so the least load, no larger; the
+    least rate over more schedules)."""
+    members = [configs[order] for orders in families for order in orders]
+    base = next((member for member in members if member.moe_ep_overlap), members[0])
+    bare = base if base.recompute is Recompute.NONE else replace(base, recompute=Recompute.NONE)
+    return _family_bound(ctx, bare, members)
 
 
 def _family(ctx: _Context, configs: list[ParallelConfig], members: tuple[int, ...]) -> _Family:
