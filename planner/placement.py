@@ -171,7 +171,7 @@ def _strided_rings(cluster: Cluster, placement: Placement, alike: bool):
     count and stride is evaluated."""
     ring = _ring_links(cluster, alike)
     per_node = cluster.nodes[0].num_gpus
-    in_order = ring is not cluster.ring_link and placement.gpus == tuple(cluster.gpu_ids()[:len(placement.gpus)])
+    in_order = alike and placement.gpus == tuple(cluster.gpu_ids()[:len(placement.gpus)])
     shapes: dict[tuple[int, int, int], Link] = {}  # per (position in node, or start rank, count, step)
 
     def worst(starts, count: int, step: int) -> Link:
