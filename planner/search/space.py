@@ -479,23 +479,21 @@ def _layouts(model: ModelSpec, cluster: Cluster, training: Training, fixed: Fixe
             for schedule, vpp in _schedules(pp, m, model.num_layers, fixed):
                 if pp * vpp > model.num_layers:
                     continue
+                # the innermost options, the same under every sharding
+                inner = [{"cp_comm": comm, "ep": ep, "etp": etp, "recompute": recompute, "recompute_modules": modules,
+                          "tp_comm_overlap": overlap, "moe_ep_overlap": ep_overlap,
+                          "moe_dispatcher": fixed.moe_dispatcher or ("flex" if ep > 1 else "alltoall")}
+                         for (recompute, modules), overlap, comm, (ep, etp) in product(
+                             recomputes, _tp_comm_overlaps(fixed, sp), comms, experts)
+                         if (ep_overlap := _ep_overlap(ep, recompute, pp, vpp, fixed)) is not None]
                 for zero_stage, dist_opt, hsdp in _sharding_options(dp * cp, fixed):
                     common = {**PARALLEL_DEFAULTS, "dp": dp, "tp": tp, "pp": pp, "micro_batch": micro_batch,
                               "vpp": vpp, "cp": cp, "hsdp_replicas": hsdp, "sequence_parallel": sp,
                               "zero_stage": zero_stage, "distributed_optimizer": dist_opt, "schedule": schedule,
                               "fp8_param_gather": bool(fixed.fp8_param_gather) and (zero_stage > 0 or dist_opt),
                               **local}
-                    for (recompute, modules), overlap, comm, (ep, etp) in product(
-                            recomputes, _tp_comm_overlaps(fixed, sp), comms, experts):
-                        ep_overlap = _ep_overlap(ep, recompute, pp, vpp, fixed)
-                        if ep_overlap is None:
-                            continue
-                        # options checked above; the search checks each configuration it uses
-                        yield ParallelConfig.unchecked({
-                            **common, "cp_comm": comm, "ep": ep, "etp": etp, "recompute": recompute,
-                            "recompute_modules": modules, "tp_comm_overlap": overlap,
-                            "moe_dispatcher": fixed.moe_dispatcher or ("flex" if ep > 1 else "alltoall"),
-                            "moe_ep_overlap": ep_overlap})
+                    for options in inner:  # options checked above; the search checks each configuration it uses
+                        yield ParallelConfig.unchecked({**common, **options})
 
 
 def require_nonempty(configs: list[ParallelConfig], model: ModelSpec, cluster: Cluster, training: Training,
