@@ -193,7 +193,13 @@ class _Context:
                                                      self.calibration, cp_link, ep_link)
                     tables[index] = self.costs[key]
             self.per_config[whole] = tuple(tables[index] for index in self.unit_links(config, links))
+            self.per_config[(*whole, "distinct")] = tuple({id(table): table for table in tables.values()}.values())
         return self.per_config[whole]
+
+    def distinct_setting_costs(self, config: ParallelConfig, links: GroupLinks) -> tuple[dict[CostKey, UnitCost], ...]:
+        """`setting_costs` without repeats (ranks alike in links share one table)."""
+        self.setting_costs(config, links)
+        return self.per_config[(id(links), "setting", *_setting(config), "distinct")]
 
     def unit_links(self, config: ParallelConfig, links: GroupLinks) -> tuple[int, ...]:
         """Per pipeline rank, the index in `distinct_links` of what its unit costs depend on besides the setting:
@@ -419,7 +425,7 @@ def _family_bound(ctx: _Context, config: ParallelConfig, members: list[ParallelC
     rank's time (no stage boundaries) in `config`'s setting, plus the fixed overhead; the optimizer step, the
     embedding sync and one stage's DP exposure, all ≥ 0, are left out. Members share the unit times: sharding
     changes only parameters."""
-    costs = ctx.setting_costs(config, ctx.placed(config)[1])
+    costs = ctx.distinct_setting_costs(config, ctx.placed(config)[1])
     least_sum = sum(count * min(cost[key].total_s for cost in costs) for key, count in ctx.unit_counts)
     m = config.num_microbatches(ctx.training.global_batch)
     forms = (schedule_of(schedule).bound_form(m) for schedule in {member.schedule for member in members})
