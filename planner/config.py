@@ -430,7 +430,8 @@ class ParallelConfig:
     def unchecked(cls, values: dict[str, object]) -> ParallelConfig:
         """The configuration of `values` (every field: `{**PARALLEL_DEFAULTS, ...}`), normalised as `__init__` does
         but not checked: for the search's space, whose 10⁵ layouts come from option lists checked once (space.py);
-        `checked` runs the checks on one it uses. Equal to the checked configuration whenever that exists."""
+        `checked` runs the checks on one it uses. Equal to the checked configuration whenever that exists. The
+        configuration keeps `values` as its fields (no copy): pass a dict of its own."""
         config = object.__new__(cls)
         object.__setattr__(config, "__dict__", values)
         config._normalise()
