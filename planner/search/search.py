@@ -879,7 +879,7 @@ def search(
         del plans[top_k:]
     if plans:
         plans[0] = _polished(ctx, plans[0])
-    pruned_time = len(configs) - pruned_memory - partitioned  # left on the heap, in unbuilt families or dominated
+    pruned_time = len(configs) - pruned_memory - partitioned  # on the heap, in unopened kins or families, dominated
     stats = SearchStats(
         configurations=len(configs), pruned_memory=pruned_memory, pruned_time=pruned_time,
         infeasible=infeasible, ilps_solved=ilps, proven_by_bound=proven,
