@@ -464,9 +464,13 @@ def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
 
 
 def _model_total(ctx: _Context, costs: dict[CostKey, UnitCost], name: str) -> float:
-    """A per-unit quantity of `UnitCost` (parameters, activation bytes) summed over the whole model per TP rank."""
-    return (getattr(costs[UnitKind.EMBEDDING], name) + getattr(costs[UnitKind.HEAD], name)
-            + sum(count * getattr(costs[block], name) for block, count in ctx.block_types))
+    """A per-unit quantity of `UnitCost` (parameters, activation bytes) summed over the whole model per TP rank
+    (per cost table: each lives as long as the context)."""
+    key = (id(costs), name)
+    if key not in ctx.per_config:
+        ctx.per_config[key] = (getattr(costs[UnitKind.EMBEDDING], name) + getattr(costs[UnitKind.HEAD], name)
+                               + sum(count * getattr(costs[block], name) for block, count in ctx.block_types))
+    return ctx.per_config[key]
 
 
 def _with_memory(ctx: _Context, candidate: _Candidate) -> _Candidate:
@@ -525,8 +529,8 @@ def _memory_key(config: ParallelConfig) -> tuple:
 
 def _members(ctx: _Context, configs: list[ParallelConfig], family: _Family, variants: dict[int, list[int]],
              undominated: dict[int, set[int]]) -> Iterator[tuple[int, ParallelConfig]]:
-    """A family's members (order, checked configuration), less the CP exchange variants another variant dominates
-    (`undominated` caches them per group of variants, by its first order)."""
+    """A family's members (order, configuration as the space built it), less the CP exchange variants another
+    variant dominates (`undominated` caches them per group of variants, by its first order)."""
     for order in family.members:
         group = variants.get(order)
         if group is not None:
@@ -534,7 +538,7 @@ def _members(ctx: _Context, configs: list[ParallelConfig], family: _Family, vari
                 undominated[group[0]] = _undominated_cp_comms(ctx, [configs[o] for o in group], group)
             if order not in undominated[group[0]]:
                 continue
-        yield order, configs[order].checked()
+        yield order, configs[order]
 
 
 def _cp_comm_variants(configs: list[ParallelConfig]) -> dict[int, list[int]]:
@@ -842,7 +846,7 @@ def search(
                     unbuilt.append((order, config))
                     pruned_memory += 1
                     continue
-                candidate = _bound(ctx, order, config)
+                candidate = _bound(ctx, order, config.checked())  # what the search bounds passes every check
                 heapq.heappush(heap, (candidate.time_bound_s, candidate.order, 1, candidate))
             continue
         candidate = item
@@ -887,7 +891,7 @@ def search(
         time_limited=limited, solver=solver_name(), wall_s=time.perf_counter() - started,
     )
     if not plans:  # every member was examined: those short of memory as a whole pipeline join the rest
-        rejected += [_with_memory(ctx, _bound(ctx, order, config)) for order, config in unbuilt]
+        rejected += [_with_memory(ctx, _bound(ctx, order, config.checked())) for order, config in unbuilt]
         raise InfeasibleError(_infeasible_message(ctx, rejected))
     return SearchResult(tuple(plans), stats)
 
