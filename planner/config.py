@@ -10,8 +10,9 @@ order of Megatron-LM's `--pipeline-model-parallel-layout`).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields, replace
 from enum import Enum
+from types import MappingProxyType
 
 from planner.cost.schedule import Schedule, schedule_of, stage_ranks
 from planner.errors import PlannerError
@@ -435,13 +436,7 @@ class ParallelConfig:
             raise PlannerError("parallel config: overlap_p2p_comm needs the interleaved schedule with pp > 1 "
                                f"(Megatron-LM overlaps pipeline sends only there), got {self.schedule.value} "
                                f"with pp={self.pp}")
-        if self.reshard_after_forward is None:
-            object.__setattr__(self, "reshard_after_forward", self.pp == 1)
-        if not isinstance(self.recompute, Recompute):
-            object.__setattr__(self, "recompute", Recompute(self.recompute))
-        self._check_recompute_modules()
-        if not isinstance(self.schedule, Schedule):
-            object.__setattr__(self, "schedule", Schedule(self.schedule))
+        self._normalise()
         if self.zero_stage not in (0, 1, 2, 3):
             raise PlannerError(f"parallel config: zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.distributed_optimizer and self.zero_stage > 1:
@@ -463,6 +458,31 @@ class ParallelConfig:
         if self.replicas % self.hsdp_replicas:
             raise PlannerError(f"parallel config: hsdp_replicas {self.hsdp_replicas} must divide dp·cp = "
                                f"{self.replicas}")
+
+    def _normalise(self) -> None:
+        """Fill the defaults that follow from other fields and store enums and recompute modules in their one form."""
+        if self.reshard_after_forward is None:
+            object.__setattr__(self, "reshard_after_forward", self.pp == 1)
+        if not isinstance(self.recompute, Recompute):
+            object.__setattr__(self, "recompute", Recompute(self.recompute))
+        self._check_recompute_modules()
+        if not isinstance(self.schedule, Schedule):
+            object.__setattr__(self, "schedule", Schedule(self.schedule))
+
+    @classmethod
+    def unchecked(cls, values: dict[str, object]) -> ParallelConfig:
+        """The configuration of `values` (every field: `{**PARALLEL_DEFAULTS, ...}`), normalised as `__init__` does
+        but not checked: for the search's space, whose 10⁵ layouts come from option lists checked once (space.py);
+        `checked` runs the checks on one it uses. Equal to the checked configuration whenever that exists. The
+        configuration keeps `values` as its fields (no copy): pass a dict of its own."""
+        config = object.__new__(cls)
+        object.__setattr__(config, "__dict__", values)
+        config._normalise()
+        return config
+
+    def checked(self) -> ParallelConfig:
+        """This configuration with every check of `__init__` run (PlannerError naming what is wrong)."""
+        return replace(self)
 
     def _check_recompute_modules(self) -> None:
         """Store `recompute_modules` as `_ordered_recompute_modules` orders and checks them; a list that is not one of
@@ -596,6 +616,10 @@ class ParallelConfig:
         if schedule_of(self.schedule).local_losses:
             parts.append(f"queue={self.local_queue_depth} head={self.local_head}")
         return " ".join(parts)
+
+
+PARALLEL_DEFAULTS = MappingProxyType({f.name: f.default for f in fields(ParallelConfig) if f.default is not MISSING})
+"""Every defaulted field of ParallelConfig with its default (what `ParallelConfig.unchecked` values start from)."""
 
 
 def fp8_param_gather_why_not(training: Training) -> str | None:

@@ -65,13 +65,14 @@ class ExpertLink:
     ranks_per_node: int
 
 
-def expert_link(cluster: Cluster, config: ParallelConfig, members: tuple[GpuId, ...]) -> ExpertLink:
+def expert_link(cluster: Cluster, config: ParallelConfig, members: tuple[GpuId, ...],
+                alike: bool | None = None) -> ExpertLink:
     """The worst EP group of one pipeline rank's GPUs (in rank order). Expert ranks fold over the stage's
     tp·cp·dp ranks in the order etp-ep-edp (Megatron-Core's expert rank generator), so EP group (e, d)
-    is the ranks e + etp·(j + ep·d), j < ep: ep ranks at stride etp."""
+    is the ranks e + etp·(j + ep·d), j < ep: ep ranks at stride etp. `alike`: `_nodes_alike(cluster)`, when known."""
     ep, etp = config.ep, config.etp
     groups = [members[e + etp * ep * d:etp * ep * (d + 1):etp] for d in range(config.edp) for e in range(etp)]
-    alike = _nodes_alike(cluster)
+    alike = _nodes_alike(cluster) if alike is None else alike
     shapes: dict[tuple[int, int], ExpertLink] = {}  # with alike nodes a group's link depends on its shape alone
     worst = None
     for group in groups if ep > 1 else ():
@@ -122,7 +123,8 @@ class GroupLinks:
             )
         gpus, capacity, tp_links, dp_links, pp_links, cp_links, replicate_links = [], [], [], [], [], [], []
         edp_links = []
-        worst_ring = _strided_rings(cluster, placement)
+        alike = _nodes_alike(cluster)
+        worst_ring = _strided_rings(cluster, placement, alike)
         tp, cp, replicas, shard = config.tp, config.cp, config.replicas, config.shard_group
         size = replicas * tp  # ranks of one pipeline rank are contiguous: tp fastest, then cp, then dp
         blocks = [placement.gpus[pp * size:(pp + 1) * size] for pp in range(config.pp)]
@@ -151,35 +153,45 @@ class GroupLinks:
             edp_links.append(worst_ring((base + j for j in range(expert_stride)), config.edp, expert_stride))
             nxt = blocks[(pp + 1) % config.pp]
             node_pairs = dict.fromkeys((a[0], b[0]) for a, b in zip(members, nxt, strict=True))
+            if alike:  # a pair's link is the one within a node or the one between nodes: the first pair of each
+                first: dict[bool, tuple[int, int]] = {}
+                for a, b in node_pairs:
+                    first.setdefault(a == b, (a, b))
+                node_pairs = dict.fromkeys(first.values())
             pp_links.append(_worst(cluster.link(a, b) for a, b in node_pairs))
         return cls(tuple(gpus), tuple(capacity), tuple(tp_links), tuple(dp_links), tuple(pp_links), tuple(cp_links),
-                   tuple(replicate_links), tuple(expert_link(cluster, config, tuple(members)) for members in blocks),
-                   tuple(edp_links))
+                   tuple(replicate_links),
+                   tuple(expert_link(cluster, config, tuple(members), alike) for members in blocks), tuple(edp_links))
 
 
-def _strided_rings(cluster: Cluster, placement: Placement):
+def _strided_rings(cluster: Cluster, placement: Placement, alike: bool):
     """worst(starts, count, step): the slowest ring over the groups of `count` ranks at stride `step` from each
-    start rank. When ranks sit on the cluster's GPUs in order and nodes are alike, a group's shape depends
-    only on where in its node it starts, so at most one ring per GPU position in a node is evaluated."""
-    ring = _ring_links(cluster)
+    start rank. When ranks sit on the cluster's GPUs in order and nodes are alike (`alike`: `_nodes_alike`), a
+    group's shape depends only on where in its node it starts, so at most one ring per GPU position in a node,
+    count and stride is evaluated."""
+    ring = _ring_links(cluster, alike)
     per_node = cluster.nodes[0].num_gpus
-    in_order = ring is not cluster.ring_link and placement.gpus == tuple(cluster.gpu_ids()[:len(placement.gpus)])
+    in_order = alike and placement.gpus == tuple(cluster.gpu_ids()[:len(placement.gpus)])
+    shapes: dict[tuple[int, int, int], Link] = {}  # per (position in node, or start rank, count, step)
 
     def worst(starts, count: int, step: int) -> Link:
         links: dict[int, Link] = {}
         for start in starts:
             key = start % per_node if in_order else start
             if key not in links:
-                links[key] = ring(placement.gpus[start:start + count * step:step])
+                shape = (key, count, step)
+                if shape not in shapes:
+                    shapes[shape] = ring(placement.gpus[start:start + count * step:step])
+                links[key] = shapes[shape]
         return _worst(links.values())
 
     return worst
 
 
-def _ring_links(cluster: Cluster):
-    """`cluster.ring_link`, memoised where that is exact: with all nodes alike and no per-pair links,
+def _ring_links(cluster: Cluster, alike: bool):
+    """`cluster.ring_link`, memoised where that is exact: with all nodes alike (`alike`) and no per-pair links,
     a ring depends only on how many nodes it spans and how many of its GPUs each holds."""
-    if not _nodes_alike(cluster):
+    if not alike:
         return cluster.ring_link
     memo: dict[tuple[bool, int, int, bool], Link] = {}
 

@@ -34,7 +34,9 @@ from planner.search.search import (
     _bound,
     _Context,
     _evaluate,
-    _families,
+    _family,
+    _fits_pipeline,
+    _kins,
     _partition,
     _partition_reusing,
     _problem,
@@ -532,14 +534,24 @@ def _case(model, shape, slowdown):
 
 @pytest.mark.parametrize(("model", "shape", "slowdown", "training", "fixed"), FAMILY_CASES, ids=FAMILY_IDS)
 def test_a_family_bound_is_below_every_member_s_bound_and_estimate(model, shape, slowdown, training, fixed) -> None:
-    """Each family's bound (what the search compares before building the family's candidates) is at most
-    the cheap bound of every member, and at most the estimate of every member's uniform split that fits."""
+    """Each kin's bound (what the search compares before bounding its families) is at most each of its families'
+    bound, and each family's (before building its candidates) at most the cheap bound of every member, and at most
+    the estimate of every member's uniform split that fits."""
     cluster, calibration, timer = _case(model, shape, slowdown)
     ctx = _Context(model, cluster, training, default_placement, timer, calibration)
     configs = list(enumerate_configs(model, cluster, training, fixed))
-    families = _families(ctx, configs)
+    kins = _kins(ctx, configs)
+    families = []
+    for kin in kins:
+        kin_families = [_family(ctx, configs, members) for members in kin.families]
+        assert kin.order == kin_families[0].order == min(family.order for family in kin_families)
+        assert all(kin.bound_s <= family.bound_s for family in kin_families)
+        families += kin_families
     assert sorted(order for family in families for order in family.members) == list(range(len(configs)))
-    assert len(families) < len(configs)
+    assert len(kins) <= len(families) < len(configs)
+    assert len(kins) < len(families)  # recompute modes share kins
+    if model.is_moe:  # and so do EP overlap's: the kin bound takes the overlapped costs
+        assert any(len({configs[members[0]].moe_ep_overlap for members in kin.families}) > 1 for kin in kins)
     estimated = 0
     for family in families:
         assert family.order == family.members[0]
@@ -552,6 +564,23 @@ def test_a_family_bound_is_below_every_member_s_bound_and_estimate(model, shape,
                     assert family.bound_s <= result.iteration_time_s * (1 + 1e-9), config.describe()
                     estimated += 1
     assert estimated > 10
+
+
+@pytest.mark.parametrize(("model", "shape", "slowdown", "training", "fixed"), FAMILY_CASES, ids=FAMILY_IDS)
+def test_members_rejected_when_their_family_opens_are_those_the_memory_bound_rejects(model, shape, slowdown,
+                                                                                      training, fixed) -> None:
+    """`_fits_pipeline` (checked as a family opens, before any time bound) rejects exactly the members whose whole
+    pipeline `_with_memory` finds short, and none it would let through."""
+    cluster, calibration, timer = _case(model, shape, slowdown)
+    ctx = _Context(model, cluster, training, default_placement, timer, calibration)
+    outcomes = set()
+    for order, config in enumerate(enumerate_configs(model, cluster, training, fixed)):
+        candidate = _with_memory(ctx, _bound(ctx, order, config))
+        fits = _fits_pipeline(ctx, config)
+        assert fits == (candidate.memory_need_bytes <= candidate.memory_available_bytes), config.describe()
+        assert fits or not candidate.fits_bound
+        outcomes.add(fits)
+    assert True in outcomes
 
 
 def _exhaustive(model, cluster, training, fixed, calibration, timer) -> list[float]:

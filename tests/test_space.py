@@ -27,6 +27,24 @@ def test_every_configuration_is_valid() -> None:
         assert c.num_gpus == c.dp * c.tp * c.pp * c.cp and c.replicas % c.hsdp_replicas == 0
 
 
+@pytest.mark.parametrize(("model", "shape", "fixed"), [
+    ("llama3-8b", "2x8xH100-80GB", FixedOptions()),
+    ("qwen3-30b-a3b", "2x8xH100-80GB", FixedOptions()),  # MoE: EP degrees, dispatchers, EP overlap
+    ("qwen3-30b-a3b", "2x8xH100-80GB", FixedOptions(framework="torchtitan")),
+    ("llama3-8b", "2x8xH100-80GB", FixedOptions(framework="deepspeed")),
+    ("llama3-8b", "2x8xH100-80GB", FixedOptions(recompute_modules=("mlp", "core_attn"))),
+    ("llama3-8b", "2x8xH100-80GB", FixedOptions(cp=2, hsdp_replicas=2)),
+])
+def test_the_space_s_unchecked_layouts_equal_their_checked_configurations(model, shape, fixed) -> None:
+    """The space builds its 10⁵ layouts without ParallelConfig's checks (`ParallelConfig.unchecked`): each must pass
+    them and equal, field by field, the configuration they build (normalised alike)."""
+    configs = list(enumerate_configs(load_model(model), load_cluster(shape), Training(64, 4096), fixed))
+    assert configs
+    for config in configs:
+        checked = config.checked()
+        assert checked == config and vars(checked) == vars(config) and hash(checked) == hash(config)
+
+
 def test_fixed_options_constrain_the_space() -> None:
     fixed = FixedOptions(tp=2, pp=2, micro_batch=2, schedule=Schedule.ONE_F_ONE_B)
     configs = _space(fixed)

@@ -251,28 +251,41 @@ def rank_loads(problem: PartitionProblem, counts: Sequence[int]) -> list[float]:
 
 # ---- stage-balanced dynamic programme (the closed form's optimum for one chunk per rank) ----------
 
-def _min_sum(problem: PartitionProblem, cap_s: float) -> tuple[float, list[int]] | None:
-    """Least Σ stage times with every stage ≤ cap_s and within its share of memory (`_stage_budgets`); None if
+def _stage_tables(problem: PartitionProblem) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per stage, every segment [i, j)'s stage time and whether it may be that stage (i < j, within the stage's
+    memory share, `_stage_budgets`): what `_min_sum` reads, the same for every cap."""
+    n = problem.num_units
+    upper = np.triu(np.ones((n + 1, n + 1), dtype=bool), 1)  # segment [i, j) with i < j
+    boundaries, budgets = problem.boundaries(), _stage_budgets(problem)
+    prefixes = {}
+    tables = []
+    for k, rank in enumerate(problem.stage_ranks):
+        if rank not in prefixes:
+            prefixes[rank] = (np.concatenate(([0.0], np.cumsum(problem.unit_time_s[rank]))),
+                              np.concatenate(([0.0], np.cumsum(problem.unit_memory_bytes[rank]))))
+        prefix_t, prefix_m = prefixes[rank]
+        cost = prefix_t[None, :] - prefix_t[:, None] + boundaries[k]
+        tables.append((cost, upper & within_budget(prefix_m[None, :] - prefix_m[:, None], budgets[k])))
+    return tables
+
+
+def _min_sum(tables: list[tuple[np.ndarray, np.ndarray]], cap_s: float) -> tuple[float, list[int]] | None:
+    """Least Σ stage times with every stage ≤ cap_s and within its share of memory (`_stage_tables`); None if
     impossible."""
-    n, stages = problem.num_units, problem.num_stages
+    n = len(tables[0][0]) - 1
     best = np.full(n + 1, np.inf)
     best[0] = 0.0
     choices = []
-    upper = np.triu(np.ones((n + 1, n + 1), dtype=bool), 1)  # segment [i, j) with i < j
-    boundaries, budgets = problem.boundaries(), _stage_budgets(problem)
-    for k, rank in enumerate(problem.stage_ranks):
-        prefix_t = np.concatenate(([0.0], np.cumsum(problem.unit_time_s[rank])))
-        prefix_m = np.concatenate(([0.0], np.cumsum(problem.unit_memory_bytes[rank])))
-        cost = prefix_t[None, :] - prefix_t[:, None] + boundaries[k]
-        ok = upper & (cost <= cap_s) & within_budget(prefix_m[None, :] - prefix_m[:, None], budgets[k])
-        total = np.where(ok, best[:, None] + cost, np.inf)
+    columns = np.arange(n + 1)
+    for cost, allowed in tables:
+        total = np.where(allowed & (cost <= cap_s), best[:, None] + cost, np.inf)
         choices.append(np.argmin(total, axis=0))
-        best = total[choices[-1], np.arange(n + 1)]
+        best = total[choices[-1], columns]
     if not np.isfinite(best[n]):
         return None
     counts, end = [], n
-    for k in reversed(range(stages)):
-        start = int(choices[k][end])
+    for choice in reversed(choices):
+        start = int(choice[end])
         counts.append(end - start)
         end = start
     return float(best[n]), counts[::-1]
@@ -315,22 +328,22 @@ def dp_partition(problem: PartitionProblem) -> PartitionResult | None:
     beat the best found. None: no split fits the memory shares.
     """
     a, b = _balanced_form(problem)
-    candidates = _segment_times(problem)
+    candidates, tables = _segment_times(problem), _stage_tables(problem)
     lo, hi = 0, len(candidates) - 1
-    if _min_sum(problem, candidates[hi]) is None:
+    if _min_sum(tables, candidates[hi]) is None:
         return None
     while lo < hi:
         mid = (lo + hi) // 2
-        if _min_sum(problem, candidates[mid]) is None:
+        if _min_sum(tables, candidates[mid]) is None:
             lo = mid + 1
         else:
             hi = mid
-    least_sum = _min_sum(problem, math.inf)[0]  # type: ignore[index]
+    least_sum = _min_sum(tables, math.inf)[0]  # type: ignore[index]
     best: tuple[float, list[int]] | None = None
     for cap in candidates[lo:]:
         if best is not None and a * cap + b * least_sum >= best[0]:
             break
-        found = _min_sum(problem, cap)
+        found = _min_sum(tables, cap)
         if found is not None:
             value = balanced_objective_s(problem, found[1])
             if best is None or value < best[0] - 1e-15:

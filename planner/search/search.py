@@ -19,12 +19,13 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import cache
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
 
 from planner.cluster import Cluster, Link
-from planner.config import ParallelConfig, Partition, Training
+from planner.config import ParallelConfig, Partition, Recompute, Training
 from planner.cost.estimate import Estimate, estimate, fit_advice
 from planner.cost.memory import RankMemoryModel, in_flight_microbatches, rank_memory_model, sharded_state_bytes
 from planner.cost.schedule import JointTypes, RankTerms, costlier_sets, joint_fits, schedule_of
@@ -148,6 +149,8 @@ class _Context:
         self.parameter_states = parameter_states(model, training)
         self.links: dict[tuple[int, ...], tuple[Placement, GroupLinks]] = {}
         self.costs: dict[tuple, dict[CostKey, UnitCost]] = {}
+        self.link_index: dict[tuple, int] = {}  # `unit_links`: each distinct (GPU, TP, CP, EP links), its index
+        self.distinct_links: list[tuple] = []
         self.block_types: tuple[tuple[BlockSpec, int], ...] = tuple(model.block_types().items())
         self.unit_counts: tuple[tuple[CostKey, int], ...] = ((UnitKind.EMBEDDING, 1), (UnitKind.HEAD, 1),
                                                              *self.block_types)
@@ -180,14 +183,36 @@ class _Context:
         setting = _setting(config)
         whole = (id(links), "setting", *setting)
         if whole not in self.per_config:
+            tables: dict[int, dict[CostKey, UnitCost]] = {}  # per distinct rank links, by `unit_links` index
+            for index in self.unit_links(config, links):
+                if index not in tables:
+                    key = (index, *setting)
+                    if key not in self.costs:
+                        gpu, tp_link, cp_link, ep_link = self.distinct_links[index]
+                        self.costs[key] = unit_costs(self.model, self.training, config, gpu, tp_link, self.timer,
+                                                     self.calibration, cp_link, ep_link)
+                    tables[index] = self.costs[key]
+            self.per_config[whole] = tuple(tables[index] for index in self.unit_links(config, links))
+            self.per_config[(*whole, "distinct")] = tuple({id(table): table for table in tables.values()}.values())
+        return self.per_config[whole]
+
+    def distinct_setting_costs(self, config: ParallelConfig, links: GroupLinks) -> tuple[dict[CostKey, UnitCost], ...]:
+        """`setting_costs` without repeats (ranks alike in links share one table)."""
+        self.setting_costs(config, links)
+        return self.per_config[(id(links), "setting", *_setting(config), "distinct")]
+
+    def unit_links(self, config: ParallelConfig, links: GroupLinks) -> tuple[int, ...]:
+        """Per pipeline rank, the index in `distinct_links` of what its unit costs depend on besides the setting:
+        its GPU and TP ring, its CP ring when cp > 1 and its expert links when ep > 1 (links of equal value share
+        one index, so their unit costs are computed once, and a cost key hashes no link)."""
+        whole = (id(links), "unit links")
+        if whole not in self.per_config:
             out = []
             for gpu, tp_link, cp_link, ep_link in zip(links.gpu, links.tp, links.cp, links.ep, strict=True):
-                key = (gpu, tp_link, cp_link if config.cp > 1 else None, ep_link if config.ep > 1 else None,
-                       *setting)
-                if key not in self.costs:
-                    self.costs[key] = unit_costs(self.model, self.training, config, gpu, tp_link, self.timer,
-                                                 self.calibration, cp_link, ep_link)
-                out.append(self.costs[key])
+                value = (gpu, tp_link, cp_link if config.cp > 1 else None, ep_link if config.ep > 1 else None)
+                out.append(self.link_index.setdefault(value, len(self.link_index)))
+                if out[-1] == len(self.distinct_links):  # the first ranks' links stand for the equal ones
+                    self.distinct_links.append((gpu, tp_link, cp_link, ep_link))
             self.per_config[whole] = tuple(out)
         return self.per_config[whole]
 
@@ -260,6 +285,13 @@ class _Context:
             self.per_config[key] = tuple(in_flight_microbatches(config, r, m) for r in range(config.pp))
         return self.per_config[key]
 
+    def capacity_bytes(self, links: GroupLinks) -> float:
+        """All pipeline ranks' memory together."""
+        key = (id(links), "capacity")
+        if key not in self.per_config:
+            self.per_config[key] = float(sum(links.capacity_bytes))
+        return self.per_config[key]
+
     def gpu_types(self, links: GroupLinks) -> tuple[GPUSpec, ...]:
         """The distinct GPUs of the pipeline ranks (by identity: no hashing of each rank's spec per call)."""
         key = (id(links), "gpu types")
@@ -320,15 +352,19 @@ class _Context:
         return self.per_config[key]
 
 
-def _placement_key(config: ParallelConfig) -> tuple[int, ...]:
-    """What a configuration's placement and group links depend on."""
-    return config.dp, config.tp, config.pp, config.cp, config.hsdp_replicas, config.ep, config.etp
-
-
-def _setting(config: ParallelConfig) -> tuple:
-    """What a configuration's unit costs depend on besides its links (and, for MoE blocks, its sharding)."""
-    return (config.tp, config.micro_batch, config.sequence_parallel, config.recompute, config.tp_comm_overlap,
-            config.cp, config.cp_comm, config.ep, config.etp, config.moe_dispatcher, config.moe_ep_overlap)
+_PLACEMENT_FIELDS = ("dp", "tp", "pp", "cp", "hsdp_replicas", "ep", "etp")
+_SETTING_FIELDS = ("tp", "micro_batch", "sequence_parallel", "recompute", "tp_comm_overlap", "cp", "cp_comm", "ep",
+                   "etp", "moe_dispatcher", "moe_ep_overlap")
+_placement_key: Callable[[ParallelConfig], tuple] = attrgetter(*_PLACEMENT_FIELDS)
+"""What a configuration's placement and group links depend on."""
+_setting: Callable[[ParallelConfig], tuple] = attrgetter(*_SETTING_FIELDS)
+"""What a configuration's unit costs depend on besides its links (and, for MoE blocks, its sharding)."""
+_FAMILY_FIELDS = tuple(dict.fromkeys(_PLACEMENT_FIELDS + _SETTING_FIELDS))
+_family_key: Callable[[ParallelConfig], tuple] = attrgetter(*_FAMILY_FIELDS)
+"""Placement and setting at once (`_Family`): one C-level call per configuration of the space."""
+_KIN_FIELDS = tuple(name for name in _FAMILY_FIELDS if name not in ("recompute", "moe_ep_overlap"))
+_kin_key: Callable[[ParallelConfig], tuple] = attrgetter(*_KIN_FIELDS)
+"""A family's placement and setting but recompute and EP overlap (`_Kin`)."""
 
 
 @dataclass(frozen=True)
@@ -342,22 +378,54 @@ class _Family:
     members: tuple[int, ...]
 
 
-def _families(ctx: _Context, configs: list[ParallelConfig]) -> list[_Family]:
-    """The configurations grouped into families, each with its bound, in enumeration order."""
-    groups: dict[tuple, list[int]] = {}
+@dataclass(frozen=True)
+class _Kin:
+    """Families alike but in recompute (none, selective, full) and EP overlap. Recompute only adds to a unit's time
+    (the forward again, its TP collectives, CP exchange and expert all-to-alls; `_block_cost`) and EP overlap only
+    hides all-to-alls (`_ep_overlap_exposed_s` leaves at most the 2·one-way each pass shows without it), so one
+    bound from the unit costs without recompute, with EP overlap where a family has it (`_kin_bound`), holds for
+    them all, and the others' unit costs are computed only when it reaches the top of the heap."""
+
+    order: int  # its first family's: the kin comes off the heap before any of its families would
+    bound_s: float  # at most every family's bound
+    families: tuple[tuple[int, ...], ...]  # each family's members, in enumeration order
+
+
+def _kins(ctx: _Context, configs: list[ParallelConfig]) -> list[_Kin]:
+    """The configurations grouped into families and the families into kins, each kin with its bound, in
+    enumeration order."""
+    families: dict[tuple, list[int]] = {}
     for order, config in enumerate(configs):
-        groups.setdefault((*_placement_key(config), *_setting(config)), []).append(order)
-    return [_Family(orders[0], _family_bound(ctx, [configs[order] for order in orders]), tuple(orders))
-            for orders in groups.values()]
+        families.setdefault(_family_key(config), []).append(order)
+    kins: dict[tuple, list[tuple[int, ...]]] = {}
+    for orders in families.values():
+        kins.setdefault(_kin_key(configs[orders[0]]), []).append(tuple(orders))
+    return [_Kin(members[0][0], _kin_bound(ctx, configs, members), tuple(members)) for members in kins.values()]
 
 
-def _family_bound(ctx: _Context, members: list[ParallelConfig]) -> float:
+def _kin_bound(ctx: _Context, configs: list[ParallelConfig], families: list[tuple[int, ...]]) -> float:
+    """`_family_bound` of all the kin's members at once, with the unit costs of its setting without recompute and
+    with EP overlap if a family has it: at most each family's (every unit time, so the least load, no larger; the
+    least rate over more schedules)."""
+    members = [configs[order] for orders in families for order in orders]
+    base = next((member for member in members if member.moe_ep_overlap), members[0])
+    bare = base if base.recompute is Recompute.NONE else replace(base, recompute=Recompute.NONE)
+    return _family_bound(ctx, bare, members)
+
+
+def _family(ctx: _Context, configs: list[ParallelConfig], members: tuple[int, ...]) -> _Family:
+    """The family of these members with its bound."""
+    return _Family(members[0], _family_bound(ctx, configs[members[0]], [configs[order] for order in members]),
+                   members)
+
+
+def _family_bound(ctx: _Context, config: ParallelConfig, members: list[ParallelConfig]) -> float:
     """A lower bound on the cheap bound (`_bound`) of every member: the pipeline term a·S/pp + b·S at the least
     a/pp + b of the members' schedules, with S — the least sum of rank loads — cut to every unit at its cheapest
-    rank's time (no stage boundaries), plus the fixed overhead; the optimizer step, the embedding sync and one
-    stage's DP exposure, all ≥ 0, are left out. Members share the unit times: sharding changes only parameters."""
-    config = members[0]
-    costs = ctx.setting_costs(config, ctx.placed(config)[1])
+    rank's time (no stage boundaries) in `config`'s setting, plus the fixed overhead; the optimizer step, the
+    embedding sync and one stage's DP exposure, all ≥ 0, are left out. Members share the unit times: sharding
+    changes only parameters."""
+    costs = ctx.distinct_setting_costs(config, ctx.placed(config)[1])
     least_sum = sum(count * min(cost[key].total_s for cost in costs) for key, count in ctx.unit_counts)
     m = config.num_microbatches(ctx.training.global_batch)
     forms = (schedule_of(schedule).bound_form(m) for schedule in {member.schedule for member in members})
@@ -396,9 +464,13 @@ def _bound(ctx: _Context, order: int, config: ParallelConfig) -> _Candidate:
 
 
 def _model_total(ctx: _Context, costs: dict[CostKey, UnitCost], name: str) -> float:
-    """A per-unit quantity of `UnitCost` (parameters, activation bytes) summed over the whole model per TP rank."""
-    return (getattr(costs[UnitKind.EMBEDDING], name) + getattr(costs[UnitKind.HEAD], name)
-            + sum(count * getattr(costs[block], name) for block, count in ctx.block_types))
+    """A per-unit quantity of `UnitCost` (parameters, activation bytes) summed over the whole model per TP rank
+    (per cost table: each lives as long as the context)."""
+    key = (id(costs), name)
+    if key not in ctx.per_config:
+        ctx.per_config[key] = (getattr(costs[UnitKind.EMBEDDING], name) + getattr(costs[UnitKind.HEAD], name)
+                               + sum(count * getattr(costs[block], name) for block, count in ctx.block_types))
+    return ctx.per_config[key]
 
 
 def _with_memory(ctx: _Context, candidate: _Candidate) -> _Candidate:
@@ -411,10 +483,7 @@ def _with_memory(ctx: _Context, candidate: _Candidate) -> _Candidate:
     every block of each type at its own bytes (an MoE block can hold many times a dense one's)."""
     config, costs = candidate.config, candidate.rank_costs
     _, links = ctx.placed(config)
-    activations = _model_total(ctx, costs[0], "activation_bytes")
-    param_bytes, activation_factor = ctx.least_memory_factors(config, candidate.num_microbatches)
-    need = param_bytes * _model_total(ctx, costs[0], "params") + activation_factor * activations
-    available = float(sum(links.capacity_bytes))
+    need, available = _pipeline_need_bytes(ctx, config, costs, candidate.num_microbatches), ctx.capacity_bytes(links)
     if need > available:  # short even before any rank's fixed bytes: no other rank's model is needed
         return replace(candidate, memory_need_bytes=need, memory_available_bytes=available)
     available -= ctx.memory_models(config, links, candidate.num_microbatches)[1]
@@ -430,6 +499,24 @@ def _with_memory(ctx: _Context, candidate: _Candidate) -> _Candidate:
                    joint=joint)
 
 
+def _pipeline_need_bytes(ctx: _Context, config: ParallelConfig, costs: tuple[dict[CostKey, UnitCost], ...],
+                         m: int) -> float:
+    """The whole pipeline's least memory need over every split: model states plus the fewest in-flight activations
+    of any rank (`_with_memory`), before any rank's fixed bytes."""
+    param_bytes, activation_factor = ctx.least_memory_factors(config, m)
+    return (param_bytes * _model_total(ctx, costs[0], "params")
+            + activation_factor * _model_total(ctx, costs[0], "activation_bytes"))
+
+
+def _fits_pipeline(ctx: _Context, config: ParallelConfig) -> bool:
+    """Whether the configuration passes `_with_memory`'s first test (its whole pipeline's least need within all its
+    ranks' memory) — checked when its family is opened, so members that cannot fit are never bounded."""
+    _, links = ctx.placed(config)
+    need = _pipeline_need_bytes(ctx, config, ctx.rank_costs(config, links),
+                                config.num_microbatches(ctx.training.global_batch))
+    return need <= ctx.capacity_bytes(links)
+
+
 def _room_for(most: tuple[float, ...], blocks: int) -> bool:
     """Whether ranks holding at most `most` blocks each hold `blocks` together."""
     return sum(min(cap, blocks) for cap in most) >= blocks
@@ -441,9 +528,9 @@ def _memory_key(config: ParallelConfig) -> tuple:
 
 
 def _members(ctx: _Context, configs: list[ParallelConfig], family: _Family, variants: dict[int, list[int]],
-             undominated: dict[int, set[int]]) -> Iterator[_Candidate]:
-    """The candidates of a family's members, less the CP exchange variants another variant dominates
-    (`undominated` caches them per group of variants, by its first order)."""
+             undominated: dict[int, set[int]]) -> Iterator[tuple[int, ParallelConfig]]:
+    """A family's members (order, configuration as the space built it), less the CP exchange variants another
+    variant dominates (`undominated` caches them per group of variants, by its first order)."""
     for order in family.members:
         group = variants.get(order)
         if group is not None:
@@ -451,7 +538,7 @@ def _members(ctx: _Context, configs: list[ParallelConfig], family: _Family, vari
                 undominated[group[0]] = _undominated_cp_comms(ctx, [configs[o] for o in group], group)
             if order not in undominated[group[0]]:
                 continue
-        yield _bound(ctx, order, configs[order])
+        yield order, configs[order]
 
 
 def _cp_comm_variants(configs: list[ParallelConfig]) -> dict[int, list[int]]:
@@ -735,21 +822,31 @@ def search(
                                fixed)
     variants = _cp_comm_variants(configs)
     undominated: dict[int, set[int]] = {}  # per group of CP exchange variants (its first order), those kept
-    # Best bound first, families before their members; when popped, a family builds its members' candidates and a
-    # cheap bound is checked for memory, tightened and pushed back (lazy best-first): what the time bound
-    # skips is never built or checked for memory.
-    heap: list[tuple[float, int, int, Any]] = [(f.bound_s, f.order, 0, f) for f in _families(ctx, configs)]
+    # Best bound first, kins before their families, families before their members; when popped, a kin bounds its
+    # families, a family builds its members' candidates and a cheap bound is checked for memory, tightened and
+    # pushed back (lazy best-first): what the time bound skips is never built or checked for memory.
+    heap: list[tuple[float, int, int, Any]] = [(k.bound_s, k.order, -1, k) for k in _kins(ctx, configs)]
     heapq.heapify(heap)
     plans: list[RankedPlan] = []
     rejected: list[_Candidate] = []
-    ilps = proven = hits = limited = tightened = pruned_memory = partitioned = 0
+    unbuilt: list[tuple[int, ParallelConfig]] = []  # members short of memory when their family opened
+    ilps = proven = hits = limited = tightened = pruned_memory = partitioned = infeasible = 0
     while heap:
         bound_s, _, _, item = heap[0]
         if len(plans) >= top_k and bound_s > plans[top_k - 1].estimate.iteration_time_s * (1 + 1e-9):
             break
         heapq.heappop(heap)
+        if isinstance(item, _Kin):
+            for family in (_family(ctx, configs, members) for members in item.families):
+                heapq.heappush(heap, (family.bound_s, family.order, 0, family))
+            continue
         if isinstance(item, _Family):
-            for candidate in _members(ctx, configs, item, variants, undominated):
+            for order, config in _members(ctx, configs, item, variants, undominated):
+                if not _fits_pipeline(ctx, config):  # rejected by `_with_memory` whenever examined: never bounded
+                    unbuilt.append((order, config))
+                    pruned_memory += 1
+                    continue
+                candidate = _bound(ctx, order, config.checked())  # what the search bounds passes every check
                 heapq.heappush(heap, (candidate.time_bound_s, candidate.order, 1, candidate))
             continue
         candidate = item
@@ -779,20 +876,22 @@ def search(
         plan = _evaluate(ctx, candidate, found)
         if plan is None:
             rejected.append(candidate)
+            infeasible += 1
             continue
         plans.append(plan)
         plans.sort(key=_rank_key)
         del plans[top_k:]
     if plans:
         plans[0] = _polished(ctx, plans[0])
-    pruned_time = len(configs) - pruned_memory - partitioned  # left on the heap, in unbuilt families or dominated
+    pruned_time = len(configs) - pruned_memory - partitioned  # on the heap, in unopened kins or families, dominated
     stats = SearchStats(
         configurations=len(configs), pruned_memory=pruned_memory, pruned_time=pruned_time,
-        infeasible=len(rejected) - pruned_memory, ilps_solved=ilps, proven_by_bound=proven,
+        infeasible=infeasible, ilps_solved=ilps, proven_by_bound=proven,
         cache_hits=hits, bounds_tightened=tightened,
         time_limited=limited, solver=solver_name(), wall_s=time.perf_counter() - started,
     )
-    if not plans:
+    if not plans:  # every member was examined: those short of memory as a whole pipeline join the rest
+        rejected += [_with_memory(ctx, _bound(ctx, order, config.checked())) for order, config in unbuilt]
         raise InfeasibleError(_infeasible_message(ctx, rejected))
     return SearchResult(tuple(plans), stats)
 

@@ -30,6 +30,7 @@ from planner.config import (
     DEFAULT_RECOMPUTE_MODULES,
     LOCAL_HEADS,
     MOE_DISPATCHERS,
+    PARALLEL_DEFAULTS,
     ParallelConfig,
     Recompute,
     Schedule,
@@ -424,7 +425,8 @@ def complete_config(fixed: FixedOptions, model: ModelSpec, cluster: Cluster, tra
 
 def enumerate_configs(model: ModelSpec, cluster: Cluster, training: Training,
                       fixed: FixedOptions = FixedOptions()) -> Iterator[ParallelConfig]:
-    """Every valid configuration `fixed.framework` runs, as it runs it, in a fixed, deterministic order."""
+    """Every valid configuration `fixed.framework` runs, as it runs it, in a fixed, deterministic order (built from
+    checked options without checking each, `ParallelConfig.unchecked`; each equals its checked configuration)."""
     return runnable_by_framework(_layouts(model, cluster, training, fixed), fixed, training, model)
 
 
@@ -464,7 +466,7 @@ def runnable_by_framework(configs: Iterable[ParallelConfig], fixed: FixedOptions
 
 def _layouts(model: ModelSpec, cluster: Cluster, training: Training, fixed: FixedOptions) -> Iterator[ParallelConfig]:
     """Every valid configuration in a fixed, deterministic order, whichever framework runs it."""
-    recomputes = fixed.recompute_options()
+    recomputes, local = fixed.recompute_options(), fixed.local_options()
     _check_fixed_experts(model, cluster, fixed)
     for dp, tp, pp, cp in degree_triples(model, cluster, training, fixed):
         sp = _sequence_parallel(fixed, tp)
@@ -477,22 +479,21 @@ def _layouts(model: ModelSpec, cluster: Cluster, training: Training, fixed: Fixe
             for schedule, vpp in _schedules(pp, m, model.num_layers, fixed):
                 if pp * vpp > model.num_layers:
                     continue
+                # the innermost options, the same under every sharding
+                inner = [{"cp_comm": comm, "ep": ep, "etp": etp, "recompute": recompute, "recompute_modules": modules,
+                          "tp_comm_overlap": overlap, "moe_ep_overlap": ep_overlap,
+                          "moe_dispatcher": fixed.moe_dispatcher or ("flex" if ep > 1 else "alltoall")}
+                         for (recompute, modules), overlap, comm, (ep, etp) in product(
+                             recomputes, _tp_comm_overlaps(fixed, sp), comms, experts)
+                         if (ep_overlap := _ep_overlap(ep, recompute, pp, vpp, fixed)) is not None]
                 for zero_stage, dist_opt, hsdp in _sharding_options(dp * cp, fixed):
-                    for (recompute, modules), overlap, comm, (ep, etp) in product(
-                            recomputes, _tp_comm_overlaps(fixed, sp), comms, experts):
-                        ep_overlap = _ep_overlap(ep, recompute, pp, vpp, fixed)
-                        if ep_overlap is None:
-                            continue
-                        yield ParallelConfig(
-                            dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, vpp=vpp, cp=cp, cp_comm=comm, ep=ep, etp=etp,
-                            hsdp_replicas=hsdp, sequence_parallel=sp, recompute=recompute, recompute_modules=modules,
-                            zero_stage=zero_stage,
-                            distributed_optimizer=dist_opt, schedule=schedule, tp_comm_overlap=overlap,
-                            moe_dispatcher=fixed.moe_dispatcher or ("flex" if ep > 1 else "alltoall"),
-                            moe_ep_overlap=ep_overlap,
-                            fp8_param_gather=bool(fixed.fp8_param_gather) and (zero_stage > 0 or dist_opt),
-                            **fixed.local_options(),
-                        )
+                    common = {**PARALLEL_DEFAULTS, "dp": dp, "tp": tp, "pp": pp, "micro_batch": micro_batch,
+                              "vpp": vpp, "cp": cp, "hsdp_replicas": hsdp, "sequence_parallel": sp,
+                              "zero_stage": zero_stage, "distributed_optimizer": dist_opt, "schedule": schedule,
+                              "fp8_param_gather": bool(fixed.fp8_param_gather) and (zero_stage > 0 or dist_opt),
+                              **local}
+                    for options in inner:  # options checked above; the search checks each configuration it uses
+                        yield ParallelConfig.unchecked({**common, **options})
 
 
 def require_nonempty(configs: list[ParallelConfig], model: ModelSpec, cluster: Cluster, training: Training,
