@@ -609,3 +609,33 @@ def test_the_pruned_search_finds_the_exhaustive_search_s_best_plans(model, shape
     assert times[0] <= best[0] * (1 + 1e-9)  # the best plan's split may be polished further
     assert times[1:] == pytest.approx(best[1:], rel=1e-9)
     assert found.stats.pruned_time > 0
+
+
+@pytest.mark.parametrize(("model", "shape", "slowdown", "training", "fixed"), FAMILY_CASES, ids=FAMILY_IDS)
+def test_an_estimate_takes_at_least_its_split_s_bound_form_and_the_split_free_terms(model, shape, slowdown,
+                                                                                    training, fixed) -> None:
+    """What lets the search hand its incumbent to the ILP as a ceiling (`_pipeline_ceiling`): for every
+    configuration that fits, `estimate` of the split the partitioner returns (and of the uniform one) takes at least
+    the schedule's bound form of that split's rank loads (a·max R + b·Σ R) plus the candidate's split-free terms."""
+    cluster, calibration, timer = _case(model, shape, slowdown)
+    ctx = _Context(model, cluster, training, default_placement, timer, calibration)
+    checked = 0
+    for order, config in enumerate(enumerate_configs(model, cluster, training, fixed)):
+        candidate = _with_memory(ctx, _bound(ctx, order, config))
+        if not candidate.fits_bound or config.pp == 1:
+            continue
+        candidate = _tighten(ctx, _tighten(ctx, candidate))
+        problem = _problem(ctx, candidate)
+        found = _partition_reusing(ctx, problem, 10.0)[0]
+        placement, links = ctx.placed(config)
+        a, b = schedule_of(config.schedule).bound_form(problem.num_microbatches)
+        splits = [Partition.uniform(model.num_layers, config.num_virtual_stages)]
+        splits += [found.partition] if found is not None else []
+        for split in splits:
+            loads = rank_loads(problem, split.unit_counts)
+            result = estimate(model, cluster, training, config, split, placement, timer, calibration, links,
+                              candidate.rank_costs)
+            floor = a * max(loads) + b * sum(loads) + candidate.split_free_s
+            assert result.iteration_time_s >= floor * (1 - 1e-9), config.describe()
+            checked += 1
+    assert checked > 10

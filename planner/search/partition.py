@@ -444,13 +444,16 @@ def _stage_windows(problem: PartitionProblem, cap_s: float) -> list[tuple[int, i
 
 def ilp_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
                   upper_bound: PartitionResult | None = None,
-                  lower_bound_s: float | None = None) -> PartitionResult | None:
-    """Optimal partition by ILP; None if no partition fits in memory.
+                  lower_bound_s: float | None = None, ceiling_s: float | None = None) -> PartitionResult | None:
+    """Optimal partition by ILP; None if no partition fits in memory (or, with `ceiling_s`, none can matter).
 
     Variables y[u,s] = 1 when unit u sits in stage ≤ s (monotone in u and s, so stages are
     contiguous and ordered). `upper_bound` (a feasible partition, e.g. the DP's) bounds T and the
     stage windows; `lower_bound_s` (e.g. `bound_partition`'s) bounds the objective from below so
-    the solver can close its gap; with a time limit the best partition found so far is returned, flagged.
+    the solver can close its gap; `ceiling_s` is a pipeline time no split that matters exceeds: through the
+    schedule's bound form (a·max R + b·Σ R, a lower bound on the simulated time) it caps the bottleneck T and the
+    windows, so the ILP looks only at splits whose simulated time can stay under it; with a time limit the best
+    partition found so far is returned, flagged.
     """
     n, stages, pp = problem.num_units, problem.num_stages, problem.pp
     if stages == 1:
@@ -465,6 +468,9 @@ def ilp_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
     cap = math.inf
     if upper_bound is not None:
         cap = (upper_bound.objective_s - b * least_sum) / a * (1 + 1e-9) if a > 0 else math.inf
+    if ceiling_s is not None:  # least_sum ≤ Σ R for every split, so the cap lets through every split under it
+        bound_a, bound_b = schedule_of(problem.schedule).bound_form(problem.num_microbatches)
+        cap = min(cap, (ceiling_s - bound_b * least_sum) / bound_a * (1 + 1e-9))
     windows = _stage_windows(problem, cap)
     # Scale so coefficients are near 1: times by the balanced stage time, memory by each budget.
     unit = least_sum / stages if least_sum > 0 else 1.0

@@ -743,18 +743,19 @@ def _problem(ctx: _Context, candidate: _Candidate) -> PartitionProblem:
                             config.schedule)
 
 
-def _partition_reusing(ctx: _Context, problem: PartitionProblem, time_limit_s: float
+def _partition_reusing(ctx: _Context, problem: PartitionProblem, time_limit_s: float, ceiling_s: float | None = None
                        ) -> tuple[PartitionResult | None, str]:
     """`_partition`, reusing work across problems that differ only in memory (e.g. the EP degrees of one
     layout, whose expert weights alone differ): from the second such problem on, the optimum without memory
     limits is solved once; where its split fits a problem's memory it is that problem's optimum too (no
-    split does better with fewer allowed). "how" adds "unlimited" when reused, "unlimited ilp" when solved."""
+    split does better with fewer allowed). "how" adds "unlimited" when reused, "unlimited ilp" when solved.
+    `ceiling_s` (`_partition`'s) applies to the problem's own solve, never to the shared unlimited one."""
     unlimited = replace(problem, unit_memory_bytes=tuple((0.0,) * problem.num_units for _ in range(problem.pp)),
                         memory_budget_bytes=(0.0,) * problem.pp)
     seen = ctx.unlimited.get(unlimited)
     if seen is None:
         ctx.unlimited[unlimited] = False  # first of its kind: solve as it is
-        return _partition(problem, time_limit_s)
+        return _partition(problem, time_limit_s, ceiling_s)
     how = "unlimited"
     if seen is False:
         ctx.unlimited[unlimited], solved = _partition(unlimited, time_limit_s)
@@ -762,16 +763,18 @@ def _partition_reusing(ctx: _Context, problem: PartitionProblem, time_limit_s: f
     free = ctx.unlimited[unlimited]
     if free is not None and free.optimal and fits(problem, free.partition.unit_counts):
         return free, how
-    found, solved = _partition(problem, time_limit_s)
+    found, solved = _partition(problem, time_limit_s, ceiling_s)
     return found, f"{how} {solved}"
 
 
-def _partition(problem: PartitionProblem, time_limit_s: float) -> tuple[PartitionResult | None, str]:
+def _partition(problem: PartitionProblem, time_limit_s: float, ceiling_s: float | None = None
+               ) -> tuple[PartitionResult | None, str]:
     """(result, how: "single stage", "bound", "dp", "ilp" or "none"). The rank-load bound settles most problems
     without a solver. Otherwise, with one chunk per rank the exact DP gives the closed form's optimum and the ILP
     confirms it; with chunks the DP's stage-balanced split (`dp_partition`: each rank paced by its slowest chunk, as
     the simulated order runs) is taken, and only where no split fits its memory shares the ILP runs on the closed
-    form, bounded by the relaxation's or the uniform split."""
+    form, bounded by the relaxation's or the uniform split, and by `ceiling_s` (`ilp_partition`'s: the search's
+    incumbent, so it looks only where a split can still reach the top plans)."""
     lower_s, relaxed = bound_partition(problem)
     if problem.num_stages == 1:
         return relaxed, "single stage"
@@ -792,7 +795,7 @@ def _partition(problem: PartitionProblem, time_limit_s: float) -> tuple[Partitio
         if upper is None:
             return None, "none"
         lower_s = upper.objective_s  # the DP is exact for one chunk per rank: the ILP only has to meet it
-    return ilp_partition(problem, time_limit_s, upper, lower_s), "ilp"
+    return ilp_partition(problem, time_limit_s, upper, lower_s, ceiling_s), "ilp"
 
 
 def search(
@@ -867,12 +870,14 @@ def search(
             hits += 1
             found = ctx.partitions[problem]
         else:
-            found, how = _partition_reusing(ctx, problem, time_limit_s)
+            ceiling = _pipeline_ceiling(plans, top_k, candidate)
+            found, how = _partition_reusing(ctx, problem, time_limit_s, ceiling)
             ilps += how.count("ilp")
             limited += how.endswith("ilp") and found is not None and not found.optimal
             proven += how.endswith("bound")
             hits += how == "unlimited"
-            ctx.partitions[problem] = found
+            if ceiling is None or not how.endswith("ilp"):  # an ILP under a ceiling answers for that ceiling only
+                ctx.partitions[problem] = found
         plan = _evaluate(ctx, candidate, found)
         if plan is None:
             rejected.append(candidate)
@@ -894,6 +899,15 @@ def search(
         rejected += [_with_memory(ctx, _bound(ctx, order, config.checked())) for order, config in unbuilt]
         raise InfeasibleError(_infeasible_message(ctx, rejected))
     return SearchResult(tuple(plans), stats)
+
+
+def _pipeline_ceiling(plans: list[RankedPlan], top_k: int, candidate: _Candidate) -> float | None:
+    """The longest simulated pipeline with which `candidate` could still reach the top `top_k` (None until they are
+    filled): `estimate` adds the terms no split changes (`split_free_s`) to the pipeline, and a plan must not be
+    slower than the k-th best to join (ties rank by memory, so equal is kept)."""
+    if len(plans) < top_k:
+        return None
+    return plans[-1].estimate.iteration_time_s - candidate.split_free_s
 
 
 def _rank_key(plan: RankedPlan) -> tuple:
