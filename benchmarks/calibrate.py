@@ -37,6 +37,7 @@ from benchmarks.validation_runs import (
     Run,
     bloom_runs,
     h100_runs,
+    is_nemo_long_sequence_h100,
     korthikanti_layer_rows,
     nemo_long_sequence_h100_runs,
     predict,
@@ -103,8 +104,8 @@ def _layer_errors(calibration: Calibration) -> list[float]:
 def group_errors(calibration: Calibration, bloom: tuple[Run, ...], h100: tuple[Run, ...]) -> dict[str, list[float]]:
     """Relative errors (predicted / published − 1) of every data point, per group; `h100` holds the short- and the
     long-sequence H100 runs (`calibration_h100_runs`), each its own group."""
-    short = tuple(run for run in h100 if not run.label.startswith("NLS-"))
-    long = tuple(run for run in h100 if run.label.startswith("NLS-"))
+    short = tuple(run for run in h100 if not is_nemo_long_sequence_h100(run))
+    long = tuple(run for run in h100 if is_nemo_long_sequence_h100(run))
     return {"bloom": _run_errors(bloom, calibration), "korthikanti": _layer_errors(calibration),
             "h100": _run_errors(short, calibration), "h100_long_sequence": _run_errors(long, calibration)}
 

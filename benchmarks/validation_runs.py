@@ -409,11 +409,15 @@ def long_context_runs() -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
     return tuple(runs), tuple(skipped)
 
 
+def is_nemo_long_sequence_h100(run: Run) -> bool:
+    """Whether `run` is a row of NeMo's long-sequence table on H100 (long_context_cp_throughput.csv's NLS- rows)."""
+    return run.label.startswith("NLS-") and run.cluster.gpu.name.startswith("H100")
+
+
 def nemo_long_sequence_h100_runs() -> tuple[Run, ...]:
     """NeMo's long-sequence table on H100 (Llama 2 7B, FP8, 4K to 1M tokens): the calibration's evidence for the
     fused attention rate and FP8 GEMMs, where attention goes from a fifth to nearly all of the time."""
-    return tuple(run for run in long_context_runs()[0]
-                 if run.label.startswith("NLS-") and run.cluster.gpu.name.startswith("H100"))
+    return tuple(run for run in long_context_runs()[0] if is_nemo_long_sequence_h100(run))
 
 
 # ---- ZeRO-3 / FSDP runs -------------------------------------------------------------------------

@@ -112,7 +112,7 @@ CUDA_GRAPH_MODES = ("none", "full_iteration")
 # copy op by op (torchtitan before it compiled its loss, pytorch/torchtitan bbb1b616e of 2025-04-02, and since
 # whenever it runs without torch.compile); "compiled", that loss under torch.compile (one fused kernel each way).
 CROSS_ENTROPY_KERNELS = ("fused", "eager", "compiled")
-# How FP8 GEMM operands are scaled (planner/profile/analytic.py `_FP8_CAST_BYTES` holds what each costs): one scale
+# How FP8 GEMM operands are scaled (planner/profile/analytic.py `_FP8_CASTS` holds what each costs): one scale
 # per tensor from the amax history ("delayed", Transformer Engine's DelayedScaling, Megatron-LM's default) or from
 # the tensor itself ("tensorwise", current scaling: TE's Float8CurrentScaling, torchao's tensorwise); one per row
 # ("rowwise", torchao; "rowwise_with_gw_hp" keeps the weight-gradient GEMM in BF16); one per 1×128 / 128×128 tile
@@ -247,6 +247,8 @@ class Training:
 
     def _check_fp8_recipe(self) -> None:
         """A recipe only with dtype fp8, one of FP8_RECIPES; fp8 without one scales as Megatron-LM's default."""
+        if self.fp8_saved_input not in FP8_SAVED_INPUTS:
+            raise _not_one_of("training", "fp8_saved_input", self.fp8_saved_input, FP8_SAVED_INPUTS)
         if self.dtype != "fp8":
             if self.fp8_recipe is not None:
                 raise PlannerError(f"training: fp8_recipe applies to dtype fp8 only, got dtype {self.dtype!r} "
@@ -256,8 +258,6 @@ class Training:
             object.__setattr__(self, "fp8_recipe", "delayed")
         if self.fp8_recipe not in FP8_RECIPES:
             raise _not_one_of("training", "fp8_recipe", self.fp8_recipe, FP8_RECIPES)
-        if self.fp8_saved_input not in FP8_SAVED_INPUTS:
-            raise _not_one_of("training", "fp8_saved_input", self.fp8_saved_input, FP8_SAVED_INPUTS)
 
     def _check_finetune(self) -> None:
         """Adapter options only with adapters; their defaults filled in; QLoRA computes in 16 bits."""

@@ -121,6 +121,8 @@ class Framework:
     fp8_recipes: tuple[str, ...] = FP8_RECIPES
     # what its FP8 linears keep of their input for the weight gradient (Training.fp8_saved_input)
     fp8_saved_input: str = "fp8"
+    # the FP8 recipes under which it gathers weights in FP8 (ParallelConfig.fp8_param_gather); None: every one
+    fp8_gather_recipes: tuple[str, ...] | None = None
     # what it runs of a given model, narrowed from the above (None: every model alike); see `for_model`
     model_limits: Callable[[Framework, ModelSpec], dict[str, object]] | None = None
 
@@ -177,6 +179,10 @@ class Framework:
         if training.dtype == "fp8" and training.fp8_recipe not in self.fp8_recipes:
             return (f"{self.version} has no {training.fp8_recipe} FP8 recipe (it runs "
                     f"{', '.join(self.fp8_recipes)})")
+        if (config is not None and config.fp8_param_gather and self.fp8_gather_recipes is not None
+                and training.fp8_recipe not in self.fp8_gather_recipes):
+            return (f"{self.version} gathers weights in FP8 only with {' or '.join(self.fp8_gather_recipes)} "
+                    f"scaling, got {training.fp8_recipe}")
         needs = dict(self.optimizer_states)
         if training.optimizer_states not in needs:
             return f"{self.version} has no {training.optimizer_states} optimizer states"
@@ -350,7 +356,9 @@ FRAMEWORKS: dict[str, Framework] = {
         loss_follows_compile=True, model_limits=_torchtitan_model_limits,
         # torchao's float8 recipes ([quantize.linear.float8] recipe_name, tensorwise when unnamed) and MXFP8
         # ([quantize.linear.mx]); torchao dropped delayed scaling
-        fp8_recipes=("tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8"), fp8_saved_input="bf16"),
+        fp8_recipes=("tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8"), fp8_saved_input="bf16",
+        # float8.py asserts no recipe_name beside enable_fsdp_float8_all_gather: FP8 gathers are tensorwise's
+        fp8_gather_recipes=("tensorwise",)),
 }
 FRAMEWORK_NAMES = tuple(FRAMEWORKS)
 TARGET_NAMES = FRAMEWORK_NAMES[1:]

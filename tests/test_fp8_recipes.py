@@ -168,9 +168,9 @@ def test_torchtitan_export_converts_the_linears_with_the_recipe() -> None:
 @pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None or importlib.util.find_spec("tyro") is None,
                     reason="torchtitan 0.2.2 not installed (pip install --no-deps torchtitan==0.2.2 tyro)")
 def test_torchtitans_own_parser_accepts_the_fp8_sections(tmp_path) -> None:
-    for recipe in ("tensorwise", "rowwise_with_gw_hp"):
-        path = tmp_path / f"{recipe}.toml"
-        path.write_text(torchtitan_toml(_plan(recipe)))
+    for recipe, gather in (("tensorwise", True), ("tensorwise", False), ("rowwise_with_gw_hp", False)):
+        path = tmp_path / f"{recipe}-{gather}.toml"
+        path.write_text(torchtitan_toml(_plan(recipe, fp8_param_gather=gather)))
         run = subprocess.run([sys.executable, "-c", _TORCHTITAN_CHECK, str(path), "8"], capture_output=True,
                              text=True, timeout=120)
         assert run.returncode == 0, run.stderr[-2000:]
@@ -196,3 +196,25 @@ def test_torchtitan_fp8_plans_hold_more_activation_memory() -> None:
     titan = json.loads(runner.invoke(main, [*base, "--framework", "torchtitan"]).output)
     assert titan["training"]["fp8_saved_input"] == "bf16" and megatron["training"]["fp8_saved_input"] == "fp8"
     assert titan["estimate"]["peak_memory_bytes"] > megatron["estimate"]["peak_memory_bytes"]
+
+
+def test_torchtitan_gathers_fp8_weights_only_under_its_default_tensorwise_config() -> None:
+    """torchtitan's float8 converter asserts that no recipe_name stands beside enable_fsdp_float8_all_gather: a
+    tensorwise plan is exported as the default config with the planned FP8 gather, any other by recipe name, and a
+    rowwise plan that gathers in FP8 is refused."""
+    gathered = tomllib.loads(torchtitan_toml(_plan("tensorwise", fp8_param_gather=True)))["quantize"]["linear"]
+    assert gathered["float8"] == {"enable_fsdp_float8_all_gather": True,
+                                  "precompute_float8_dynamic_scale_for_fsdp": True}
+    rowwise = tomllib.loads(torchtitan_toml(_plan("rowwise")))["quantize"]["linear"]["float8"]
+    assert rowwise == {"recipe_name": "rowwise"}
+    why = FRAMEWORKS["torchtitan"].training_why_not(Training(dtype="fp8", fp8_recipe="rowwise"),
+                                                    _plan("rowwise", fp8_param_gather=True).parallel)
+    assert "gathers weights in FP8 only with tensorwise scaling, got rowwise" in (why or "")
+    result = CliRunner().invoke(main, [*ESTIMATE, "--fp8-recipe", "rowwise", "--framework", "torchtitan",
+                                       "--fp8-param-gather"])
+    assert result.exit_code == 2 and "only with tensorwise" in result.output and "Traceback" not in result.output
+
+
+def test_a_bad_saved_input_is_refused_whatever_the_dtype() -> None:
+    with pytest.raises(PlannerError, match="fp8_saved_input must be one of fp8, bf16, got 'fp16'"):
+        Training(dtype="bf16", fp8_saved_input="fp16")

@@ -83,9 +83,9 @@ def _fp8_converters(plan: Plan) -> list[str]:
 
 
 def _fp8_sections(plan: Plan) -> list[str]:
-    """The torchao recipe of an FP8 plan: [quantize.linear.float8] with its recipe name and the planned FP8
-    all-gather of FSDP weights, or [quantize.linear.mx] (MXFP8 through cuBLAS); for MoE the experts' grouped
-    GEMMs' section."""
+    """The torchao recipe of an FP8 plan: [quantize.linear.float8] — tensorwise as its default config, the one that
+    gathers FSDP weights in FP8 (torchtitan refuses a recipe name beside `enable_fsdp_float8_all_gather`), any other
+    by recipe name — or [quantize.linear.mx] (MXFP8 through cuBLAS); for MoE the experts' grouped GEMMs' section."""
     kind = _fp8_kind(plan)
     if kind is None:
         return []
@@ -93,10 +93,13 @@ def _fp8_sections(plan: Plan) -> list[str]:
         lines = ["", "[quantize.linear.mx]", 'recipe_name = "mxfp8_cublas"']
         grouped = ["", "[quantize.grouped_mm.mx]", 'recipe_name = "mxfp8"', 'fqns = ["experts"]']
     else:
-        gather = _value(plan.parallel.fp8_param_gather)
-        lines = ["", "[quantize.linear.float8]", f"recipe_name = {_value(plan.training.fp8_recipe)}",
-                 f"enable_fsdp_float8_all_gather = {gather}",
-                 f"precompute_float8_dynamic_scale_for_fsdp = {gather}"]
+        lines = ["", "[quantize.linear.float8]"]
+        if plan.training.fp8_recipe == "tensorwise":
+            gather = _value(plan.parallel.fp8_param_gather)
+            lines += [f"enable_fsdp_float8_all_gather = {gather}",
+                      f"precompute_float8_dynamic_scale_for_fsdp = {gather}"]
+        else:
+            lines.append(f"recipe_name = {_value(plan.training.fp8_recipe)}")
         grouped = ["", "[quantize.grouped_mm.float8]", 'fqns = ["experts"]']
     return lines + (grouped if plan.model.is_moe else [])
 

@@ -266,6 +266,13 @@ def _fp8_casts(setting: UnitSetting, gpu: GPUSpec) -> _Fp8Casts | None:
     return _FP8_CASTS[recipe]
 
 
+def _mlp_cast_widths(hidden: float, ffn: float, gated: bool, copies: float, tp: int) -> list[tuple[float, float]]:
+    """(input, output) width per token of an MLP's two linear layers on one TP rank, what FP8's casts move
+    (`_fp8_cast_times`); an MoE MLP's routed tokens count `copies` times (top-k × the busiest rank's load)."""
+    up = (2 if gated else 1) * ffn / tp
+    return [(hidden * copies, up * copies), (ffn / tp * copies, hidden * copies)]
+
+
 def _bf16_twin(setting: UnitSetting) -> UnitSetting:
     """`setting` in BF16: what an FP8 recipe that keeps the weight-gradient GEMMs in BF16 runs them at."""
     return replace(setting, dtype="bf16", fp8_recipe=None)
@@ -490,8 +497,7 @@ class AnalyticProfile:
             gated = ffn / t if mlp.gated else 0.0
             kernels += 1
             copies = mlp.moe_top_k * setting.expert_load if mlp.is_moe else 1
-            up_width = (2 if mlp.gated else 1) * mlp.ffn_hidden_size / t
-            widths += [(h * copies, up_width * copies), (mlp.ffn_hidden_size / t * copies, h * copies)]
+            widths += _mlp_cast_widths(h, mlp.ffn_hidden_size, mlp.gated, copies, t)
         per_token += 4 * rope_width + _eager_extra_bytes(setting, block.sublayers, width, rope_width, gated)
         kernels += _eager_extra_kernels(setting, block.sublayers, rope_width > 0, gated > 0)
         gemms = sum(linears) + router
@@ -772,10 +778,9 @@ class AnalyticProfile:
         gemms = sum(linears) + router
         core_forward, core_backward = self._attention_core(setting, gpu)
         elementwise = self.memory_time(gpu, tokens * self._elementwise_bytes_per_token(setting, moe))
-        k = m.moe_top_k * setting.expert_load if moe else 1  # MoE tokens counted top-k times
-        f = m.expert_ffn_hidden_size if moe else f
-        up_width = (2 if m.activation == "swiglu" else 1) * f / t
-        widths = ((h, qkv_width), (q / t, h), (h * k, up_width * k), (f / t * k, h * k))
+        copies = m.moe_top_k * setting.expert_load if moe else 1
+        widths = ((h, qkv_width), (q / t, h),
+                  *_mlp_cast_widths(h, m.expert_ffn_hidden_size if moe else f, m.activation == "swiglu", copies, t))
         cast_forward, cast_backward = self._fp8_cast_times(setting, gpu, widths, q / t)
         memory_kernels, kernels = self._block_kernels(setting, moe)
         elementwise += memory_kernels * self.calibration.kernel_launch_s

@@ -866,6 +866,7 @@ def search(
             continue
         partitioned += 1
         problem = _problem(ctx, candidate)
+        capped = False
         if problem in ctx.partitions:
             hits += 1
             found = ctx.partitions[problem]
@@ -876,8 +877,12 @@ def search(
             limited += how.endswith("ilp") and found is not None and not found.optimal
             proven += how.endswith("bound")
             hits += how == "unlimited"
-            if ceiling is None or not how.endswith("ilp"):  # an ILP under a ceiling answers for that ceiling only
+            capped = ceiling is not None and how.endswith("ilp")
+            if not capped:  # an ILP under a ceiling answers for that ceiling only
                 ctx.partitions[problem] = found
+        if found is None and capped:  # no split under the incumbent: pruned by time, not short of memory
+            partitioned -= 1
+            continue
         plan = _evaluate(ctx, candidate, found)
         if plan is None:
             rejected.append(candidate)
