@@ -32,6 +32,7 @@ from planner.config import (
     ELEMENTWISE_MODES,
     FINETUNE_MODES,
     FP8_RECIPES,
+    FSDP_BACKWARD_PREFETCHES,
     LOCAL_HEADS,
     LORA_TARGETS,
     MOE_DISPATCHERS,
@@ -521,6 +522,11 @@ def echo_heterogeneity(record: dict[str, Any]) -> None:
               help="How ZeRO-3 issues its collectives: per-unit (PyTorch FSDP, DeepSpeed >= 0.6.0: one per block, "
                    "prefetched) or per-tensor (DeepSpeed <= 0.5.10: one per parameter tensor, synchronous)  "
                    "[default: per-unit]")
+@click.option("--fsdp-backward-prefetch", type=click.Choice(FSDP_BACKWARD_PREFETCHES),
+              help="When per-unit ZeRO-3 gathers the next unit's weights in backward: pre (before the current "
+                   "unit's gradients, hidden behind them: PyTorch FSDP's default, FSDP2, Megatron-FSDP, DeepSpeed) "
+                   "or post (after them, waiting in full: FSDP1 BACKWARD_POST, MosaicML Composer's default)  "
+                   "[default: pre]")
 @profile_option
 @calibration_option
 @cluster_condition_options

@@ -42,7 +42,9 @@ row does not state is a documented fact about the framework or the run family, w
   flash-attn 2; on A100 as fast as the native kernel); activation
   checkpointing = full recompute; nodes of 8 A100 with 8× 200 Gb/s RoCE (the "1600 Gbps" of the
   table headings). mp_mode PURE reduces gradients in bf16, DEFAULT (amp_bf16) in fp32 (Composer's
-  FSDP mixed-precision presets). Iteration time = global-batch tokens / (tokens/s/GPU × GPUs).
+  FSDP mixed-precision presets). The benchmark script (scripts/train/benchmarking/submit_benchmarks.py) sets no
+  backward_prefetch, so Composer's FSDPConfig default runs: BACKWARD_POST (`fsdp_backward_prefetch` "post").
+  Iteration time = global-batch tokens / (tokens/s/GPU × GPUs).
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ __all__ = [
     "bloom_skipped",
     "h100_runs",
     "korthikanti_layer_rows",
+    "llmfoundry_config",
+    "llmfoundry_model",
     "llmfoundry_runs",
     "long_context_runs",
     "narayanan_ptdp_skipped",
@@ -468,23 +472,39 @@ def narayanan_zero3_runs() -> tuple[Run, ...]:
 
 LLMFOUNDRY_VOCAB = 50368
 LLMFOUNDRY_GPUS_PER_NODE = 8
+LLMFOUNDRY_BACKWARD_PREFETCH = "post"
+"""MosaicML Composer's FSDPConfig default backward_prefetch ('BACKWARD_POST', composer/utils/parallelism.py), which
+llm-foundry's benchmark runs keep: each block's backward all-gather waits until the block after it has computed its
+gradients (ParallelConfig.fsdp_backward_prefetch)."""
+
+
+def llmfoundry_model(shape: pd.Series, seq_len: int) -> ModelSpec:
+    """The MPT model of an llmfoundry_mpt_fsdp_a100.csv row's shape (model, layers, hidden, heads, ffn_hidden)."""
+    return ModelSpec(name=str(shape["model"]).lower(), num_layers=int(shape["layers"]),
+                     hidden_size=int(shape["hidden"]), num_attention_heads=int(shape["heads"]),
+                     ffn_hidden_size=int(shape["ffn_hidden"]), vocab_size=LLMFOUNDRY_VOCAB,
+                     max_position_embeddings=seq_len, activation="gelu", normalization="layernorm",
+                     position_embedding="alibi", tie_embeddings=True,
+                     source=f"mosaicml/llm-foundry yamls ({shape['model']})")
+
+
+def llmfoundry_config(gpus: int, micro_batch: int, checkpointing: bool) -> ParallelConfig:
+    """Composer's FSDP FULL_SHARD over all `gpus`, its default backward prefetch, full recompute when checkpointing."""
+    return ParallelConfig(dp=gpus, tp=1, pp=1, micro_batch=micro_batch, zero_stage=3,
+                          recompute=Recompute.FULL if checkpointing else Recompute.NONE,
+                          fsdp_backward_prefetch=LLMFOUNDRY_BACKWARD_PREFETCH)
 
 
 def llmfoundry_runs() -> tuple[Run, ...]:
     """llm-foundry MPT runs with PyTorch FSDP FULL_SHARD (ZeRO-3) over all GPUs of 8-GPU A100 nodes."""
     runs = []
     for _, row in pd.read_csv(DATA / LLMFOUNDRY_FILE).iterrows():
-        hidden, gpus = int(row["hidden"]), int(row["num_gpus"])
-        model = ModelSpec(name=str(row["model"]).lower(), num_layers=int(row["layers"]), hidden_size=hidden,
-                          num_attention_heads=int(row["heads"]), ffn_hidden_size=int(row["ffn_hidden"]),
-                          vocab_size=LLMFOUNDRY_VOCAB, max_position_embeddings=int(row["seq_len"]), activation="gelu",
-                          normalization="layernorm", position_embedding="alibi", tie_embeddings=True,
-                          source=f"mosaicml/llm-foundry yamls ({row['model']})")
+        gpus = int(row["num_gpus"])
+        model = llmfoundry_model(row, int(row["seq_len"]))
         training = Training(global_batch=int(row["global_batch_seqs"]), seq_len=int(row["seq_len"]), dtype="bf16",
                             attention="flash2", grad_bytes=2 if "mp_mode=PURE" in str(row["other_flags"]) else 4)
-        recompute = Recompute.FULL if str(row["activation_checkpointing"]).startswith("yes") else Recompute.NONE
-        config = ParallelConfig(dp=gpus, tp=1, pp=1, micro_batch=int(row["micro_batch"]), zero_stage=3,
-                                recompute=recompute)
+        config = llmfoundry_config(gpus, int(row["micro_batch"]),
+                                   str(row["activation_checkpointing"]).startswith("yes"))
         iteration = float(row["global_batch_tokens"]) / (float(row["tokens_per_sec_per_gpu"]) * gpus)
         gpu = "A100-80GB" if str(row["gpu_memory"]) == "80GB" else "A100-40GB"
         cluster = load_cluster(f"{max(gpus // LLMFOUNDRY_GPUS_PER_NODE, 1)}x{LLMFOUNDRY_GPUS_PER_NODE}x{gpu}")

@@ -32,6 +32,7 @@ __all__ = [
     "FINETUNE_MODES",
     "FP8_RECIPES",
     "FP8_SAVED_INPUTS",
+    "FSDP_BACKWARD_PREFETCHES",
     "LOCAL_HEADS",
     "LORA_TARGETS",
     "MOE_DISPATCHERS",
@@ -62,6 +63,13 @@ CP_COMMS = ("p2p", "all-gather", "a2a")
 # v0.5.5's PR #1188 only launches a submodule's per-tensor gathers back to back before one synchronize,
 # `_allgather_params_coalesced`), so nothing overlaps and every tensor pays the ring's latency.
 ZERO3_COLLECTIVES = ("per-unit", "per-tensor")
+# When ZeRO-3 / FSDP all-gathers the next unit's weights in the backward pass. "pre": before the current unit's
+# gradient computation, so the gather hides behind it (PyTorch FSDP1's default BackwardPrefetch.BACKWARD_PRE; FSDP2,
+# Megatron-FSDP and DeepSpeed ZeRO-3 prefetch alike). "post": after it (BACKWARD_POST, the default of MosaicML
+# Composer's FSDPConfig, which llm-foundry runs), queued ahead of the current unit's reduce-scatter on the
+# communicator's one NCCL stream: PyTorch's BackwardPrefetch docs say it overlaps the current reduce-scatter with
+# the next gradient computation, so the gather itself waits in full.
+FSDP_BACKWARD_PREFETCHES = ("pre", "post")
 # The first DeepSpeed release whose ZeRO-3 runs "per-unit" (v0.6.0, 2022-03-07, with PR #1453).
 DEEPSPEED_PER_UNIT_ZERO3 = (0, 6)
 # What selective recomputation keeps. "attention": Megatron-LM's --recompute-granularity selective (Korthikanti et
@@ -353,6 +361,8 @@ class ParallelConfig:
     `reshard_after_forward` (ZeRO-3/FSDP): free the gathered weights after each unit's forward and gather
     them again for its backward; None takes torchtitan's default, on without and off with pipelining.
     `zero3_collectives` (one of ZERO3_COLLECTIVES): per unit and prefetched, or per tensor and synchronous.
+    `fsdp_backward_prefetch` (one of FSDP_BACKWARD_PREFETCHES): whether per-unit ZeRO-3 gathers the next unit's
+    weights in backward before or after the current unit's gradient computation.
     `selective_recompute` (one of SELECTIVE_RECOMPUTES): what `Recompute.SELECTIVE` keeps, Megatron-LM's or
     torchtitan's policy.
     `recompute_modules` (RECOMPUTE_MODULES, at least one): what Megatron-LM's selective recompute re-runs, stored
@@ -378,6 +388,7 @@ class ParallelConfig:
     hsdp_replicas: int = 1
     reshard_after_forward: bool | None = None
     zero3_collectives: str = "per-unit"
+    fsdp_backward_prefetch: str = "pre"
     selective_recompute: str = "attention"
     recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
     fp8_param_gather: bool = False
@@ -426,6 +437,15 @@ class ParallelConfig:
             raise PlannerError(f"parallel config: zero3_collectives 'per-tensor' is DeepSpeed's ZeRO-3 without "
                                f"pipelining; needs zero_stage 3 and pp 1, got zero_stage {self.zero_stage}, "
                                f"pp {self.pp}")
+        if self.fsdp_backward_prefetch not in FSDP_BACKWARD_PREFETCHES:
+            raise _not_one_of("parallel config", "fsdp_backward_prefetch", self.fsdp_backward_prefetch,
+                              FSDP_BACKWARD_PREFETCHES)
+        if self.fsdp_backward_prefetch == "post" and (self.zero_stage != 3 or self.pp > 1
+                                                      or self.zero3_collectives != "per-unit"):
+            raise PlannerError(f"parallel config: fsdp_backward_prefetch 'post' is FSDP's BACKWARD_POST, for per-unit "
+                               f"ZeRO-3 without pipelining; needs zero_stage 3, pp 1 and zero3_collectives "
+                               f"'per-unit', got zero_stage {self.zero_stage}, pp {self.pp}, zero3_collectives "
+                               f"{self.zero3_collectives!r}")
         if self.deepspeed_optimizer not in DEEPSPEED_OPTIMIZERS:
             raise _not_one_of("parallel config", "deepspeed_optimizer", self.deepspeed_optimizer, DEEPSPEED_OPTIMIZERS)
         if self.deepspeed_optimizer == "bf16" and (self.zero_stage != 1 or self.distributed_optimizer):
@@ -607,6 +627,7 @@ class ParallelConfig:
             parts.append("dist-opt")
         elif self.zero_stage:
             parts.append(f"zero{self.zero_stage}" + ("/per-tensor" if self.zero3_collectives == "per-tensor" else "")
+                         + ("/post-prefetch" if self.fsdp_backward_prefetch == "post" else "")
                          + ("/bf16-opt" if self.deepspeed_optimizer == "bf16" else ""))
         if self.fp8_param_gather:
             parts.append("fp8-gather")

@@ -62,7 +62,8 @@ def _deepspeed_semantics(config: ParallelConfig) -> dict[str, bool | str]:
     Megatron-DeepSpeed's TP backward all-reduces are not overlapped; ZeRO-3 gathers a module's parameters
     together, prefetched (since v0.6.0; the per-tensor gathers before it are `zero3_collectives` "per-tensor")."""
     return {"p2p_scatter_gather": False, "overlap_grad_reduce": config.pp == 1 and config.zero_stage >= 1,
-            "overlap_tp_backward": False, "selective_recompute": "attention", "zero3_collectives": "per-unit"}
+            "overlap_tp_backward": False, "selective_recompute": "attention", "zero3_collectives": "per-unit",
+            "fsdp_backward_prefetch": "pre"}
 
 
 def _torchtitan_semantics(_config: ParallelConfig) -> dict[str, bool | str]:
@@ -70,7 +71,8 @@ def _torchtitan_semantics(_config: ParallelConfig) -> dict[str, bool | str]:
     backward collectives are synchronous; selective recompute is its per-op SAC (the export's selective_ac_option
     "op"); PyTorch's pipeline schedules wait on each step's batched sends and receives before the next action."""
     return {"p2p_scatter_gather": True, "overlap_grad_reduce": True, "overlap_tp_backward": False,
-            "selective_recompute": "op", "zero3_collectives": "per-unit", "overlap_p2p_comm": False}
+            "selective_recompute": "op", "zero3_collectives": "per-unit", "overlap_p2p_comm": False,
+            "fsdp_backward_prefetch": "pre"}
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ RECORDED = {
     "NeMo 24.07 (H100, FP8)": (12, 0.035, None, 12),  # FP8 saved inputs in one byte; 340B's 16-bit gradients
     "Megatron-Bridge 25.11 (H100, FP8)": (3, 0.103, None, 3),  # 16-bit gradient buffers of its perf recipes
     "Narayanan 2021 Table 2 (DeepSpeed ZeRO-3, A100)": (6, 0.127, None, 6),  # per-tensor ZeRO-3 (DeepSpeed 2021)
-    "llm-foundry MPT (PyTorch FSDP, A100)": (139, 0.056, None, 139),
+    "llm-foundry MPT (PyTorch FSDP, A100)": (139, 0.051, None, 139),  # Composer's BACKWARD_POST (tenth session)
     "NeMo / Megatron-Bridge long context CP (H100/B200/GB300, FP8)": (31, 0.093, None, 31),
     "torchtitan 2024-12 (FSDP2/TP, H100)": (18, 0.085, 0.080, 18),  # eager rows 1, 8; 9dec370 PP split; eager loss
     "torchtitan docs 2024 (FSDP2, A100/H100)": (9, 0.088, None, 9),  # its 405B Float8 rows gather in FP8

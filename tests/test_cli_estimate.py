@@ -124,6 +124,30 @@ def test_estimate_per_tensor_zero3_is_slower_round_trips_and_refuses_other_stage
     assert "zero3_collectives 'per-tensor'" in refused.output and "Traceback" not in refused.output
 
 
+def test_estimate_backward_post_prefetch_is_slower_round_trips_and_refuses_other_stages(tmp_path) -> None:
+    """`--fsdp-backward-prefetch post` (FSDP1 BACKWARD_POST, Composer's default) waits for the backward gathers:
+    more exposed DP time than the default, kept in the plan file and re-estimated from it; refused (exit 2, one
+    line) without ZeRO-3 and, when bad, named with what is allowed."""
+    base = ("estimate", "--model", "llama3-8b", "--cluster", "2x8xH100-80GB", "--global-batch", "32",
+            "--seq-len", "2048", "--dp", "16", "--micro-batch", "2")
+    out = tmp_path / "plan.json"
+    times = []
+    for extra in ((), ("--fsdp-backward-prefetch", "post", "--out", str(out))):
+        result = run(*base, "--zero", "3", "--json", *extra)
+        assert result.exit_code == 0, result.output
+        times.append(json.loads(result.output)["estimate"]["breakdown_s"]["dp_comm"])
+    assert times[1] > times[0]
+    assert load_plan(out).parallel.fsdp_backward_prefetch == "post"
+    again = run("estimate", "--plan", str(out), "--json")
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.output)["estimate"]["breakdown_s"]["dp_comm"] == pytest.approx(times[1])
+    refused = run(*base, "--zero", "2", "--fsdp-backward-prefetch", "post")
+    assert refused.exit_code == 2
+    assert "fsdp_backward_prefetch 'post'" in refused.output and "Traceback" not in refused.output
+    bad = run(*base, "--zero", "3", "--fsdp-backward-prefetch", "late")
+    assert bad.exit_code == 2 and "pre" in bad.output and "post" in bad.output
+
+
 def test_fp8_param_gather_from_the_cli_is_faster_kept_in_the_plan_and_exported(tmp_path) -> None:
     base = ("estimate", "--model", "llama3-8b", "--cluster", "2x8xH100-80GB", "--global-batch", "64",
             "--seq-len", "4096", "--tp", "2", "--dp", "8", "--zero", "3", "--dtype", "fp8", "--json")

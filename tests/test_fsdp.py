@@ -239,3 +239,56 @@ def test_per_tensor_zero3_holds_one_tensor_and_its_buckets_not_whole_blocks():
     assert per_tensor == pytest.approx((largest + 5e7) * 2 + largest * training.grad_bytes)
     per_unit = dict(framework_buffer_bytes(model, training, _zero(3, 1536)))["gathered_units"]
     assert per_unit > 3 * per_tensor
+
+
+def test_backward_post_prefetch_waits_for_every_backward_gather():
+    """FSDP's BACKWARD_POST (Composer's default) issues a unit's backward all-gather after the next unit's gradients,
+    ahead of that unit's reduce-scatter: with compute to spare, BACKWARD_PRE hides every gather but the first, POST
+    hides none of them, so POST exposes (units − 1) more backward gathers; the traffic is the same."""
+    link = Link(100e9, 0.0, "inter")
+    units, dp = [_unit(1.0)] * 12, 64
+    pre = data_parallel_time(units, TRAINING, _zero(3, dp), link, CALIBRATION, 1)
+    post = data_parallel_time(units, TRAINING, replace(_zero(3, dp), fsdp_backward_prefetch="post"), link,
+                              CALIBRATION, 1)
+    bandwidth = link.bandwidth_bytes_per_s * CALIBRATION.collective_efficiency("inter")
+    gather = PARAMS * PARAM_BYTES * (dp - 1) / dp / bandwidth
+    assert post.total_s == pytest.approx(pre.total_s)
+    assert post.exposed_s - pre.exposed_s == pytest.approx(11 * gather)
+
+
+def test_backward_post_prefetch_exposes_at_least_what_pre_does():
+    """Whatever the compute per unit, waiting for the gathers never hides more than prefetching them."""
+    link = Link(25e9, 10e-6, "inter")
+    for compute in (0.001, 0.01, 0.1, 1.0):
+        units = [_unit(compute)] * 8
+        pre, post = (data_parallel_time(units, TRAINING, replace(_zero(3, 64), fsdp_backward_prefetch=mode), link,
+                                        CALIBRATION, 2).exposed_s for mode in ("pre", "post"))
+        assert post >= pre - 1e-12
+
+
+@pytest.mark.parametrize("fields", [dict(zero_stage=2), dict(zero_stage=3, pp=2),
+                                    dict(zero_stage=3, zero3_collectives="per-tensor")])
+def test_backward_post_prefetch_needs_per_unit_zero3_without_pipelining(fields):
+    from planner.errors import PlannerError
+
+    config = {"dp": 8, "tp": 1, "pp": 1, **fields}
+    with pytest.raises(PlannerError, match="fsdp_backward_prefetch 'post'"):
+        ParallelConfig(**config, fsdp_backward_prefetch="post")
+
+
+def test_backward_prefetch_is_pre_or_post():
+    from planner.errors import PlannerError
+
+    with pytest.raises(PlannerError, match="fsdp_backward_prefetch"):
+        ParallelConfig(dp=8, tp=1, pp=1, zero_stage=3, fsdp_backward_prefetch="early")
+
+
+def test_frameworks_prefetch_before_the_gradients():
+    """FSDP2 (torchtitan) and DeepSpeed ZeRO-3 prefetch: a plan they run is costed so; the catch-all target keeps
+    what was asked."""
+    from planner.frameworks import FRAMEWORKS
+
+    post = ParallelConfig(dp=8, tp=1, pp=1, zero_stage=3, fsdp_backward_prefetch="post")
+    for name in ("deepspeed", "torchtitan"):
+        assert FRAMEWORKS[name].runs(post).fsdp_backward_prefetch == "pre"
+    assert FRAMEWORKS["any"].runs(post).fsdp_backward_prefetch == "post"

@@ -893,7 +893,8 @@ def _sharded_microbatch_s(runs: Sequence[UnitRun], training: Training, config: P
     FSDP without `no_sync`, the default of Composer and torchtitan; `no_sync` would reduce once
     per iteration at the memory of unsharded gradients). Each collective is a ring over the shard
     group's n ranks with its own (n − 1)·α latency, and prefetch hides it only behind the compute of the
-    neighbouring unit (`_prefetch_exposed_s`); routed experts' collectives go over their own group (`expert_link`).
+    neighbouring unit (`_prefetch_exposed_s`), or, under `fsdp_backward_prefetch` "post", not the backward
+    gathers at all; routed experts' collectives go over their own group (`expert_link`).
     """
     collectives = _run_collectives(runs, training, config, link, calibration, states, expert_link)
     regather = config.reshard_after_forward
@@ -903,9 +904,13 @@ def _sharded_microbatch_s(runs: Sequence[UnitRun], training: Training, config: P
         return total, total
     forward = _prefetch_exposed_s([_PassRun(gather, 0.0, unit.forward_s, count)
                                    for (unit, count), (gather, _) in zip(runs, collectives, strict=True)])
-    backward = _prefetch_exposed_s([_PassRun(gather * regather, reduce, unit.backward_s + unit.recompute_s, count)
-                                    for (unit, count), (gather, reduce)
-                                    in zip(runs[::-1], collectives[::-1], strict=True)])
+    # BACKWARD_POST issues a unit's backward gather only after the previous unit's gradient computation: it waits
+    # in full, and only the reduce-scatters hide
+    post = config.fsdp_backward_prefetch == "post"
+    waiting = sum(gather * regather * count for (_, count), (gather, _) in zip(runs, collectives, strict=True))
+    backward = post * waiting + _prefetch_exposed_s(
+        [_PassRun(gather * regather * (not post), reduce, unit.backward_s + unit.recompute_s, count)
+         for (unit, count), (gather, reduce) in zip(runs[::-1], collectives[::-1], strict=True)])
     return total, forward + backward
 
 

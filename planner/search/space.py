@@ -80,6 +80,7 @@ class FixedOptions:
     moe_dispatcher: str | None = None
     moe_ep_overlap: bool | None = None
     zero3_collectives: str | None = None  # estimate only: the search keeps the default
+    fsdp_backward_prefetch: str | None = None  # estimate only: the search keeps the default ("pre")
     fp8_param_gather: bool | None = None  # FP8 weight all-gathers wherever weights are sharded
     framework: str | None = None  # planner.frameworks name; None: any (every layout, Megatron-LM's semantics)
     local_queue_depth: int | None = None  # the local schedule's (config.DEFAULT_LOCAL_QUEUE_DEPTH when None)
@@ -101,6 +102,7 @@ class FixedOptions:
             hsdp_replicas=options.get("hsdp_replicas"), framework=options.get("framework"),
             ep=options.get("ep"), etp=options.get("etp"), moe_dispatcher=options.get("moe_dispatcher"),
             moe_ep_overlap=options.get("moe_ep_overlap"), zero3_collectives=options.get("zero3_collectives"),
+            fsdp_backward_prefetch=options.get("fsdp_backward_prefetch"),
             local_queue_depth=options.get("local_queue_depth"), local_head=options.get("local_head"),
             fp8_param_gather=options.get("fp8_param_gather"),
         )
@@ -414,6 +416,7 @@ def complete_config(fixed: FixedOptions, model: ModelSpec, cluster: Cluster, tra
         dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, cp_comm=fixed.cp_comm or "p2p", hsdp_replicas=hsdp,
         ep=fixed.ep or 1, etp=etp, moe_dispatcher=fixed.moe_dispatcher or "alltoall",
         moe_ep_overlap=bool(fixed.moe_ep_overlap), zero3_collectives=fixed.zero3_collectives or "per-unit",
+        fsdp_backward_prefetch=fixed.fsdp_backward_prefetch or "pre",
         fp8_param_gather=bool(fixed.fp8_param_gather), micro_batch=fixed.micro_batch or 1,
         sequence_parallel=_sequence_parallel(fixed, tp), recompute=recompute, recompute_modules=modules,
         tp_comm_overlap=bool(fixed.tp_comm_overlap), zero_stage=fixed.zero_stage or (3 if hsdp > 1 else 0),
