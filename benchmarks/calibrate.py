@@ -50,7 +50,7 @@ from planner.profile.calibration import Calibration, default_calibration
 from planner.resources import load_structured_file, profiles_dir
 
 __all__ = ["BEFORE_FIX_NIC_RATIO", "FITTED", "MEMORY_FITTED", "coordinate_descent", "destination", "fit",
-           "memory_objective", "objective"]
+           "golden_section", "memory_objective", "objective"]
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ def memory_objective(calibration: Calibration, runs: tuple[Run, ...]) -> float:
     return sum(abs(e) for e in errors) / len(errors)
 
 
-def _golden_section(loss: Callable[[float], float], low: float, high: float, start: float,
+def golden_section(loss: Callable[[float], float], low: float, high: float, start: float,
                     steps: int = _SECTION_STEPS) -> float:
     """Minimiser of a one-dimensional loss on [low, high]; keeps `start` unless something beats it."""
     a, b = low, high
@@ -151,7 +151,7 @@ def coordinate_descent(start: Calibration, constants: tuple[Fitted, ...], loss: 
     current = start
     for sweep in range(sweeps):
         for constant in constants:
-            value = _golden_section(lambda x, name=constant.name, base=current: loss(base.updated(**{name: x})),
+            value = golden_section(lambda x, name=constant.name, base=current: loss(base.updated(**{name: x})),
                                     constant.low, constant.high, getattr(current, constant.name), steps)
             current = current.updated(**{constant.name: value})
             if verbose:
@@ -173,7 +173,7 @@ def fit(start: Calibration, bloom: Callable[[float], tuple[Run, ...]], h100: tup
     for _ in range(_SWEEPS):
         runs = bloom(ratio)
         current = coordinate_descent(current, FITTED, lambda c, runs=runs: objective(c, runs, h100), verbose, 1)
-        ratio = _golden_section(lambda x, base=current: objective(base, bloom(x), h100), BEFORE_FIX_NIC_RATIO.low,
+        ratio = golden_section(lambda x, base=current: objective(base, bloom(x), h100), BEFORE_FIX_NIC_RATIO.low,
                                 BEFORE_FIX_NIC_RATIO.high, ratio)
         if verbose:
             print(f"{BEFORE_FIX_NIC_RATIO.name:37s} {ratio:12.4g}  objective "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.accuracy import outcomes, score_source
-from benchmarks.calibrate import BEFORE_FIX_NIC_RATIO, FITTED, MEMORY_FITTED, _golden_section
+from benchmarks.calibrate import BEFORE_FIX_NIC_RATIO, FITTED, MEMORY_FITTED, golden_section
 from benchmarks.sources import sources
 from benchmarks.validation_runs import bloom_runs, shipped_before_fix_nic_ratio
 from planner.profile.calibration import default_calibration
@@ -39,7 +39,7 @@ RECORDED = {
     "Megatron-Bridge 25.11 (H100, FP8)": (3, 0.103, None, 3),  # 16-bit gradient buffers of its perf recipes
     "Narayanan 2021 Table 2 (DeepSpeed ZeRO-3, A100)": (6, 0.127, None, 6),  # per-tensor ZeRO-3 (DeepSpeed 2021)
     "llm-foundry MPT (PyTorch FSDP, A100)": (139, 0.051, None, 139),  # Composer's BACKWARD_POST (tenth session)
-    "NeMo / Megatron-Bridge long context CP (H100/B200/GB300, FP8)": (31, 0.093, None, 31),
+    "NeMo / Megatron-Bridge long context CP (H100/B200/GB300, FP8)": (31, 0.070, None, 31),  # GB300 matmul efficiency
     "torchtitan 2024-12 (FSDP2/TP, H100)": (18, 0.085, 0.080, 18),  # eager rows 1, 8; 9dec370 PP split; eager loss
     "torchtitan docs 2024 (FSDP2, A100/H100)": (9, 0.088, None, 9),  # its 405B Float8 rows gather in FP8
     # per-op SAC memory; FA2 on H100; eager loss on H100 (torchtitan 0.0.2), compiled on MI300X / B200 (Aug 2025);
@@ -59,7 +59,8 @@ RECORDED = {
     # HybridEP for every rack-scale Qwen3 row (all their presets name it)
     # memory: its 2 rows publish max_memory_allocated, compared without CUDA context and NCCL (0.074 -> 0.092)
     "Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (42, 0.132, 0.092, 41),
-    "Megatron-Bridge MoE with EP (B300/GB200/GB300, force-balanced)": (95, 0.145, None, 95),
+    # 15.0 % once GB300's matmul efficiency is fitted on the long-context file's GB300 rows (its MoE rows too fast)
+    "Megatron-Bridge MoE with EP (B300/GB200/GB300, force-balanced)": (95, 0.150, None, 95),
 }
 # source: documented OOM runs predicted not to fit (2026-12-02: the Nemotron-3-Nano sweep's MBS-012 and MBS-013;
 # MBS-014 and MBS-015 are predicted to fit under a balanced router, README "Accuracy")
@@ -135,9 +136,9 @@ def test_before_fix_ratio_scales_only_the_pre_fix_rows_inter_node_bandwidth():
     assert sum(ratio == 0.5 for ratio in pre_fix) == 32  # source_lines 607–761, logged before the fix
 
 
-def test_golden_section_finds_a_minimum_and_keeps_a_better_start():
-    assert _golden_section(lambda x: (x - 0.3) ** 2, 0.0, 1.0, 0.9) == pytest.approx(0.3, abs=0.01)
-    assert _golden_section(lambda x: abs(x - 0.5), 0.0, 1.0, 0.5) == 0.5
+def testgolden_section_finds_a_minimum_and_keeps_a_better_start():
+    assert golden_section(lambda x: (x - 0.3) ** 2, 0.0, 1.0, 0.9) == pytest.approx(0.3, abs=0.01)
+    assert golden_section(lambda x: abs(x - 0.5), 0.0, 1.0, 0.5) == 0.5
 
 
 def test_misaligned_gemm_leading_dimension_is_penalised():

@@ -1,0 +1,163 @@
+"""Held-out check: Megatron-Bridge's published dense Llama pre-training runs, never fitted.
+
+Megatron-Bridge's docs/performance-summary.md and docs/performance-summary-archive.md (NVIDIA-NeMo/Megatron-Bridge)
+list, per NeMo container release, the throughput of its performance recipes on DGX-H100, B200, B300, GB200 and
+GB300. Three of the 25.11 H100 rows are in ../shared/validation (megatron_bridge_2511_h100_dense.csv); the rest are
+not, so nothing is calibrated on them. This script reads copies of those pages and estimates every dense Llama-3
+pre-training row (8B, 70B, 405B) as its table states it — layout, micro-batch, global batch, sequence, FSDP,
+precision — with the settings shared by the validation file's rows for what a table does not state (distributed
+optimizer or Megatron-FSDP, sequence parallelism and TP communication overlap when tp > 1, interleaving when vp > 1,
+16-bit gradients, cuDNN attention, no recompute, current-scaling FP8 on Hopper's "FP8" and MXFP8 where named).
+Per-release recipe details the tables leave out (CUDA graphs, CPU offload, recompute of a few layers) are not read,
+so single rows can be off for reasons the table cannot show; the per-system means are the signal.
+
+    PYTHONPATH=. python -m benchmarks.bridge_dense SUMMARY.md [ARCHIVE.md ...] [--runs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.bridge_systems import bridge_cluster, bridge_gpu, bridge_precision
+from benchmarks.validation_runs import BRIDGE_PERF_GRAD_BYTES, Run, predict
+from planner.config import ParallelConfig, Schedule, Training
+from planner.errors import PlannerError
+from planner.model import load_model
+from planner.profile.calibration import default_calibration
+
+__all__ = ["dense_rows", "dense_runs"]
+
+_MODELS = {"LLAMA3_8B": "llama3-8b", "LLAMA3_70B": "llama3-70b", "LLAMA3.1_405B": "llama3-405b"}
+_HEADING = re.compile(r"#### (System|Model): (.+)")
+
+
+@dataclass(frozen=True)
+class DenseRow:
+    """One dense pre-training row as a table states it (the first value where a cell gives an alternative)."""
+
+    release: str
+    system: str
+    model: str
+    precision: str
+    gpus: int
+    global_batch: int
+    micro_batch: int
+    seq_len: int
+    fsdp: bool
+    tp: int
+    pp: int
+    cp: int
+    vp: int
+    tokens_per_s_per_gpu: float
+
+
+def _first(cell: str) -> str:
+    """'31508 (29789)' → '31508': the tables put an alternative run in parentheses."""
+    return cell.split("(")[0].strip()
+
+
+def dense_rows(text: str) -> Iterator[DenseRow]:
+    """The dense Llama pre-training rows of one or more performance-summary pages, tables of either layout (a
+    System column under "#### Model:" headings, or a Model column under "#### System:" headings); rows without a
+    Precision column (the 25.09 tables) are left out."""
+    release = system = model = ""
+    header: list[str] = []
+    pretraining = True
+    for line in text.splitlines():
+        if line.startswith("## ") and "Container" in line:
+            release, pretraining = line.split()[1], True
+        elif line.startswith("### "):
+            pretraining = "Pre-Training" in line
+        heading = _HEADING.match(line)
+        if heading:
+            kind, name = heading.group(1), heading.group(2).strip()
+            system, model = (name, model) if kind == "System" else (system, name)
+            continue
+        if not line.startswith("|") or line.startswith("|--"):
+            continue
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if cells[0] in ("System", "Model"):
+            header = cells
+            continue
+        row = dict(zip(header, cells, strict=False))
+        name = row.get("Model", model)
+        if not pretraining or name not in _MODELS or "Precision" not in row:
+            continue
+        vp = _first(row["VP"])
+        yield DenseRow(release, row.get("System", system), name, _first(row["Precision"]), int(_first(row["#-GPUs"])),
+                       int(_first(row["GBS"])), int(_first(row["MBS"])), int(_first(row["Sequence Length"])),
+                       int(_first(row.get("FSDP", "0")) or 0) > 0, int(_first(row["TP"])), int(_first(row["PP"])),
+                       int(_first(row["CP"])), int(vp) if vp.isdigit() else 1,
+                       float(_first(row["Tokens / sec / GPU"])))
+
+
+def dense_runs(text: str) -> tuple[list[Run], list[str]]:
+    """Planner inputs for the rows planner runs (precision and GPU known), once each, and why others are not."""
+    runs: list[Run] = []
+    skipped: list[str] = []
+    seen: set[DenseRow] = set()
+    for row in dense_rows(text):
+        key = DenseRow(**{**vars(row), "release": ""})  # a row the archive repeats under a later release
+        gpu = bridge_gpu(row.system.removeprefix("DGX-"))
+        if row.precision not in ("BF16", "FP8", "FP8-CS", "MXFP8", "FP8-MX") or gpu is None or key in seen:
+            skipped.append(f"{row.release} {row.system} {row.model} {row.precision}")
+            continue
+        seen.add(key)
+        dp = row.gpus // (row.tp * row.pp * row.cp)
+        config = ParallelConfig(dp=dp, tp=row.tp, pp=row.pp, cp=row.cp, vpp=row.vp, micro_batch=row.micro_batch,
+                                sequence_parallel=row.tp > 1, tp_comm_overlap=row.tp > 1,
+                                zero_stage=3 if row.fsdp else 0, distributed_optimizer=not row.fsdp,
+                                overlap_param_gather=True,
+                                schedule=Schedule.INTERLEAVED if row.vp > 1 else Schedule.ONE_F_ONE_B)
+        training = Training(global_batch=row.global_batch, seq_len=row.seq_len, attention="flash",
+                            grad_bytes=BRIDGE_PERF_GRAD_BYTES, **bridge_precision(row.precision))
+        iteration = training.tokens_per_iteration / (row.tokens_per_s_per_gpu * row.gpus)
+        label = f"{row.release:8s} {row.system:10s} {row.model:13s} {row.precision:6s} {config.describe()}"
+        try:
+            runs.append(Run("Megatron-Bridge performance summary (held out)", label, load_model(_MODELS[row.model]),
+                            bridge_cluster(row.gpus, gpu), training, config, iteration, None, row.release))
+        except PlannerError as exc:
+            skipped.append(f"{label}: {exc}")
+    return runs, skipped
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("pages", type=Path, nargs="+", help="performance-summary.md and its archive")
+    parser.add_argument("--runs", action="store_true", help="print every run's error, not only the summary")
+    args = parser.parse_args(argv)
+    texts = []
+    for page in args.pages:
+        try:
+            texts.append(page.read_text())
+        except OSError as exc:
+            parser.error(f"cannot read {page}: {exc.strerror}")
+    runs, skipped = dense_runs("\n".join(texts))
+    if not runs:
+        parser.error("the pages hold no dense Llama pre-training rows planner runs")
+    calibration = default_calibration()
+    errors: dict[str, list[float]] = {}
+    for run in runs:
+        try:
+            error = predict(run, calibration).iteration_time_s / run.iteration_s - 1
+        except PlannerError as exc:
+            skipped.append(f"{run.label}: {exc}")
+            continue
+        errors.setdefault(run.label.split()[1], []).append(error)
+        if args.runs:
+            print(f"{run.label}  {100 * error:+6.1f} %")
+    everything = [error for system in errors.values() for error in system]
+    for system, values in sorted(errors.items()):
+        print(f"{system:10s} {len(values):3d} runs  time MAPE {100 * statistics.mean(map(abs, values)):5.1f} %  "
+              f"mean {100 * statistics.mean(values):+5.1f} %")
+    print(f"{'all':10s} {len(everything):3d} runs  time MAPE {100 * statistics.mean(map(abs, everything)):5.1f} %  "
+          f"({len(skipped)} rows not estimated)")
+
+
+if __name__ == "__main__":
+    main()
