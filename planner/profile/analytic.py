@@ -122,6 +122,7 @@ _GROUPED_LINEARS = 2
 _GROUPED_GEMM_STREAMS = 4
 # Kernels of the dispatched tokens' path besides the experts' GEMMs and permutations: the activation
 _ROUTED_ELEMENTWISE_KERNELS = 1
+_ROUTER_KERNELS = 2  # the router's top-k and softmax, besides its GEMM
 # Passes over the routed copies of the tokens that reorder them, per forward. Every dispatcher permutes the tokens by
 # expert and un-permutes the experts' outputs (2). Megatron-Core's alltoall dispatcher (MoEAlltoAllTokenDispatcher,
 # core_v0.15.0 through HEAD) receives each source rank's tokens grouped by that rank, so with more than one local
@@ -492,7 +493,12 @@ class AnalyticProfile:
     def _composed_block(self, block: BlockSpec, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
         """A block of one sub-layer, or with a Mamba-2 mixer: its linears (attention's and the MLP's by
         `_attention_linears` and `_mlp_linears` at the block's shapes, Mamba's by `_mamba`), its attention
-        core, and per sub-layer a norm, a residual add (and dropout) at HBM bandwidth, one launch each."""
+        core, and per sub-layer a norm, a residual add (and dropout) at HBM bandwidth, one launch each. An MoE MLP
+        is Megatron-Core's MoELayer, the same module a GPT block runs (a hybrid stack's E layer): its router's
+        top-k and softmax, its dispatched-token path's bytes and kernels (`_routed_bytes_per_token`,
+        `_routed_kernels`) and, in a block of the MoE layer alone, the dispatcher's host sync that splits its
+        forward into two host-bound passes (`_synced_forward`) and a host-bound backward, as `_block_of` costs
+        them. (A Mamba mixer's scan kernels are not counted, so its blocks' passes are their GPU time.)"""
         view = AnalyticProfile(_block_view(self.model, block), self.calibration)
         linears = [0.0, 0.0, 0.0, 0.0]
         core_forward = core_backward = scan_forward = scan_backward = router = rope_width = gated = 0.0
@@ -520,10 +526,15 @@ class AnalyticProfile:
             linears[2], linears[3], router = view._mlp_linears(setting, gpu, block.mlp.is_moe)
             mlp = block.mlp
             routed = mlp.moe_top_k * setting.expert_load * mlp.ffn_hidden_size
-            ffn = routed + (mlp.shared_expert_ffn_hidden_size or 0) if mlp.is_moe else mlp.ffn_hidden_size
-            per_token += (6 if mlp.gated else 4) * ffn / t
+            shared = (mlp.shared_expert_ffn_hidden_size or 0) if mlp.is_moe else 0
+            ffn = routed + shared if mlp.is_moe else mlp.ffn_hidden_size
+            if mlp.is_moe:  # the dispatched-token path as in a GPT block's MoE layer (`_block_of`)
+                per_token += view._routed_bytes_per_token(setting) + view._activation_bytes_per_channel() * shared / t
+                kernels += _ROUTER_KERNELS + view._routed_kernels(setting)[0] + (1 if shared else 0)
+            else:
+                per_token += (6 if mlp.gated else 4) * ffn / t
+                kernels += 1
             gated = ffn / t if mlp.gated else 0.0
-            kernels += 1
             copies = mlp.moe_top_k * setting.expert_load if mlp.is_moe else 1
             widths += _mlp_cast_widths(h, mlp.ffn_hidden_size, mlp.gated, copies, t)
         per_token += 4 * rope_width + _eager_extra_bytes(setting, block.sublayers, width, rope_width, gated)
@@ -539,9 +550,13 @@ class AnalyticProfile:
         modules = view._module_forward_s(setting, gpu, block.mlp is not None and block.mlp.is_moe,
                                          block.mlp is not None)
         backward_elementwise = view._elementwise_backward(setting, gpu, elementwise, moe=False)
-        return UnitTimes(gemms + core_forward + scan_forward + elementwise + cast_forward,
-                         gemms + wgrad + core_backward + scan_backward + backward_elementwise + cast_backward,
-                         core_forward, tuple(linears), core_backward, wgrad, modules)
+        forward = gemms + core_forward + scan_forward + elementwise + cast_forward
+        backward = gemms + wgrad + core_backward + scan_backward + backward_elementwise + cast_backward
+        if block.mlp is not None and block.mlp.is_moe and block.attention is None and block.mamba is None:
+            launched = kernels + view._moe_gemm_kernels(setting)
+            forward = view._synced_forward(setting, gpu, forward, launched)
+            backward = view._host_bound(setting, backward, _BACKWARD_KERNELS_PER_FORWARD * launched)
+        return UnitTimes(forward, backward, core_forward, tuple(linears), core_backward, wgrad, modules)
 
     def _mamba(self, block: BlockSpec, setting: UnitSetting, gpu: GPUSpec) -> tuple[float, float, float, float]:
         """(in_proj, out_proj, scan forward, scan backward) of a Mamba-2 mixer on one TP rank. As Megatron-Core's
@@ -707,8 +722,8 @@ class AnalyticProfile:
         elementwise += 2 * _UNFUSED_ROPE_FORWARD[1] if self._unfused_rope(setting) else 0  # q and k
         gemms = len(m.attention_linears())
         if moe:
-            gemms += 1 + (m.mlp_matrices if m.shared_expert_ffn_hidden_size else 0) + self._routed_kernels(setting)[1]
-            elementwise += 2 + self._routed_kernels(setting)[0] - 1  # the activation is one of the block's five
+            gemms += self._moe_gemm_kernels(setting)
+            elementwise += _ROUTER_KERNELS + self._routed_kernels(setting)[0] - 1  # the activation: one of the five
         else:
             gemms += m.mlp_matrices
         core = 1
@@ -717,6 +732,12 @@ class AnalyticProfile:
             elementwise += _UNFUSED_ATTENTION_KERNELS - 2 + (1 if m.dropout else 0)
         collectives = (4 if setting.sequence_parallel else 2) if setting.tp > 1 else 0
         return elementwise, elementwise + gemms + core + collectives
+
+    def _moe_gemm_kernels(self, setting: UnitSetting) -> float:
+        """GEMM kernels of an MoE layer's forward on one rank: the router's, the shared experts' and the routed
+        experts' (`_routed_kernels`)."""
+        m = self.model
+        return 1 + (m.mlp_matrices if m.shared_expert_ffn_hidden_size else 0) + self._routed_kernels(setting)[1]
 
     def _routed_kernels(self, setting: UnitSetting) -> tuple[float, float]:
         """(memory-bound kernels, other kernels) of an MoE block's dispatched-token path in the forward on one rank:
