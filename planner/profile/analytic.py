@@ -168,8 +168,9 @@ _EXPERT_BIAS_ACCESSES = 6
 _CLAMP_FORWARD_BYTES = 16  # per routed intermediate channel
 _CLAMP_BACKWARD_BYTES = 20
 _CLAMP_KERNELS = 3  # forward, and backward
-# RoPE under YaRN scaling outside MLA (GPT-OSS: Megatron-Core's position_embedding_type "yarn"): Megatron-LM
-# (megatron/training/arguments.py, core_v0.15.0) and Megatron-Bridge (src/megatron/bridge/utils/fusions.py
+# RoPE under YaRN scaling outside MLA (GPT-OSS; Megatron-Bridge maps any HF rope_scaling of type yarn to
+# position_embedding_type "yarn" but for MLA, src/megatron/bridge/models/conversion/model_bridge.py at v0.4.0):
+# Megatron-LM (megatron/training/arguments.py, core_v0.15.0) and Megatron-Bridge (src/megatron/bridge/utils/fusions.py
 # validate_rope_fusion_compatibility, v0.2.0 through HEAD) turn apply_rope_fusion off for any position embedding but
 # "rope", so Megatron-Core rotates q and k in eager PyTorch (rope_utils._apply_rotary_pos_emb_bshd, the same from
 # core_v0.15.0 through core_v0.19.0; MLA's YaRN is its rope_type under position_embedding_type "rope" and stays
