@@ -217,7 +217,9 @@ class MlpSpec:
     ``shared_expert_ffn_hidden_size`` (all shared experts together, Megatron-LM's
     ``--moe-shared-expert-intermediate-size``). ``activation``: swiglu / geglu (gated, three matrices) or
     gelu / relu2 (squared ReLU, Nemotron-H; two matrices). ``bias`` adds biases to the dense or shared MLP
-    (GPT-2/3, vision towers); ``moe_bias`` to every expert linear and the router (GPT-OSS)."""
+    (GPT-2/3, vision towers); ``moe_bias`` to every expert linear and the router (GPT-OSS).
+    ``activation_clamp``: the gated activation clamps its gate input to at most, and its linear input to within ±,
+    this value (GPT-OSS: 7.0, HF ``swiglu_limit``, Megatron-Core ``activation_func_clamp_value``); None: no clamp."""
 
     ffn_hidden_size: int
     activation: str = "swiglu"
@@ -228,6 +230,7 @@ class MlpSpec:
     moe_bias: bool = False
     router_groups: int | None = None  # group-limited routing, see ModelSpec.moe_router_groups
     router_group_topk: int | None = None
+    activation_clamp: float | None = None
 
     def __post_init__(self) -> None:
         _check_fields(self, "mlp")
@@ -534,6 +537,7 @@ class ModelSpec:
     # groups and a token picks its experts inside at most `moe_router_group_topk` of them
     moe_router_groups: int | None = None
     moe_router_group_topk: int | None = None
+    activation_clamp: float | None = None  # see MlpSpec.activation_clamp
     qk_norm: bool = False  # RMSNorm over each query and key head (Qwen3)
     q_lora_rank: int | None = None
     kv_lora_rank: int | None = None
@@ -604,10 +608,11 @@ class ModelSpec:
     def mlp_spec(self, moe: bool) -> MlpSpec:
         """The dense MLP, or (`moe`) the MoE layer, that the scalar fields describe."""
         if not moe:
-            return MlpSpec(self.ffn_hidden_size, self.activation, self.linear_bias)
+            return MlpSpec(self.ffn_hidden_size, self.activation, self.linear_bias,
+                           activation_clamp=self.activation_clamp)
         return MlpSpec(self.expert_ffn_hidden_size, self.activation, self.linear_bias, self.num_experts,
                        self.moe_top_k, self.shared_expert_ffn_hidden_size, self.moe_bias, self.moe_router_groups,
-                       self.moe_router_group_topk)
+                       self.moe_router_group_topk, self.activation_clamp)
 
     def block_spec(self, moe: bool) -> BlockSpec:
         """A block of the scalar fields' attention and dense (or MoE) MLP."""
@@ -1118,8 +1123,15 @@ def _hf_moe(config: dict[str, Any], path: Path) -> dict[str, Any]:
         "shared_expert_ffn_hidden_size": shared,
         "first_dense_layers": config.get("first_k_dense_replace") or None,
         "moe_bias": config.get("model_type") == "gpt_oss",
+        "activation_clamp": _hf_activation_clamp(config),
         **_hf_router_groups(config, path),
     }
+
+
+def _hf_activation_clamp(config: dict[str, Any]) -> float | None:
+    """GPT-OSS's clamp of its gated activation's inputs (HF GptOssConfig `swiglu_limit`, checked as ModelSpec checks
+    its fields); None for other models."""
+    return config.get("swiglu_limit") if config.get("model_type") == "gpt_oss" else None
 
 
 def _hf_router_groups(config: dict[str, Any], path: Path) -> dict[str, Any]:

@@ -45,7 +45,7 @@ RECORDED = {
     # per-op SAC memory; FA2 on H100; eager loss on H100 (torchtitan 0.0.2), compiled on MI300X / B200 (Aug 2025);
     # B200's cuDNN attention outside 6fc499f's SAC save list, recomputed
     "torchao float8/MXFP8 (FSDP2, H100/MI300X/B200)": (12, 0.421, 0.047, 12),  # torchao keeps BF16 inputs
-    # issue 11 item 6 (2026-12-02; still above the 12 % target, see README "Accuracy"): rack-scale jobs in NVL72
+    # issue 11 item 6 (2026-12-02; both under 12 % since the tenth session, README "Accuracy"): rack-scale jobs in NVL72
     # racks as Megatron-Bridge launches them, BF16 gradient buffers, the recipes' EP overlap and DeepSeek-V3's flex
     # dispatcher, FP8 saved inputs in one byte; each row's recompute modules; GPT-OSS's eager expert-bias adds; the
     # recompute, EP overlap and dispatcher of the preset that ran each row's layout in its release (PRESETS)
@@ -56,11 +56,14 @@ RECORDED = {
     # 14.6 / 16.9 % with the alltoall dispatcher's chunk sorts; 14.2 / 17.0 % with the rack-scale Qwen3 presets'
     # HybridEP; 13.6 / 17.2 % with the SMs HybridEP takes from overlapped compute; 13.6 / 16.0 % with full-iteration
     # CUDA graphs; 13.6 / 15.3 % over 95 rack-scale rows without the two footnoted as a cuDNN regression; 15.2 % with
-    # HybridEP for every rack-scale Qwen3 row (all their presets name it)
+    # HybridEP for every rack-scale Qwen3 row (all their presets name it); 13.2 / 14.5 -> 11.3 / 13.2 % with GPT-OSS's
+    # eager activation clamp (and the host sync its offset tensor makes) and its unfused YaRN RoPE (only its rows move);
+    # 10.8 / 11.5 % with Nemotron-3-Nano's MoE layers (composed blocks) costed as MoELayer: router kernels, permutes,
+    # dispatcher sync, host launches (only its rows move)
     # memory: its 2 rows publish max_memory_allocated, compared without CUDA context and NCCL (0.074 -> 0.092)
-    "Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (42, 0.132, 0.092, 41),
-    # 15.0 % once GB300's matmul efficiency is fitted on the long-context file's GB300 rows (its MoE rows too fast)
-    "Megatron-Bridge MoE with EP (B300/GB200/GB300, force-balanced)": (95, 0.150, None, 95),
+    "Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (42, 0.108, 0.092, 41),
+    # 11.9 % once GB300's matmul efficiency is fitted on the long-context file's GB300 rows (tenth session)
+    "Megatron-Bridge MoE with EP (B300/GB200/GB300, force-balanced)": (95, 0.119, None, 95),
 }
 # source: documented OOM runs predicted not to fit (2026-12-02: the Nemotron-3-Nano sweep's MBS-012 and MBS-013;
 # MBS-014 and MBS-015 are predicted to fit under a balanced router, README "Accuracy")

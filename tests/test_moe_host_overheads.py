@@ -71,10 +71,11 @@ GPT_OSS = load_model("gpt-oss-120b")  # 128 experts, top-4, h 2880, biases on ev
 def test_expert_biases_add_a_multiply_and_an_add_per_local_expert_and_one_concatenation() -> None:
     """Megatron-Core's TEGroupedMLP adds linear_fc2's probability-weighted bias one local expert at a time: 128 experts
     over ep 8 are 16 local experts, 2 kernels each + the concatenation = 33 memory-bound kernels beside the permute,
-    un-permute and activation; a model without expert biases (Qwen3) launches none."""
+    un-permute, activation and the activation's 3 clamp kernels (tests/test_gpt_oss_eager_kernels.py); a model
+    without expert biases (Qwen3) launches none."""
     profile = AnalyticProfile(GPT_OSS, default_calibration())
-    assert profile._routed_kernels(_setting()) == (3 + 33, 32)
-    assert profile._routed_kernels(_setting(ep=64)) == (3 + 5, 4)
+    assert profile._routed_kernels(_setting()) == (3 + 3 + 33, 32)
+    assert profile._routed_kernels(_setting(ep=64)) == (3 + 3 + 5, 4)
     assert AnalyticProfile(QWEN, default_calibration())._expert_bias_bytes_per_token(_setting()) == 0.0
     assert AnalyticProfile(QWEN, default_calibration())._expert_bias_kernels(_setting()) == 0.0
 

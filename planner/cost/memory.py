@@ -363,7 +363,9 @@ def mlp_tensors(block: BlockSpec, training: Training, tokens: float, tp: int) ->
     internals (moe_layer.py checkpoints router, dispatch, experts and combine, keeping the layer's input): the
     routed copies the dispatcher hands the experts, both expert tensors, the shared experts'; `moe_act` only the
     routed experts' activation output (experts.py: CheckpointWithoutOutput around the activation, whose input, the
-    first matrix's output, stays); `shared_experts` the shared experts' two (shared_experts.py checkpoints them)."""
+    first matrix's output, stays) and, with a clamp (GPT-OSS), the clamped copy of that input the fused activation
+    keeps (fused_bias_geglu.py's weighted_bias_quick_geglu_impl saves the concatenated clamps, beside the first
+    matrix's output the clamps keep); `shared_experts` the shared experts' two (shared_experts.py checkpoints them)."""
     mlp = block.mlp
     if mlp is None:
         return ()
@@ -373,8 +375,9 @@ def mlp_tensors(block: BlockSpec, training: Training, tokens: float, tp: int) ->
         return (_tensor(tokens * mlp.ffn_hidden_size / tp * (first + saved), "mlp"),)
     routed = tokens * mlp.moe_top_k * mlp.ffn_hidden_size / tp
     shared = tokens * (mlp.shared_expert_ffn_hidden_size or 0) / tp
+    clamped = first * routed if mlp.activation_clamp is not None else 0.0
     return (_tensor(saved * tokens * mlp.moe_top_k * block.hidden_size / tp, "moe"),
-            _tensor(first * routed, "moe"), _tensor(saved * routed, "moe", "moe_act"),
+            _tensor(first * routed, "moe"), _tensor(saved * routed + clamped, "moe", "moe_act"),
             _tensor((first + saved) * shared, "moe", "shared_experts"))
 
 

@@ -122,6 +122,7 @@ _GROUPED_LINEARS = 2
 _GROUPED_GEMM_STREAMS = 4
 # Kernels of the dispatched tokens' path besides the experts' GEMMs and permutations: the activation
 _ROUTED_ELEMENTWISE_KERNELS = 1
+_ROUTER_KERNELS = 2  # the router's top-k and softmax, besides its GEMM
 # Passes over the routed copies of the tokens that reorder them, per forward. Every dispatcher permutes the tokens by
 # expert and un-permutes the experts' outputs (2). Megatron-Core's alltoall dispatcher (MoEAlltoAllTokenDispatcher,
 # core_v0.15.0 through HEAD) receives each source rank's tokens grouped by that rank, so with more than one local
@@ -152,6 +153,35 @@ _EAGER_GATED_EXTRA = (4, 1)  # per gated-activation channel / per activation
 # and the concatenation copies the sums: 6 reads or writes of h 16-bit values.
 _EXPERT_BIAS_KERNELS_PER_EXPERT = 2
 _EXPERT_BIAS_ACCESSES = 6
+# A clamped gated activation (GPT-OSS: MlpSpec.activation_clamp) in TEGroupedMLP: Megatron-Core's fused
+# weighted_bias_quick_geglu_impl (megatron/core/fusions/fused_bias_geglu.py, the same from its first version, 2e29a5e1e3
+# of 2025-09, through core_v0.19.0 and d98e8a64dd of 2026-08) clamps outside its fused kernel, in eager PyTorch: per
+# routed copy of a token and intermediate channel, the gate half's clamp and the linear half's (read 2 B, write 2 B
+# each), then torch.cat joins them for the fused kernel (read 2 × 2 B, write 2 × 2 B): 16 B in 3 kernels. Autograd's
+# backward: each clamp's masked gradient (read the gradient and the input, write: 6 B each) and the chunk's gradient,
+# a concatenation (8 B): 20 B in 3 kernels. The function then makes its linear offset with torch.tensor(...,
+# device=input.device), a blocking host-to-device copy (PyTorch's copy_kernel_cuda: memcpy_and_sync, which calls
+# cudaStreamSynchronize): the host waits for the experts' first GEMMs before it launches the rest of the routed path.
+# (Megatron-Core 0.18's Transformer Engine op fuser, use_transformer_engine_op_fuser, fuses the clamp instead;
+# Megatron-Bridge sets it for GPT-OSS-120B only in HEAD's MXFP8 full-iteration recipes, which planner does not
+# tell apart.)
+_CLAMP_FORWARD_BYTES = 16  # per routed intermediate channel
+_CLAMP_BACKWARD_BYTES = 20
+_CLAMP_KERNELS = 3  # forward, and backward
+# RoPE under YaRN scaling outside MLA (GPT-OSS; Megatron-Bridge maps any HF rope_scaling of type yarn to
+# position_embedding_type "yarn" but for MLA, src/megatron/bridge/models/conversion/model_bridge.py at v0.4.0):
+# Megatron-LM (megatron/training/arguments.py, core_v0.15.0) and Megatron-Bridge (src/megatron/bridge/utils/fusions.py
+# validate_rope_fusion_compatibility, v0.2.0 through HEAD) turn apply_rope_fusion off for any position embedding but
+# "rope", so Megatron-Core rotates q and k in eager PyTorch (rope_utils._apply_rotary_pos_emb_bshd, the same from
+# core_v0.15.0 through core_v0.19.0; MLA's YaRN is its rope_type under position_embedding_type "rope" and stays
+# fused). Per element of a rotated tensor, beyond the fused kernel's read and write (4 B, 1 kernel): t·cos (4 B),
+# the rotated half's negation (2 B) and concatenation (4 B), ·sin (4 B), the sum (6 B) and the final concatenation
+# with the empty unrotated part (4 B), plus cos, sin, their mscale and dtype casts over the s × d frequency table
+# (6 kernels, bytes negligible): 20 B and 11 kernels more. Autograd's backward: the gradient times sin (4 B), the
+# negation (2 B), the chunk's concatenation (4 B), times cos (4 B) and the two branches' sum (6 B): 20 B in 5
+# kernels against the fused backward's 4 B in 1, so 16 B and 4 kernels more.
+_UNFUSED_ROPE_FORWARD = (20, 11)  # (bytes per rotated element, kernels per rotated tensor) beyond the fused kernel
+_UNFUSED_ROPE_BACKWARD = (16, 4)
 
 
 @dataclass(frozen=True)
@@ -464,7 +494,12 @@ class AnalyticProfile:
     def _composed_block(self, block: BlockSpec, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
         """A block of one sub-layer, or with a Mamba-2 mixer: its linears (attention's and the MLP's by
         `_attention_linears` and `_mlp_linears` at the block's shapes, Mamba's by `_mamba`), its attention
-        core, and per sub-layer a norm, a residual add (and dropout) at HBM bandwidth, one launch each."""
+        core, and per sub-layer a norm, a residual add (and dropout) at HBM bandwidth, one launch each. An MoE MLP
+        is Megatron-Core's MoELayer, the same module a GPT block runs (a hybrid stack's E layer): its router's
+        top-k and softmax, its dispatched-token path's bytes and kernels (`_routed_bytes_per_token`,
+        `_routed_kernels`) and, in a block of the MoE layer alone, the dispatcher's host sync that splits its
+        forward into two host-bound passes (`_synced_forward`) and a host-bound backward, as `_block_of` costs
+        them. (A Mamba mixer's scan kernels are not counted, so its blocks' passes are their GPU time.)"""
         view = AnalyticProfile(_block_view(self.model, block), self.calibration)
         linears = [0.0, 0.0, 0.0, 0.0]
         core_forward = core_backward = scan_forward = scan_backward = router = rope_width = gated = 0.0
@@ -492,14 +527,22 @@ class AnalyticProfile:
             linears[2], linears[3], router = view._mlp_linears(setting, gpu, block.mlp.is_moe)
             mlp = block.mlp
             routed = mlp.moe_top_k * setting.expert_load * mlp.ffn_hidden_size
-            ffn = routed + (mlp.shared_expert_ffn_hidden_size or 0) if mlp.is_moe else mlp.ffn_hidden_size
-            per_token += (6 if mlp.gated else 4) * ffn / t
+            shared = (mlp.shared_expert_ffn_hidden_size or 0) if mlp.is_moe else 0
+            ffn = routed + shared if mlp.is_moe else mlp.ffn_hidden_size
+            if mlp.is_moe:  # the dispatched-token path as in a GPT block's MoE layer (`_block_of`)
+                per_token += view._routed_bytes_per_token(setting) + view._activation_bytes_per_channel() * shared / t
+                kernels += _ROUTER_KERNELS + view._routed_kernels(setting)[0] + (1 if shared else 0)
+            else:
+                per_token += (6 if mlp.gated else 4) * ffn / t
+                kernels += 1
             gated = ffn / t if mlp.gated else 0.0
-            kernels += 1
             copies = mlp.moe_top_k * setting.expert_load if mlp.is_moe else 1
             widths += _mlp_cast_widths(h, mlp.ffn_hidden_size, mlp.gated, copies, t)
         per_token += 4 * rope_width + _eager_extra_bytes(setting, block.sublayers, width, rope_width, gated)
         kernels += _eager_extra_kernels(setting, block.sublayers, rope_width > 0, gated > 0)
+        if view._unfused_rope(setting):
+            per_token += _UNFUSED_ROPE_FORWARD[0] * rope_width
+            kernels += 2 * _UNFUSED_ROPE_FORWARD[1]  # q and k
         gemms = sum(linears) + router
         elementwise = self.memory_time(gpu, setting.tokens * per_token) + kernels * self.calibration.kernel_launch_s
         cast_forward, cast_backward = self._fp8_cast_times(setting, gpu, tuple(widths), unfused_inputs)
@@ -507,9 +550,14 @@ class AnalyticProfile:
             if self._bf16_wgrad(setting, gpu) else gemms
         modules = view._module_forward_s(setting, gpu, block.mlp is not None and block.mlp.is_moe,
                                          block.mlp is not None)
-        return UnitTimes(gemms + core_forward + scan_forward + elementwise + cast_forward,
-                         gemms + wgrad + core_backward + scan_backward + 2 * elementwise + cast_backward,
-                         core_forward, tuple(linears), core_backward, wgrad, modules)
+        backward_elementwise = view._elementwise_backward(setting, gpu, elementwise, moe=False)
+        forward = gemms + core_forward + scan_forward + elementwise + cast_forward
+        backward = gemms + wgrad + core_backward + scan_backward + backward_elementwise + cast_backward
+        if block.mlp is not None and block.mlp.is_moe and block.attention is None and block.mamba is None:
+            launched = kernels + view._moe_gemm_kernels(setting)
+            forward = view._synced_forward(setting, gpu, forward, launched)
+            backward = view._host_bound(setting, backward, _BACKWARD_KERNELS_PER_FORWARD * launched)
+        return UnitTimes(forward, backward, core_forward, tuple(linears), core_backward, wgrad, modules)
 
     def _mamba(self, block: BlockSpec, setting: UnitSetting, gpu: GPUSpec) -> tuple[float, float, float, float]:
         """(in_proj, out_proj, scan forward, scan backward) of a Mamba-2 mixer on one TP rank. As Megatron-Core's
@@ -577,10 +625,11 @@ class AnalyticProfile:
         ffn = (m.shared_expert_ffn_hidden_size or 0) if moe else m.ffn_hidden_size
         activation = self._activation_bytes_per_channel() * ffn / t
         routed = self._routed_bytes_per_token(setting) if moe else 0.0
-        rope_width = (m.query_width + m.kv_width) / t if m.position_embedding == "rope" else 0.0
+        rope_width = self._rope_width(setting)
         gated = ffn / t + (self._routed_channels(setting) if moe else 0.0) if m.activation == "swiglu" else 0.0
         eager = _eager_extra_bytes(setting, 2, width, rope_width, gated)
-        return norms + residuals + dropouts + activation + routed + 4 * rope_width + eager
+        unfused_rope = _UNFUSED_ROPE_FORWARD[0] * rope_width if self._unfused_rope(setting) else 0.0
+        return norms + residuals + dropouts + activation + routed + 4 * rope_width + eager + unfused_rope
 
     def _activation_bytes_per_channel(self) -> int:
         """HBM bytes per intermediate channel of the MLP activation: SwiGLU reads two 2-byte inputs and writes
@@ -619,8 +668,43 @@ class AnalyticProfile:
         return m.moe_top_k * setting.expert_load * m.hidden_size / setting.tp
 
     def _routed_activation_bytes_per_token(self, setting: UnitSetting) -> float:
-        """The routed experts' activation over the routed copies of a token."""
-        return self._activation_bytes_per_channel() * self._routed_channels(setting)
+        """The routed experts' activation over the routed copies of a token, with its eager input clamp where the
+        model clamps (`_CLAMP_FORWARD_BYTES`)."""
+        clamp = _CLAMP_FORWARD_BYTES if self.model.activation_clamp is not None else 0
+        return (self._activation_bytes_per_channel() + clamp) * self._routed_channels(setting)
+
+    def _elementwise_backward(self, setting: UnitSetting, gpu: GPUSpec, forward_s: float, moe: bool) -> float:
+        """Backward time of a block's element-wise work of `forward_s` forward seconds (launches included): twice
+        the forward, but for the eager chains whose autograd backward is counted kernel by kernel, the routed
+        experts' activation clamp (`_CLAMP_FORWARD_BYTES`, if `moe`) and the unfused YaRN RoPE over q and k
+        (`_UNFUSED_ROPE_FORWARD`)."""
+        def chain(values_per_token: float, size: float, kernels: float) -> float:
+            return (self.memory_time(gpu, setting.tokens * values_per_token * size)
+                    + kernels * self.calibration.kernel_launch_s)
+
+        own_forward = own_backward = 0.0
+        if moe and self.model.activation_clamp is not None:
+            channels = self._routed_channels(setting)
+            own_forward += chain(channels, _CLAMP_FORWARD_BYTES, _CLAMP_KERNELS)
+            own_backward += chain(channels, _CLAMP_BACKWARD_BYTES, _CLAMP_KERNELS)
+        if self._unfused_rope(setting):
+            width = self._rope_width(setting)
+            own_forward += chain(width, _UNFUSED_ROPE_FORWARD[0], 2 * _UNFUSED_ROPE_FORWARD[1])  # q and k
+            own_backward += chain(width, _UNFUSED_ROPE_BACKWARD[0], 2 * _UNFUSED_ROPE_BACKWARD[1])
+        return 2 * (forward_s - own_forward) + own_backward
+
+    def _unfused_rope(self, setting: UnitSetting) -> bool:
+        """Whether Megatron-Core rotates q and k in eager PyTorch beyond the fused kernels planner assumes: YaRN
+        scaling outside MLA (`_UNFUSED_ROPE_FORWARD`); eager element-wise training counts its own RoPE
+        (`_EAGER_ROPE_EXTRA`)."""
+        m = self.model
+        return (setting.elementwise == "fused" and m.position_embedding == "rope" and m.rope_scaling == "yarn"
+                and not m.is_mla)
+
+    def _rope_width(self, setting: UnitSetting) -> float:
+        """Rotated q and k values per token on one TP rank (zero without RoPE)."""
+        m = self.model
+        return (m.query_width + m.kv_width) / setting.tp if m.position_embedding == "rope" else 0.0
 
     def _routed_channels(self, setting: UnitSetting) -> float:
         """Intermediate channels per token of the routed experts on one rank: top-k copies, times the busiest rank's
@@ -636,10 +720,11 @@ class AnalyticProfile:
         m = self.model
         elementwise = _BLOCK_ELEMENTWISE_KERNELS + (2 if m.position_embedding == "rope" else 0)
         elementwise += _eager_extra_kernels(setting, 2, m.position_embedding == "rope", m.activation == "swiglu")
+        elementwise += 2 * _UNFUSED_ROPE_FORWARD[1] if self._unfused_rope(setting) else 0  # q and k
         gemms = len(m.attention_linears())
         if moe:
-            gemms += 1 + (m.mlp_matrices if m.shared_expert_ffn_hidden_size else 0) + self._routed_kernels(setting)[1]
-            elementwise += 2 + self._routed_kernels(setting)[0] - 1  # the activation is one of the block's five
+            gemms += self._moe_gemm_kernels(setting)
+            elementwise += _ROUTER_KERNELS + self._routed_kernels(setting)[0] - 1  # the activation: one of the five
         else:
             gemms += m.mlp_matrices
         core = 1
@@ -649,6 +734,12 @@ class AnalyticProfile:
         collectives = (4 if setting.sequence_parallel else 2) if setting.tp > 1 else 0
         return elementwise, elementwise + gemms + core + collectives
 
+    def _moe_gemm_kernels(self, setting: UnitSetting) -> float:
+        """GEMM kernels of an MoE layer's forward on one rank: the router's, the shared experts' and the routed
+        experts' (`_routed_kernels`)."""
+        m = self.model
+        return 1 + (m.mlp_matrices if m.shared_expert_ffn_hidden_size else 0) + self._routed_kernels(setting)[1]
+
     def _routed_kernels(self, setting: UnitSetting) -> tuple[float, float]:
         """(memory-bound kernels, other kernels) of an MoE block's dispatched-token path in the forward on one rank:
         its permutations (`_permutations`, one kernel each) and activation (with expert biases, the per-expert bias
@@ -656,7 +747,9 @@ class AnalyticProfile:
         two grouped linears and, with FP8, one quantisation of its input split (`_GROUPED_LINEARS`)."""
         local = self.model.num_experts / setting.ep
         per_expert = 2 if setting.dtype == "fp8" else 1
-        memory = _ROUTED_ELEMENTWISE_KERNELS + self._permutations(setting) + self._expert_bias_kernels(setting)
+        clamp = _CLAMP_KERNELS if self.model.activation_clamp is not None else 0
+        memory = (_ROUTED_ELEMENTWISE_KERNELS + clamp + self._permutations(setting)
+                  + self._expert_bias_kernels(setting))
         return memory, _GROUPED_LINEARS * local * per_expert
 
     def _expert_bias_kernels(self, setting: UnitSetting) -> float:
@@ -674,13 +767,24 @@ class AnalyticProfile:
         dispatcher's DeepEP / HybridEP dispatch returns the received counts to the host; only drop-and-pad
         mode, which planner does not model, avoids it; the backward reuses the counts). The sync drains the
         GPU queue the host had run ahead on, so the part before it (attention, router) and the dispatched-token
-        path after it (`_routed_kernels`) are each host-bound on their own."""
+        path after it (`_routed_kernels`) are each host-bound on their own. A clamped activation syncs once more
+        (`_CLAMP_FORWARD_BYTES`'s blocking copy), splitting the routed path after the experts' first GEMMs and the
+        permutations before them (half of `_permutations`)."""
         memory_kernels, routed_kernels = self._routed_kernels(setting)
         up, down = self._routed_expert_linears(setting, gpu)
+        launch = self.calibration.kernel_launch_s
         routed_bytes = setting.tokens * self._routed_bytes_per_token(setting)
-        routed = up + down + self.memory_time(gpu, routed_bytes) + memory_kernels * self.calibration.kernel_launch_s
+        routed = up + down + self.memory_time(gpu, routed_bytes) + memory_kernels * launch
         after = memory_kernels + routed_kernels
-        return self._host_bound(setting, gpu_s - routed, kernels - after) + self._host_bound(setting, routed, after)
+        before = self._host_bound(setting, gpu_s - routed, kernels - after)
+        if self.model.activation_clamp is None:
+            return before + self._host_bound(setting, routed, after)
+        permutes = self._permutations(setting) / 2
+        permute_s = self.memory_time(gpu, setting.tokens * self._permute_bytes_per_token(setting) / 2)
+        first = up + permute_s + permutes * launch
+        first_kernels = permutes + routed_kernels / _GROUPED_LINEARS  # the first grouped linear's launches
+        return (before + self._host_bound(setting, first, first_kernels)
+                + self._host_bound(setting, routed - first, after - first_kernels))
 
     def _host_bound(self, setting: UnitSetting, gpu_s: float, kernels: float) -> float:
         """A pass's time: its GPU time, or the host's time to launch its kernels when that is longer (eager
@@ -789,7 +893,8 @@ class AnalyticProfile:
                    else self._host_bound(setting, forward, kernels))
         wgrad = self._block_of(_bf16_twin(setting), gpu, moe).weight_grad_s if self._bf16_wgrad(setting, gpu) \
             else gemms
-        backward = self._host_bound(setting, gemms + wgrad + core_backward + 2 * elementwise + cast_backward,
+        backward_elementwise = self._elementwise_backward(setting, gpu, elementwise, moe)
+        backward = self._host_bound(setting, gemms + wgrad + core_backward + backward_elementwise + cast_backward,
                                     _BACKWARD_KERNELS_PER_FORWARD * kernels)
         # W: each linear layer's and the router's weight-gradient GEMM (as long as its forward GEMM at the
         # recipe's precision); the input-gradient GEMMs, the attention core's backward and the element-wise work
@@ -888,7 +993,7 @@ class AnalyticProfile:
 
 
 @cache
-def _view_of(name: str, vocab_size: int, block: BlockSpec) -> ModelSpec:
+def _view_of(name: str, vocab_size: int, block: BlockSpec, rope_scaling: str | None) -> ModelSpec:
     h = block.hidden_size
     attention = block.attention or AttentionSpec("full", 1, 1, h)
     mlp = block.mlp or MlpSpec(h)
@@ -897,9 +1002,10 @@ def _view_of(name: str, vocab_size: int, block: BlockSpec) -> ModelSpec:
         num_key_value_heads=attention.num_key_value_heads, head_dim=attention.head_dim,
         activation="swiglu" if mlp.gated else "gelu",
         normalization=block.normalization, position_embedding="rope" if block.attention and attention.rope else "alibi",
-        qkv_bias=attention.qkv_bias, num_experts=mlp.num_experts, moe_top_k=mlp.moe_top_k,
+        rope_scaling=rope_scaling, qkv_bias=attention.qkv_bias, num_experts=mlp.num_experts, moe_top_k=mlp.moe_top_k,
         moe_ffn_hidden_size=mlp.ffn_hidden_size if mlp.is_moe else None,
         shared_expert_ffn_hidden_size=mlp.shared_expert_ffn_hidden_size if mlp.is_moe else None, moe_bias=mlp.moe_bias,
+        activation_clamp=mlp.activation_clamp,
         qk_norm=attention.qk_norm, q_lora_rank=attention.q_lora_rank, kv_lora_rank=attention.kv_lora_rank,
         qk_rope_head_dim=attention.qk_rope_head_dim, v_head_dim=attention.v_head_dim, dropout=block.dropout)
 
@@ -924,10 +1030,10 @@ def _eager_extra_kernels(setting: UnitSetting, norms: int, rope: bool, gated: bo
 
 def _block_view(model: ModelSpec, block: BlockSpec) -> ModelSpec:
     """A one-block uniform model whose scalar fields are `block`'s width, attention (full causal: the core of
-    its kind is costed apart; RoPE or none) and MLP (any gated one costs as SwiGLU, any other as GeLU: same
-    shapes), so the mean-block rules cost the block's parts. Parts the block lacks get placeholder shapes
-    that the callers do not read."""
-    return _view_of(model.name, model.vocab_size, block)
+    its kind is costed apart; RoPE, with the model's scaling, or none) and MLP (any gated one costs as SwiGLU, any
+    other as GeLU: same shapes), so the mean-block rules cost the block's parts. Parts the block lacks get
+    placeholder shapes that the callers do not read."""
+    return _view_of(model.name, model.vocab_size, block, model.rope_scaling)
 
 
 def unit_setting(training: Training, tp: int, micro_batch: int, sequence_parallel: bool, cp: int = 1, ep: int = 1,
