@@ -13,6 +13,7 @@ O(GPUs), are computed once per (dp, tp, pp).
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import time
 from collections import Counter
@@ -651,16 +652,15 @@ def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tup
     """Least max over ranks of the DP traffic the schedule exposes, over all blocks-per-rank counts.
 
     A rank's exposure depends on its units' parameters (traffic) and compute (hiding), all fixed
-    by how many blocks it holds when the blocks are alike; so g_r(n) is tabulated per kind of rank, and
-    the least threshold E with Σ_r min{n: g_r(n) ≤ E} ≤ blocks ≤ Σ_r max{n: g_r(n) ≤ E} is a lower
-    bound (exact when each {n: g_r(n) ≤ E} is an interval, a relaxation otherwise). With mixed block types
-    it is exact for one stage (the whole model) and 0 for a pipeline (valid, weaker: which blocks a rank holds
-    is not known).
+    by how many blocks of each type it holds when the blocks of a type are alike; so g_r is tabulated per kind
+    of rank over those counts (`_dp_exposure_table`), and the least threshold E such that, for every block type
+    and for the blocks together, Σ_r min{n: g_r ≤ E} ≤ blocks ≤ Σ_r max{n: g_r ≤ E} is a lower bound (exact
+    when each {n: g_r(n) ≤ E} is an interval and the blocks are alike, a relaxation otherwise). With mixed block
+    types it is exact for one stage (the whole model); for a pipeline g_r is a bound valid for every order of
+    the rank's blocks: which blocks a rank holds, and in what order, is not known.
     """
-    layers, pp, v = ctx.model.num_layers, config.pp, config.vpp
-    if len(ctx.block_types) > 1:
-        if pp > 1:
-            return 0.0
+    pp, v = config.pp, config.vpp
+    if len(ctx.block_types) > 1 and pp == 1:
         units = [costs[0][key] for key in ctx.model.unit_cost_keys]
         return data_parallel_time(units, ctx.training, config, links.dp[0], ctx.calibration, m,
                                   links.replicate[0], ctx.parameter_states, links.edp[0]).exposed_s
@@ -679,17 +679,17 @@ def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tup
                                                     replicate_link, first, last)
         tables.append(ctx.dp_tables[key])
         weights.append(len(ranks))
-    thresholds = np.unique(np.concatenate(tables))
-    thresholds = thresholds[np.isfinite(thresholds)]
+    totals = np.array([*(count for _, count in ctx.block_types), ctx.model.num_layers])
+    thresholds = np.unique(np.concatenate([values for values, _ in tables]))
 
     def feasible(limit: float) -> bool:
         low = high = 0
-        for table, count in zip(tables, weights, strict=True):
-            allowed = np.flatnonzero(table <= limit)
+        for (values, counts), weight in zip(tables, weights, strict=True):
+            allowed = counts[values <= limit]
             if not len(allowed):
                 return False
-            low, high = low + count * int(allowed[0]), high + count * int(allowed[-1])
-        return low <= layers <= high
+            low, high = low + weight * allowed.min(axis=0), high + weight * allowed.max(axis=0)
+        return bool(np.all((low <= totals) & (totals <= high)))
 
     lo, hi = 0, len(thresholds) - 1
     if hi < 0 or not feasible(thresholds[hi]):
@@ -703,26 +703,56 @@ def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tup
     return float(thresholds[lo])
 
 
+MIXES_MAX = 1024
+"""Most mixes of the minor block types `_dp_exposure_table` tabulates (every catalogue model has at most 168);
+beyond, a pipeline rank's DP exposure is bounded by 0."""
+
+
 def _dp_exposure_table(ctx: _Context, config: ParallelConfig, m: int, cost: dict[CostKey, UnitCost],
-                       dp_links: tuple[Link, Link], replicate_link: Link, first: bool, last: bool) -> np.ndarray:
-    """Exposed DP traffic of a rank of this kind holding n (alike) blocks, for every n (inf where it cannot hold
-    n): one call over all block counts at once, the run of blocks' length being an array. `dp_links`: the dense
-    and the expert data-parallel groups' rings."""
+                       dp_links: tuple[Link, Link], replicate_link: Link, first: bool, last: bool
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """(Exposed DP traffic, the blocks of each type (`ctx.block_types`) and in all) of a rank of this kind, for every
+    number of blocks it can hold: one call over all counts at once, the run of (major type's) blocks' length being an
+    array. `dp_links`: the dense and the expert data-parallel groups' rings. With mixed block types (a pipeline):
+    every mix of them, the minor types' counts enumerated, each at the exposure bound valid for any order of its
+    blocks (`data_parallel_time_of_runs`'s `any_order`)."""
     layers = ctx.model.num_layers
     head, tail = ((cost[UnitKind.EMBEDDING], 1),) * first, ((cost[UnitKind.HEAD], 1),) * last
     dp_link, edp_link = dp_links
-
-    def exposed(*middle: tuple[UnitCost, Any]) -> float | np.ndarray:
-        return data_parallel_time_of_runs((*head, *middle, *tail), ctx.training, config, dp_link, ctx.calibration,
-                                          m, replicate_link, ctx.parameter_states, edp_link).exposed_s
-
-    table = np.full(layers + 1, np.inf)
+    mixed = len(ctx.block_types) > 1
     least = layers if config.pp == 1 else max(config.vpp - first - last, 0)
-    counts = np.arange(max(least, 1), layers + 1)  # run lengths ≥ 1
-    table[counts] = exposed((cost[ctx.block_types[0][0]], counts))
-    if least == 0:  # a rank with both ends may hold no block
-        table[0] = exposed()
-    return table
+
+    def exposed(*middle: tuple[UnitCost, Any], shape: tuple[int, ...] = ()) -> np.ndarray:
+        """The exposure of the rank holding `middle` between its end units, as an array of `shape` (without a DP
+        group it is a plain 0)."""
+        return np.broadcast_to(data_parallel_time_of_runs(
+            (*head, *middle, *tail), ctx.training, config, dp_link, ctx.calibration, m, replicate_link,
+            ctx.parameter_states, edp_link, mixed).exposed_s, shape)
+
+    if not mixed:
+        counts = np.arange(max(least, 1), layers + 1)  # run lengths ≥ 1
+        values = exposed((cost[ctx.block_types[0][0]], counts), shape=counts.shape)
+        if least == 0:  # a rank with both ends may hold no block
+            counts, values = np.concatenate(([0], counts)), np.concatenate((exposed(shape=(1,)), values))
+        return values, np.stack((counts, counts), axis=1)
+    order = sorted(range(len(ctx.block_types)), key=lambda t: ctx.block_types[t][1])
+    *minor, major = order
+    if math.prod(ctx.block_types[t][1] + 1 for t in minor) > MIXES_MAX:
+        counts = np.zeros((layers + 1 - least, len(ctx.block_types)), dtype=int)
+        return np.zeros(layers + 1 - least), np.column_stack((counts, np.arange(least, layers + 1)))
+    majors = np.arange(ctx.block_types[major][1] + 1)
+    values, counts = [], []
+    for mix in itertools.product(*(range(ctx.block_types[t][1] + 1) for t in minor)):
+        values.append(exposed(*((cost[ctx.block_types[t][0]], n) for t, n in zip(minor, mix, strict=True)),
+                              (cost[ctx.block_types[major][0]], majors), shape=majors.shape))
+        held = np.zeros((len(majors), len(ctx.block_types) + 1), dtype=int)
+        held[:, minor] = mix
+        held[:, major] = majors
+        held[:, -1] = sum(mix) + majors
+        counts.append(held)
+    values, counts = np.concatenate(values), np.concatenate(counts)
+    keep = counts[:, -1] >= least
+    return values[keep], counts[keep]
 
 
 def _problem(ctx: _Context, candidate: _Candidate) -> PartitionProblem:
