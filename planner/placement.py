@@ -11,7 +11,7 @@ with hosts listed in node order.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.cluster import Cluster, GpuId, Link
 from planner.config import ParallelConfig
@@ -117,12 +117,16 @@ class GroupLinks:
 
     @classmethod
     def from_placement(cls, cluster: Cluster, config: ParallelConfig, placement: Placement) -> GroupLinks:
+        return cls.without_experts(cluster, config, placement).with_experts(cluster, config, placement)
+
+    @classmethod
+    def without_experts(cls, cluster: Cluster, config: ParallelConfig, placement: Placement) -> GroupLinks:
+        """Every field but the expert groups' (`ep`, `edp`: `with_experts`), which alone depend on ep and etp."""
         if len(placement.gpus) != config.num_gpus:
             raise PlannerError(
                 f"placement lists {len(placement.gpus)} GPUs for a configuration of {config.num_gpus}"
             )
         gpus, capacity, tp_links, dp_links, pp_links, cp_links, replicate_links = [], [], [], [], [], [], []
-        edp_links = []
         alike = _nodes_alike(cluster)
         worst_ring = _strided_rings(cluster, placement, alike)
         tp, cp, replicas, shard = config.tp, config.cp, config.replicas, config.shard_group
@@ -147,10 +151,6 @@ class GroupLinks:
             replicate_links.append(worst_ring((base + j * tp + t for j in range(shard) for t in range(tp)),
                                               config.hsdp_replicas, shard * tp)
                                    if config.hsdp_replicas > 1 else dp_links[-1])
-            # expert ranks fold etp-ep-edp over the stage's ranks (`expert_link`): an EDP group is edp ranks at
-            # stride etp·ep
-            expert_stride = config.etp * config.ep
-            edp_links.append(worst_ring((base + j for j in range(expert_stride)), config.edp, expert_stride))
             nxt = blocks[(pp + 1) % config.pp]
             node_pairs = dict.fromkeys((a[0], b[0]) for a, b in zip(members, nxt, strict=True))
             if alike:  # a pair's link is the one within a node or the one between nodes: the first pair of each
@@ -160,8 +160,21 @@ class GroupLinks:
                 node_pairs = dict.fromkeys(first.values())
             pp_links.append(_worst(cluster.link(a, b) for a, b in node_pairs))
         return cls(tuple(gpus), tuple(capacity), tuple(tp_links), tuple(dp_links), tuple(pp_links), tuple(cp_links),
-                   tuple(replicate_links),
-                   tuple(expert_link(cluster, config, tuple(members), alike) for members in blocks), tuple(edp_links))
+                   tuple(replicate_links))
+
+    def with_experts(self, cluster: Cluster, config: ParallelConfig, placement: Placement) -> GroupLinks:
+        """These links with the expert groups' of `config` (`ep`: each pipeline rank's worst EP group, `edp`: the
+        worst ring over its expert data-parallel groups)."""
+        alike = _nodes_alike(cluster)
+        worst_ring = _strided_rings(cluster, placement, alike)
+        size = config.replicas * config.tp
+        # expert ranks fold etp-ep-edp over the stage's ranks (`expert_link`): an EDP group is edp ranks at
+        # stride etp·ep
+        stride = config.etp * config.ep
+        edp = tuple(worst_ring((pp * size + j for j in range(stride)), config.edp, stride) for pp in range(config.pp))
+        ep = tuple(expert_link(cluster, config, placement.gpus[pp * size:(pp + 1) * size], alike)
+                   for pp in range(config.pp))
+        return replace(self, ep=ep, edp=edp)
 
 
 def _strided_rings(cluster: Cluster, placement: Placement, alike: bool):

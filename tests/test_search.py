@@ -617,7 +617,8 @@ def test_an_estimate_takes_at_least_its_split_s_bound_form_and_the_split_free_te
                                                                                     training, fixed) -> None:
     """What lets the search hand its incumbent to the ILP as a ceiling (`_pipeline_ceiling`): for every
     configuration that fits, `estimate` of the split the partitioner returns (and of the uniform one) takes at least
-    the schedule's bound form of that split's rank loads (a·max R + b·Σ R) plus the candidate's split-free terms."""
+    the schedule's bound form of that split's rank loads (a·max R + b·Σ R) plus the candidate's split-free terms and
+    its least exposed DP traffic."""
     cluster, calibration, timer = _case(model, shape, slowdown)
     ctx = _Context(model, cluster, training, default_placement, timer, calibration)
     checked = 0
@@ -636,7 +637,7 @@ def test_an_estimate_takes_at_least_its_split_s_bound_form_and_the_split_free_te
             loads = rank_loads(problem, split.unit_counts)
             result = estimate(model, cluster, training, config, split, placement, timer, calibration, links,
                               candidate.rank_costs)
-            floor = a * max(loads) + b * sum(loads) + candidate.split_free_s
+            floor = a * max(loads) + b * sum(loads) + candidate.split_free_s + candidate.dp_exposed_s
             assert result.iteration_time_s >= floor * (1 - 1e-9), config.describe()
             checked += 1
     assert checked > 10

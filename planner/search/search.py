@@ -13,7 +13,6 @@ O(GPUs), are computed once per (dp, tp, pp).
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 import time
 from collections import Counter
@@ -168,14 +167,21 @@ class _Context:
         self.memories: dict[tuple, tuple[RankMemoryModel, float]] = {}
 
     def placed(self, config: ParallelConfig) -> tuple[Placement, GroupLinks]:
+        """The configuration's placement and group links: the placement and every link but the expert groups' once
+        per (dp, tp, pp, cp, hsdp replicas), the expert groups' once per ep and etp besides."""
         key = _placement_key(config)
         if key not in self.links:
-            placement = self.placement_fn(self.cluster, config)
-            links = GroupLinks.from_placement(self.cluster, config, placement)
-            for rank, gpu in enumerate(links.gpu):
-                if not gpu.supports(self.training.dtype):
-                    raise PlannerError(f"{self.training.dtype} is not supported by {gpu.name} (pipeline rank {rank})")
-            self.links[key] = (placement, links)
+            dense = key[:len(_DENSE_PLACEMENT_FIELDS)]
+            if dense not in self.links:
+                placement = self.placement_fn(self.cluster, config)
+                links = GroupLinks.without_experts(self.cluster, config, placement)
+                for rank, gpu in enumerate(links.gpu):
+                    if not gpu.supports(self.training.dtype):
+                        raise PlannerError(f"{self.training.dtype} is not supported by {gpu.name} "
+                                           f"(pipeline rank {rank})")
+                self.links[dense] = (placement, links)
+            placement, links = self.links[dense]
+            self.links[key] = (placement, links.with_experts(self.cluster, config, placement))
         return self.links[key]
 
     def setting_costs(self, config: ParallelConfig, links: GroupLinks) -> tuple[dict[CostKey, UnitCost], ...]:
@@ -222,17 +228,22 @@ class _Context:
         # an MoE block's state weighting (`_block_parameters`) depends on the sharding, nothing else does
         if not self.model.is_moe:
             return self.setting_costs(config, links)
-        sharding = (config.dp, config.distributed_optimizer, config.zero_stage)
-        whole = (id(links), *_setting(config), *sharding)
+        whole = (id(links), *_setting(config), config.dp, config.distributed_optimizer, config.zero_stage)
         if whole not in self.per_config:
-            out = []
-            for cost in self.setting_costs(config, links):
-                key = (id(cost), *sharding)  # each setting's table lives as long as the context
-                if key not in self.costs:
-                    self.costs[key] = resharded_costs(self.model, self.training, config, cost)
-                out.append(self.costs[key])
-            self.per_config[whole] = tuple(out)
+            self.per_config[whole] = tuple(self.resharded(config, cost) for cost in self.setting_costs(config, links))
         return self.per_config[whole]
+
+    def first_rank_costs(self, config: ParallelConfig, links: GroupLinks) -> dict[CostKey, UnitCost]:
+        """`rank_costs(config, links)[0]` without resharding the other ranks' tables (what a whole-model total
+        needs: every rank holds the same parameters and activations per unit)."""
+        return self.resharded(config, self.setting_costs(config, links)[0])
+
+    def resharded(self, config: ParallelConfig, cost: dict[CostKey, UnitCost]) -> dict[CostKey, UnitCost]:
+        """A setting's unit costs (`setting_costs`) under the configuration's sharding (MoE models only)."""
+        key = (id(cost), config.dp, config.distributed_optimizer, config.zero_stage)  # tables live with the context
+        if key not in self.costs:
+            self.costs[key] = resharded_costs(self.model, self.training, config, cost)
+        return self.costs[key]
 
     def boundary(self, config: ParallelConfig, links: GroupLinks) -> tuple[float, ...]:
         """`boundary_times` of the configuration's rank boundaries (an overlapped transfer hides behind the ranks'
@@ -353,7 +364,9 @@ class _Context:
         return self.per_config[key]
 
 
-_PLACEMENT_FIELDS = ("dp", "tp", "pp", "cp", "hsdp_replicas", "ep", "etp")
+_DENSE_PLACEMENT_FIELDS = ("dp", "tp", "pp", "cp", "hsdp_replicas")
+"""What a configuration's placement depends on (`PlacementFn`), and its group links but the expert groups'."""
+_PLACEMENT_FIELDS = (*_DENSE_PLACEMENT_FIELDS, "ep", "etp")
 _SETTING_FIELDS = ("tp", "micro_batch", "sequence_parallel", "recompute", "tp_comm_overlap", "cp", "cp_comm", "ep",
                    "etp", "moe_dispatcher", "moe_ep_overlap")
 _placement_key: Callable[[ParallelConfig], tuple] = attrgetter(*_PLACEMENT_FIELDS)
@@ -513,8 +526,8 @@ def _fits_pipeline(ctx: _Context, config: ParallelConfig) -> bool:
     """Whether the configuration passes `_with_memory`'s first test (its whole pipeline's least need within all its
     ranks' memory) — checked when its family is opened, so members that cannot fit are never bounded."""
     _, links = ctx.placed(config)
-    need = _pipeline_need_bytes(ctx, config, ctx.rank_costs(config, links),
-                                config.num_microbatches(ctx.training.global_batch))
+    first = ctx.first_rank_costs(config, links) if ctx.model.is_moe else ctx.setting_costs(config, links)[0]
+    need = _pipeline_need_bytes(ctx, config, (first,), config.num_microbatches(ctx.training.global_batch))
     return need <= ctx.capacity_bytes(links)
 
 
@@ -703,18 +716,18 @@ def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tup
     return float(thresholds[lo])
 
 
-MIXES_MAX = 1024
-"""Most mixes of the minor block types `_dp_exposure_table` tabulates (every catalogue model has at most 168);
-beyond, a pipeline rank's DP exposure is bounded by 0."""
+MIXES_MAX = 1 << 16
+"""Most mixes of block types `_dp_exposure_table` tabulates (a catalogue model has at most 3,125); beyond, a
+pipeline rank's DP exposure is bounded by 0."""
 
 
 def _dp_exposure_table(ctx: _Context, config: ParallelConfig, m: int, cost: dict[CostKey, UnitCost],
                        dp_links: tuple[Link, Link], replicate_link: Link, first: bool, last: bool
                        ) -> tuple[np.ndarray, np.ndarray]:
     """(Exposed DP traffic, the blocks of each type (`ctx.block_types`) and in all) of a rank of this kind, for every
-    number of blocks it can hold: one call over all counts at once, the run of (major type's) blocks' length being an
-    array. `dp_links`: the dense and the expert data-parallel groups' rings. With mixed block types (a pipeline):
-    every mix of them, the minor types' counts enumerated, each at the exposure bound valid for any order of its
+    number of blocks it can hold: one call over all counts at once, the run of blocks' length being an array.
+    `dp_links`: the dense and the expert data-parallel groups' rings. With mixed block types (a pipeline): every mix
+    of them, each type's count an array along its own axis, at the exposure bound valid for any order of the rank's
     blocks (`data_parallel_time_of_runs`'s `any_order`)."""
     layers = ctx.model.num_layers
     head, tail = ((cost[UnitKind.EMBEDDING], 1),) * first, ((cost[UnitKind.HEAD], 1),) * last
@@ -735,22 +748,16 @@ def _dp_exposure_table(ctx: _Context, config: ParallelConfig, m: int, cost: dict
         if least == 0:  # a rank with both ends may hold no block
             counts, values = np.concatenate(([0], counts)), np.concatenate((exposed(shape=(1,)), values))
         return values, np.stack((counts, counts), axis=1)
-    order = sorted(range(len(ctx.block_types)), key=lambda t: ctx.block_types[t][1])
-    *minor, major = order
-    if math.prod(ctx.block_types[t][1] + 1 for t in minor) > MIXES_MAX:
-        counts = np.zeros((layers + 1 - least, len(ctx.block_types)), dtype=int)
-        return np.zeros(layers + 1 - least), np.column_stack((counts, np.arange(least, layers + 1)))
-    majors = np.arange(ctx.block_types[major][1] + 1)
-    values, counts = [], []
-    for mix in itertools.product(*(range(ctx.block_types[t][1] + 1) for t in minor)):
-        values.append(exposed(*((cost[ctx.block_types[t][0]], n) for t, n in zip(minor, mix, strict=True)),
-                              (cost[ctx.block_types[major][0]], majors), shape=majors.shape))
-        held = np.zeros((len(majors), len(ctx.block_types) + 1), dtype=int)
-        held[:, minor] = mix
-        held[:, major] = majors
-        held[:, -1] = sum(mix) + majors
-        counts.append(held)
-    values, counts = np.concatenate(values), np.concatenate(counts)
+    grid = tuple(count + 1 for _, count in ctx.block_types)  # every mix: 0..count blocks of each type
+    if math.prod(grid) > MIXES_MAX:
+        totals = np.arange(least, layers + 1)
+        return np.zeros(len(totals)), np.column_stack((np.zeros((len(totals), len(grid)), dtype=int), totals))
+    counts = np.indices(grid).reshape(len(grid), -1).T
+    axes = [np.arange(size).reshape([size if axis == t else 1 for axis in range(len(grid))])
+            for t, size in enumerate(grid)]
+    values = exposed(*((cost[block], held) for (block, _), held in zip(ctx.block_types, axes, strict=True)),
+                     shape=grid).reshape(-1)
+    counts = np.column_stack((counts, counts.sum(axis=1)))
     keep = counts[:, -1] >= least
     return values[keep], counts[keep]
 
@@ -938,11 +945,12 @@ def search(
 
 def _pipeline_ceiling(plans: list[RankedPlan], top_k: int, candidate: _Candidate) -> float | None:
     """The longest simulated pipeline with which `candidate` could still reach the top `top_k` (None until they are
-    filled): `estimate` adds the terms no split changes (`split_free_s`) to the pipeline, and a plan must not be
-    slower than the k-th best to join (ties rank by memory, so equal is kept)."""
+    filled): `estimate` adds to the pipeline the terms no split changes (`split_free_s`) and the exposed DP traffic,
+    never below the least any split exposes (`dp_exposed_s`), and a plan must not be slower than the k-th best to
+    join (ties rank by memory, so equal is kept)."""
     if len(plans) < top_k:
         return None
-    return plans[-1].estimate.iteration_time_s - candidate.split_free_s
+    return plans[-1].estimate.iteration_time_s - candidate.split_free_s - candidate.dp_exposed_s
 
 
 def _rank_key(plan: RankedPlan) -> tuple:
