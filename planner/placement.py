@@ -11,6 +11,7 @@ with hosts listed in node order.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from planner.cluster import Cluster, GpuId, Link
@@ -172,9 +173,12 @@ class GroupLinks:
         # stride etp·ep
         stride = config.etp * config.ep
         edp = tuple(worst_ring((pp * size + j for j in range(stride)), config.edp, stride) for pp in range(config.pp))
-        ep = tuple(expert_link(cluster, config, placement.gpus[pp * size:(pp + 1) * size], alike)
-                   for pp in range(config.pp))
-        return replace(self, ep=ep, edp=edp)
+        position, ep = _position(cluster, placement, alike), {}  # ranks of alike positions share their EP groups' link
+        for pp in range(config.pp):
+            key = position(pp * size)
+            if key not in ep:
+                ep[key] = expert_link(cluster, config, placement.gpus[pp * size:(pp + 1) * size], alike)
+        return replace(self, ep=tuple(ep[position(pp * size)] for pp in range(config.pp)), edp=edp)
 
 
 def _strided_rings(cluster: Cluster, placement: Placement, alike: bool):
@@ -183,14 +187,13 @@ def _strided_rings(cluster: Cluster, placement: Placement, alike: bool):
     group's shape depends only on where in its node it starts, so at most one ring per GPU position in a node,
     count and stride is evaluated."""
     ring = _ring_links(cluster, alike)
-    per_node = cluster.nodes[0].num_gpus
-    in_order = alike and placement.gpus == tuple(cluster.gpu_ids()[:len(placement.gpus)])
+    position = _position(cluster, placement, alike)
     shapes: dict[tuple[int, int, int], Link] = {}  # per (position in node, or start rank, count, step)
 
     def worst(starts, count: int, step: int) -> Link:
         links: dict[int, Link] = {}
         for start in starts:
-            key = start % per_node if in_order else start
+            key = position(start)
             if key not in links:
                 shape = (key, count, step)
                 if shape not in shapes:
@@ -199,6 +202,16 @@ def _strided_rings(cluster: Cluster, placement: Placement, alike: bool):
         return _worst(links.values())
 
     return worst
+
+
+def _position(cluster: Cluster, placement: Placement, alike: bool) -> Callable[[int], int]:
+    """What the groups starting at a rank look like, as a key: when ranks sit on the cluster's GPUs in order and nodes
+    are alike (`alike`: `_nodes_alike`), a group of consecutive or strided ranks has the shape of any other starting
+    at the same GPU position in its node, so the position; else the rank itself."""
+    per_node = cluster.nodes[0].num_gpus
+    if alike and placement.gpus == tuple(cluster.gpu_ids()[:len(placement.gpus)]):
+        return lambda start: start % per_node
+    return lambda start: start
 
 
 def _ring_links(cluster: Cluster, alike: bool):
