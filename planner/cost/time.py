@@ -346,6 +346,14 @@ def _tp_linears(block: BlockSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return (tuple(i for i in _COLUMN_PARALLEL if present[i]), tuple(i for i in _ROW_PARALLEL if present[i]))
 
 
+@cache
+def _block_parameter_counts(block: BlockSpec) -> tuple[int, int, int]:
+    """A block type's (parameters, routed-expert parameters, parameters every TP rank holds whole: further linears and
+    extra parameters), once per type (the search reshards MoE blocks per configuration, `resharded_costs`)."""
+    return (block.parameters(), block.routed_expert_parameters(),
+            block.linear_parameters() + (block.extra_parameters or 0))
+
+
 def _block_parameters(model: ModelSpec, block: BlockSpec, training: Training,
                       config: ParallelConfig) -> dict[str, float]:
     """A block type's UnitCost parameter fields. `params`: parameters held per rank, weighted so the memory model's
@@ -355,9 +363,8 @@ def _block_parameters(model: ModelSpec, block: BlockSpec, training: Training,
     data-parallel group), not over dp·cp. `expert_params`: those routed experts per rank, unweighted, and
     `expert_state_params` their weighted share of `params`, so the data-parallel traffic can send each part over
     its own group."""
-    experts = block.routed_expert_parameters()
-    whole = block.linear_parameters() + (block.extra_parameters or 0)
-    split = (block.parameters() - experts - whole) / config.tp + whole
+    total, experts, whole = _block_parameter_counts(block)
+    split = (total - experts - whole) / config.tp + whole
     if not experts:
         return {"params": split}
     states = parameter_states(model, training)
