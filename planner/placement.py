@@ -47,13 +47,13 @@ class Placement:
 
 def default_placement(cluster: Cluster, config: ParallelConfig) -> Placement:
     """Rank r on the r-th GPU of the cluster (node-major); the job may use fewer GPUs than exist."""
-    available = cluster.gpu_ids()
+    available = cluster.gpu_order
     if config.num_gpus > len(available):
         raise PlannerError(
             f"configuration needs {config.num_gpus} GPUs (dp·tp·pp·cp) but cluster {cluster.name} has "
             f"{len(available)}"
         )
-    return Placement(tuple(available[: config.num_gpus]))
+    return Placement(available[: config.num_gpus])
 
 
 @dataclass(frozen=True)
@@ -209,7 +209,7 @@ def _position(cluster: Cluster, placement: Placement, alike: bool) -> Callable[[
     are alike (`alike`: `_nodes_alike`), a group of consecutive or strided ranks has the shape of any other starting
     at the same GPU position in its node, so the position; else the rank itself."""
     per_node = cluster.nodes[0].num_gpus
-    if alike and placement.gpus == tuple(cluster.gpu_ids()[:len(placement.gpus)]):
+    if alike and placement.gpus == cluster.gpu_order[:len(placement.gpus)]:
         return lambda start: start % per_node
     return lambda start: start
 
