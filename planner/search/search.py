@@ -12,13 +12,14 @@ O(GPUs), are computed once per (dp, tp, pp).
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from functools import cache
+from functools import cache, wraps
 from operator import attrgetter
 from typing import Any
 
@@ -835,6 +836,25 @@ def _partition(problem: PartitionProblem, time_limit_s: float, ceiling_s: float 
     return ilp_partition(problem, time_limit_s, upper, lower_s, ceiling_s), "ilp"
 
 
+def _without_cyclic_gc(function: Callable[..., SearchResult]) -> Callable[..., SearchResult]:
+    """`function` run with Python's cyclic garbage collector paused (reference counting still frees what is
+    dropped), and resumed after if it was on. A search allocates up to 10⁶ objects — layouts, candidates, cost
+    tables — that form no cycles and live until it returns, so the collector's full passes over them free nothing:
+    DeepSeek-V3 on 2,048 H800 ran 7 of them, 0 objects collected, about 1 s of its 5.5 s. Process-wide while it
+    runs (the collector has no per-thread switch)."""
+    @wraps(function)
+    def paused(*args: Any, **kwargs: Any) -> SearchResult:
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            if enabled:
+                gc.enable()
+    return paused
+
+
+@_without_cyclic_gc
 def search(
     model: ModelSpec,
     cluster: Cluster,
