@@ -17,7 +17,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +148,12 @@ class Cluster:
 
     def gpu_ids(self) -> list[GpuId]:
         """Every GPU in rank order: node by node, GPU index fastest."""
-        return [(n, g) for n, node in enumerate(self.nodes) for g in range(node.num_gpus)]
+        return list(self.gpu_order)
+
+    @cached_property
+    def gpu_order(self) -> tuple[GpuId, ...]:
+        """`gpu_ids` once per cluster, as a tuple (the search places and compares thousands of layouts against it)."""
+        return tuple((n, g) for n, node in enumerate(self.nodes) for g in range(node.num_gpus))
 
     def gpu_spec(self, gpu: GpuId) -> GPUSpec:
         """The GPU type at (node, GPU index): the node's type unless a per-GPU override exists."""

@@ -11,7 +11,8 @@ with hosts listed in node order.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from planner.cluster import Cluster, GpuId, Link
 from planner.config import ParallelConfig
@@ -46,13 +47,13 @@ class Placement:
 
 def default_placement(cluster: Cluster, config: ParallelConfig) -> Placement:
     """Rank r on the r-th GPU of the cluster (node-major); the job may use fewer GPUs than exist."""
-    available = cluster.gpu_ids()
+    available = cluster.gpu_order
     if config.num_gpus > len(available):
         raise PlannerError(
             f"configuration needs {config.num_gpus} GPUs (dp·tp·pp·cp) but cluster {cluster.name} has "
             f"{len(available)}"
         )
-    return Placement(tuple(available[: config.num_gpus]))
+    return Placement(available[: config.num_gpus])
 
 
 @dataclass(frozen=True)
@@ -117,12 +118,16 @@ class GroupLinks:
 
     @classmethod
     def from_placement(cls, cluster: Cluster, config: ParallelConfig, placement: Placement) -> GroupLinks:
+        return cls.without_experts(cluster, config, placement).with_experts(cluster, config, placement)
+
+    @classmethod
+    def without_experts(cls, cluster: Cluster, config: ParallelConfig, placement: Placement) -> GroupLinks:
+        """Every field but the expert groups' (`ep`, `edp`: `with_experts`), which alone depend on ep and etp."""
         if len(placement.gpus) != config.num_gpus:
             raise PlannerError(
                 f"placement lists {len(placement.gpus)} GPUs for a configuration of {config.num_gpus}"
             )
         gpus, capacity, tp_links, dp_links, pp_links, cp_links, replicate_links = [], [], [], [], [], [], []
-        edp_links = []
         alike = _nodes_alike(cluster)
         worst_ring = _strided_rings(cluster, placement, alike)
         tp, cp, replicas, shard = config.tp, config.cp, config.replicas, config.shard_group
@@ -147,10 +152,6 @@ class GroupLinks:
             replicate_links.append(worst_ring((base + j * tp + t for j in range(shard) for t in range(tp)),
                                               config.hsdp_replicas, shard * tp)
                                    if config.hsdp_replicas > 1 else dp_links[-1])
-            # expert ranks fold etp-ep-edp over the stage's ranks (`expert_link`): an EDP group is edp ranks at
-            # stride etp·ep
-            expert_stride = config.etp * config.ep
-            edp_links.append(worst_ring((base + j for j in range(expert_stride)), config.edp, expert_stride))
             nxt = blocks[(pp + 1) % config.pp]
             node_pairs = dict.fromkeys((a[0], b[0]) for a, b in zip(members, nxt, strict=True))
             if alike:  # a pair's link is the one within a node or the one between nodes: the first pair of each
@@ -160,8 +161,24 @@ class GroupLinks:
                 node_pairs = dict.fromkeys(first.values())
             pp_links.append(_worst(cluster.link(a, b) for a, b in node_pairs))
         return cls(tuple(gpus), tuple(capacity), tuple(tp_links), tuple(dp_links), tuple(pp_links), tuple(cp_links),
-                   tuple(replicate_links),
-                   tuple(expert_link(cluster, config, tuple(members), alike) for members in blocks), tuple(edp_links))
+                   tuple(replicate_links))
+
+    def with_experts(self, cluster: Cluster, config: ParallelConfig, placement: Placement) -> GroupLinks:
+        """These links with the expert groups' of `config` (`ep`: each pipeline rank's worst EP group, `edp`: the
+        worst ring over its expert data-parallel groups)."""
+        alike = _nodes_alike(cluster)
+        worst_ring = _strided_rings(cluster, placement, alike)
+        size = config.replicas * config.tp
+        # expert ranks fold etp-ep-edp over the stage's ranks (`expert_link`): an EDP group is edp ranks at
+        # stride etp·ep
+        stride = config.etp * config.ep
+        edp = tuple(worst_ring((pp * size + j for j in range(stride)), config.edp, stride) for pp in range(config.pp))
+        position, ep = _position(cluster, placement, alike), {}  # ranks of alike positions share their EP groups' link
+        for pp in range(config.pp):
+            key = position(pp * size)
+            if key not in ep:
+                ep[key] = expert_link(cluster, config, placement.gpus[pp * size:(pp + 1) * size], alike)
+        return replace(self, ep=tuple(ep[position(pp * size)] for pp in range(config.pp)), edp=edp)
 
 
 def _strided_rings(cluster: Cluster, placement: Placement, alike: bool):
@@ -170,14 +187,13 @@ def _strided_rings(cluster: Cluster, placement: Placement, alike: bool):
     group's shape depends only on where in its node it starts, so at most one ring per GPU position in a node,
     count and stride is evaluated."""
     ring = _ring_links(cluster, alike)
-    per_node = cluster.nodes[0].num_gpus
-    in_order = alike and placement.gpus == tuple(cluster.gpu_ids()[:len(placement.gpus)])
+    position = _position(cluster, placement, alike)
     shapes: dict[tuple[int, int, int], Link] = {}  # per (position in node, or start rank, count, step)
 
     def worst(starts, count: int, step: int) -> Link:
         links: dict[int, Link] = {}
         for start in starts:
-            key = start % per_node if in_order else start
+            key = position(start)
             if key not in links:
                 shape = (key, count, step)
                 if shape not in shapes:
@@ -186,6 +202,16 @@ def _strided_rings(cluster: Cluster, placement: Placement, alike: bool):
         return _worst(links.values())
 
     return worst
+
+
+def _position(cluster: Cluster, placement: Placement, alike: bool) -> Callable[[int], int]:
+    """What the groups starting at a rank look like, as a key: when ranks sit on the cluster's GPUs in order and nodes
+    are alike (`alike`: `_nodes_alike`), a group of consecutive or strided ranks has the shape of any other starting
+    at the same GPU position in its node, so the position; else the rank itself."""
+    per_node = cluster.nodes[0].num_gpus
+    if alike and placement.gpus == cluster.gpu_order[:len(placement.gpus)]:
+        return lambda start: start % per_node
+    return lambda start: start
 
 
 def _ring_links(cluster: Cluster, alike: bool):

@@ -346,6 +346,14 @@ def _tp_linears(block: BlockSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return (tuple(i for i in _COLUMN_PARALLEL if present[i]), tuple(i for i in _ROW_PARALLEL if present[i]))
 
 
+@cache
+def _block_parameter_counts(block: BlockSpec) -> tuple[int, int, int]:
+    """A block type's (parameters, routed-expert parameters, parameters every TP rank holds whole: further linears and
+    extra parameters), once per type (the search reshards MoE blocks per configuration, `resharded_costs`)."""
+    return (block.parameters(), block.routed_expert_parameters(),
+            block.linear_parameters() + (block.extra_parameters or 0))
+
+
 def _block_parameters(model: ModelSpec, block: BlockSpec, training: Training,
                       config: ParallelConfig) -> dict[str, float]:
     """A block type's UnitCost parameter fields. `params`: parameters held per rank, weighted so the memory model's
@@ -355,9 +363,8 @@ def _block_parameters(model: ModelSpec, block: BlockSpec, training: Training,
     data-parallel group), not over dp·cp. `expert_params`: those routed experts per rank, unweighted, and
     `expert_state_params` their weighted share of `params`, so the data-parallel traffic can send each part over
     its own group."""
-    experts = block.routed_expert_parameters()
-    whole = block.linear_parameters() + (block.extra_parameters or 0)
-    split = (block.parameters() - experts - whole) / config.tp + whole
+    total, experts, whole = _block_parameter_counts(block)
+    split = (total - experts - whole) / config.tp + whole
     if not experts:
         return {"params": split}
     states = parameter_states(model, training)
@@ -726,10 +733,11 @@ def data_parallel_time(
 def data_parallel_time_of_runs(
     runs: Sequence[UnitRun], training: Training, config: ParallelConfig, link: Link, calibration: Calibration,
     num_microbatches: int, replicate_link: Link | None = None, states: ParameterStates | None = None,
-    expert_link: Link | None = None,
+    expert_link: Link | None = None, any_order: bool = False,
 ) -> DataParallelTime:
     """DP traffic of one pipeline rank holding `runs` of units (in execution order) and how much the schedule
-    cannot hide.
+    cannot hide. `any_order`: the exposed part as a lower bound over every order of the same units
+    (`_prefetch_exposed_s`), for a rank whose units' order is not known.
 
     The group is the dp·cp ranks holding the same weights (`ParallelConfig.replicas`) on `link`. Plain DP
     all-reduces gradients once per iteration; the distributed optimizer / ZeRO-1 reduce-scatters
@@ -781,9 +789,10 @@ def data_parallel_time_of_runs(
     experts_link = expert_link if apart else None
     if config.pp > 1:
         total, exposed = _pipelined_fsdp_s(runs, training, config, link, calibration, num_microbatches, states,
-                                           experts_link)
+                                           experts_link, any_order)
     else:
-        total, exposed = _sharded_microbatch_s(runs, training, config, link, calibration, states, experts_link)
+        total, exposed = _sharded_microbatch_s(runs, training, config, link, calibration, states, experts_link,
+                                               any_order)
         total, exposed = num_microbatches * total, num_microbatches * exposed
     return DataParallelTime(total + gather_s + replicate.total_s, exposed + gather_exposed + replicate.exposed_s)
 
@@ -801,7 +810,7 @@ class _PassRun:
 
 def _pipelined_fsdp_s(runs: Sequence[UnitRun], training: Training, config: ParallelConfig, link: Link,
                       calibration: Calibration, num_microbatches: int, states: ParameterStates,
-                      expert_link: Link | None = None) -> tuple[float, float]:
+                      expert_link: Link | None = None, any_order: bool = False) -> tuple[float, float]:
     """(total, exposed) seconds per iteration of ZeRO-2/3 under a pipeline schedule, as PyTorch's pipeline
     stages drive FSDP (torch.distributed.pipelining, used by torchtitan): gradient sync and resharding after
     backward are off until the last micro-batch's backward, which reduce-scatters each unit's gradients once
@@ -812,10 +821,12 @@ def _pipelined_fsdp_s(runs: Sequence[UnitRun], training: Training, config: Paral
     backward = [(gather, reduce, unit.backward_s + unit.recompute_s, count)
                 for (unit, count), (gather, reduce) in zip(runs[::-1], collectives[::-1], strict=True)]
     first = _prefetch_exposed_s([_PassRun(gather, 0.0, unit.forward_s, count)
-                                 for (unit, count), (gather, _) in zip(runs, collectives, strict=True)])
-    last = _prefetch_exposed_s([_PassRun(0.0, reduce, compute, count) for _, reduce, compute, count in backward])
+                                 for (unit, count), (gather, _) in zip(runs, collectives, strict=True)], any_order)
+    last = _prefetch_exposed_s([_PassRun(0.0, reduce, compute, count) for _, reduce, compute, count in backward],
+                               any_order)
     regathers = num_microbatches if config.reshard_after_forward else 0
-    regather = _prefetch_exposed_s([_PassRun(gather, 0.0, compute, count) for gather, _, compute, count in backward])
+    regather = _prefetch_exposed_s([_PassRun(gather, 0.0, compute, count) for gather, _, compute, count in backward],
+                                   any_order)
     gathered = sum(gather * count for (_, count), (gather, _) in zip(runs, collectives, strict=True))
     reduced = sum(reduce * count for (_, count), (_, reduce) in zip(runs, collectives, strict=True))
     return (1 + regathers) * gathered + reduced, first + last + regathers * regather
@@ -879,7 +890,7 @@ def _fp8_saved_bytes(unit: UnitCost, config: ParallelConfig, experts_apart: bool
 
 def _sharded_microbatch_s(runs: Sequence[UnitRun], training: Training, config: ParallelConfig, link: Link,
                           calibration: Calibration, states: ParameterStates,
-                          expert_link: Link | None = None) -> tuple[float, float]:
+                          expert_link: Link | None = None, any_order: bool = False) -> tuple[float, float]:
     """(total, exposed) seconds of one micro-batch's ZeRO-2/3 collectives, one per FSDP unit and pass.
 
     The wrapping unit is one model unit (a transformer block; FSDP's auto-wrap policy, DeepSpeed's
@@ -903,23 +914,29 @@ def _sharded_microbatch_s(runs: Sequence[UnitRun], training: Training, config: P
     if config.zero3_collectives == "per-tensor":  # each gather waits for the device to drain: nothing hides
         return total, total
     forward = _prefetch_exposed_s([_PassRun(gather, 0.0, unit.forward_s, count)
-                                   for (unit, count), (gather, _) in zip(runs, collectives, strict=True)])
+                                   for (unit, count), (gather, _) in zip(runs, collectives, strict=True)], any_order)
     # BACKWARD_POST issues a unit's backward gather only after the previous unit's gradient computation: it waits
-    # in full, and only the reduce-scatters hide
+    # in full, whatever the order of the units, and only the reduce-scatters hide
     post = config.fsdp_backward_prefetch == "post"
     waiting = sum(gather * regather * count for (_, count), (gather, _) in zip(runs, collectives, strict=True))
     backward = post * waiting + _prefetch_exposed_s(
         [_PassRun(gather * regather * (not post), reduce, unit.backward_s + unit.recompute_s, count)
-         for (unit, count), (gather, reduce) in zip(runs[::-1], collectives[::-1], strict=True)])
+         for (unit, count), (gather, reduce) in zip(runs[::-1], collectives[::-1], strict=True)], any_order)
     return total, forward + backward
 
 
-def _prefetch_exposed_s(runs: Sequence[_PassRun]) -> float:
+def _prefetch_exposed_s(runs: Sequence[_PassRun], any_order: bool = False) -> float:
     """Communication a pass over units cannot hide. While unit i computes, the network carries unit
     i+1's prefetched leading collective (its all-gather) and unit i−1's trailing one (its
     reduce-scatter); what exceeds unit i's compute is exposed, as are the first gather and the last reduce.
     Inside a run of alike units every interior unit sees the same neighbours, so a run costs O(1); a run's
-    count (≥ 1) may be a numpy array, which evaluates many run lengths at once (the search's DP tables)."""
+    count (≥ 1) may be a numpy array, which evaluates many run lengths at once (the search's DP tables).
+    `any_order`: a lower bound over every order of the same units (counts ≥ 0): each unit's exposed part is at least
+    its neighbours' collectives less its compute, and over the pass every leading and trailing collective is some
+    unit's neighbour or the first gather or the last reduce once, so the pass exposes at least Σ (leading +
+    trailing − compute), and never less than nothing."""
+    if any_order:
+        return _positive(sum((run.leading_s + run.trailing_s - run.compute_s) * run.count for run in runs))
     if not runs:
         return 0.0
     exposed = runs[0].leading_s + runs[-1].trailing_s

@@ -12,13 +12,14 @@ O(GPUs), are computed once per (dp, tp, pp).
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from functools import cache
+from functools import cache, wraps
 from operator import attrgetter
 from typing import Any
 
@@ -167,14 +168,21 @@ class _Context:
         self.memories: dict[tuple, tuple[RankMemoryModel, float]] = {}
 
     def placed(self, config: ParallelConfig) -> tuple[Placement, GroupLinks]:
+        """The configuration's placement and group links: the placement and every link but the expert groups' once
+        per (dp, tp, pp, cp, hsdp replicas), the expert groups' once per ep and etp besides."""
         key = _placement_key(config)
         if key not in self.links:
-            placement = self.placement_fn(self.cluster, config)
-            links = GroupLinks.from_placement(self.cluster, config, placement)
-            for rank, gpu in enumerate(links.gpu):
-                if not gpu.supports(self.training.dtype):
-                    raise PlannerError(f"{self.training.dtype} is not supported by {gpu.name} (pipeline rank {rank})")
-            self.links[key] = (placement, links)
+            dense = key[:len(_DENSE_PLACEMENT_FIELDS)]
+            if dense not in self.links:
+                placement = self.placement_fn(self.cluster, config)
+                links = GroupLinks.without_experts(self.cluster, config, placement)
+                for rank, gpu in enumerate(links.gpu):
+                    if not gpu.supports(self.training.dtype):
+                        raise PlannerError(f"{self.training.dtype} is not supported by {gpu.name} "
+                                           f"(pipeline rank {rank})")
+                self.links[dense] = (placement, links)
+            placement, links = self.links[dense]
+            self.links[key] = (placement, links.with_experts(self.cluster, config, placement))
         return self.links[key]
 
     def setting_costs(self, config: ParallelConfig, links: GroupLinks) -> tuple[dict[CostKey, UnitCost], ...]:
@@ -221,17 +229,22 @@ class _Context:
         # an MoE block's state weighting (`_block_parameters`) depends on the sharding, nothing else does
         if not self.model.is_moe:
             return self.setting_costs(config, links)
-        sharding = (config.dp, config.distributed_optimizer, config.zero_stage)
-        whole = (id(links), *_setting(config), *sharding)
+        whole = (id(links), *_setting(config), config.dp, config.distributed_optimizer, config.zero_stage)
         if whole not in self.per_config:
-            out = []
-            for cost in self.setting_costs(config, links):
-                key = (id(cost), *sharding)  # each setting's table lives as long as the context
-                if key not in self.costs:
-                    self.costs[key] = resharded_costs(self.model, self.training, config, cost)
-                out.append(self.costs[key])
-            self.per_config[whole] = tuple(out)
+            self.per_config[whole] = tuple(self.resharded(config, cost) for cost in self.setting_costs(config, links))
         return self.per_config[whole]
+
+    def first_rank_costs(self, config: ParallelConfig, links: GroupLinks) -> dict[CostKey, UnitCost]:
+        """`rank_costs(config, links)[0]` without resharding the other ranks' tables (what a whole-model total
+        needs: every rank holds the same parameters and activations per unit)."""
+        return self.resharded(config, self.setting_costs(config, links)[0])
+
+    def resharded(self, config: ParallelConfig, cost: dict[CostKey, UnitCost]) -> dict[CostKey, UnitCost]:
+        """A setting's unit costs (`setting_costs`) under the configuration's sharding (MoE models only)."""
+        key = (id(cost), config.dp, config.distributed_optimizer, config.zero_stage)  # tables live with the context
+        if key not in self.costs:
+            self.costs[key] = resharded_costs(self.model, self.training, config, cost)
+        return self.costs[key]
 
     def boundary(self, config: ParallelConfig, links: GroupLinks) -> tuple[float, ...]:
         """`boundary_times` of the configuration's rank boundaries (an overlapped transfer hides behind the ranks'
@@ -352,7 +365,9 @@ class _Context:
         return self.per_config[key]
 
 
-_PLACEMENT_FIELDS = ("dp", "tp", "pp", "cp", "hsdp_replicas", "ep", "etp")
+_DENSE_PLACEMENT_FIELDS = ("dp", "tp", "pp", "cp", "hsdp_replicas")
+"""What a configuration's placement depends on (`PlacementFn`), and its group links but the expert groups'."""
+_PLACEMENT_FIELDS = (*_DENSE_PLACEMENT_FIELDS, "ep", "etp")
 _SETTING_FIELDS = ("tp", "micro_batch", "sequence_parallel", "recompute", "tp_comm_overlap", "cp", "cp_comm", "ep",
                    "etp", "moe_dispatcher", "moe_ep_overlap")
 _placement_key: Callable[[ParallelConfig], tuple] = attrgetter(*_PLACEMENT_FIELDS)
@@ -512,8 +527,8 @@ def _fits_pipeline(ctx: _Context, config: ParallelConfig) -> bool:
     """Whether the configuration passes `_with_memory`'s first test (its whole pipeline's least need within all its
     ranks' memory) — checked when its family is opened, so members that cannot fit are never bounded."""
     _, links = ctx.placed(config)
-    need = _pipeline_need_bytes(ctx, config, ctx.rank_costs(config, links),
-                                config.num_microbatches(ctx.training.global_batch))
+    first = ctx.first_rank_costs(config, links) if ctx.model.is_moe else ctx.setting_costs(config, links)[0]
+    need = _pipeline_need_bytes(ctx, config, (first,), config.num_microbatches(ctx.training.global_batch))
     return need <= ctx.capacity_bytes(links)
 
 
@@ -651,16 +666,15 @@ def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tup
     """Least max over ranks of the DP traffic the schedule exposes, over all blocks-per-rank counts.
 
     A rank's exposure depends on its units' parameters (traffic) and compute (hiding), all fixed
-    by how many blocks it holds when the blocks are alike; so g_r(n) is tabulated per kind of rank, and
-    the least threshold E with Σ_r min{n: g_r(n) ≤ E} ≤ blocks ≤ Σ_r max{n: g_r(n) ≤ E} is a lower
-    bound (exact when each {n: g_r(n) ≤ E} is an interval, a relaxation otherwise). With mixed block types
-    it is exact for one stage (the whole model) and 0 for a pipeline (valid, weaker: which blocks a rank holds
-    is not known).
+    by how many blocks of each type it holds when the blocks of a type are alike; so g_r is tabulated per kind
+    of rank over those counts (`_dp_exposure_table`), and the least threshold E such that, for every block type
+    and for the blocks together, Σ_r min{n: g_r ≤ E} ≤ blocks ≤ Σ_r max{n: g_r ≤ E} is a lower bound (exact
+    when each {n: g_r(n) ≤ E} is an interval and the blocks are alike, a relaxation otherwise). With mixed block
+    types it is exact for one stage (the whole model); for a pipeline g_r is a bound valid for every order of
+    the rank's blocks: which blocks a rank holds, and in what order, is not known.
     """
-    layers, pp, v = ctx.model.num_layers, config.pp, config.vpp
-    if len(ctx.block_types) > 1:
-        if pp > 1:
-            return 0.0
+    pp, v = config.pp, config.vpp
+    if len(ctx.block_types) > 1 and pp == 1:
         units = [costs[0][key] for key in ctx.model.unit_cost_keys]
         return data_parallel_time(units, ctx.training, config, links.dp[0], ctx.calibration, m,
                                   links.replicate[0], ctx.parameter_states, links.edp[0]).exposed_s
@@ -679,17 +693,17 @@ def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tup
                                                     replicate_link, first, last)
         tables.append(ctx.dp_tables[key])
         weights.append(len(ranks))
-    thresholds = np.unique(np.concatenate(tables))
-    thresholds = thresholds[np.isfinite(thresholds)]
+    totals = np.array([*(count for _, count in ctx.block_types), ctx.model.num_layers])
+    thresholds = np.unique(np.concatenate([values for values, _ in tables]))
 
     def feasible(limit: float) -> bool:
         low = high = 0
-        for table, count in zip(tables, weights, strict=True):
-            allowed = np.flatnonzero(table <= limit)
+        for (values, counts), weight in zip(tables, weights, strict=True):
+            allowed = counts[values <= limit]
             if not len(allowed):
                 return False
-            low, high = low + count * int(allowed[0]), high + count * int(allowed[-1])
-        return low <= layers <= high
+            low, high = low + weight * allowed.min(axis=0), high + weight * allowed.max(axis=0)
+        return bool(np.all((low <= totals) & (totals <= high)))
 
     lo, hi = 0, len(thresholds) - 1
     if hi < 0 or not feasible(thresholds[hi]):
@@ -703,26 +717,50 @@ def _least_dp_exposure(ctx: _Context, config: ParallelConfig, m: int, costs: tup
     return float(thresholds[lo])
 
 
+MIXES_MAX = 1 << 16
+"""Most mixes of block types `_dp_exposure_table` tabulates (a catalogue model has at most 3,125); beyond, a
+pipeline rank's DP exposure is bounded by 0."""
+
+
 def _dp_exposure_table(ctx: _Context, config: ParallelConfig, m: int, cost: dict[CostKey, UnitCost],
-                       dp_links: tuple[Link, Link], replicate_link: Link, first: bool, last: bool) -> np.ndarray:
-    """Exposed DP traffic of a rank of this kind holding n (alike) blocks, for every n (inf where it cannot hold
-    n): one call over all block counts at once, the run of blocks' length being an array. `dp_links`: the dense
-    and the expert data-parallel groups' rings."""
+                       dp_links: tuple[Link, Link], replicate_link: Link, first: bool, last: bool
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """(Exposed DP traffic, the blocks of each type (`ctx.block_types`) and in all) of a rank of this kind, for every
+    number of blocks it can hold: one call over all counts at once, the run of blocks' length being an array.
+    `dp_links`: the dense and the expert data-parallel groups' rings. With mixed block types (a pipeline): every mix
+    of them, each type's count an array along its own axis, at the exposure bound valid for any order of the rank's
+    blocks (`data_parallel_time_of_runs`'s `any_order`)."""
     layers = ctx.model.num_layers
     head, tail = ((cost[UnitKind.EMBEDDING], 1),) * first, ((cost[UnitKind.HEAD], 1),) * last
     dp_link, edp_link = dp_links
-
-    def exposed(*middle: tuple[UnitCost, Any]) -> float | np.ndarray:
-        return data_parallel_time_of_runs((*head, *middle, *tail), ctx.training, config, dp_link, ctx.calibration,
-                                          m, replicate_link, ctx.parameter_states, edp_link).exposed_s
-
-    table = np.full(layers + 1, np.inf)
+    mixed = len(ctx.block_types) > 1
     least = layers if config.pp == 1 else max(config.vpp - first - last, 0)
-    counts = np.arange(max(least, 1), layers + 1)  # run lengths ≥ 1
-    table[counts] = exposed((cost[ctx.block_types[0][0]], counts))
-    if least == 0:  # a rank with both ends may hold no block
-        table[0] = exposed()
-    return table
+
+    def exposed(*middle: tuple[UnitCost, Any], shape: tuple[int, ...] = ()) -> np.ndarray:
+        """The exposure of the rank holding `middle` between its end units, as an array of `shape` (without a DP
+        group it is a plain 0)."""
+        return np.broadcast_to(data_parallel_time_of_runs(
+            (*head, *middle, *tail), ctx.training, config, dp_link, ctx.calibration, m, replicate_link,
+            ctx.parameter_states, edp_link, mixed).exposed_s, shape)
+
+    if not mixed:
+        counts = np.arange(max(least, 1), layers + 1)  # run lengths ≥ 1
+        values = exposed((cost[ctx.block_types[0][0]], counts), shape=counts.shape)
+        if least == 0:  # a rank with both ends may hold no block
+            counts, values = np.concatenate(([0], counts)), np.concatenate((exposed(shape=(1,)), values))
+        return values, np.stack((counts, counts), axis=1)
+    grid = tuple(count + 1 for _, count in ctx.block_types)  # every mix: 0..count blocks of each type
+    if math.prod(grid) > MIXES_MAX:
+        totals = np.arange(least, layers + 1)
+        return np.zeros(len(totals)), np.column_stack((np.zeros((len(totals), len(grid)), dtype=int), totals))
+    counts = np.indices(grid).reshape(len(grid), -1).T
+    axes = [np.arange(size).reshape([size if axis == t else 1 for axis in range(len(grid))])
+            for t, size in enumerate(grid)]
+    values = exposed(*((cost[block], held) for (block, _), held in zip(ctx.block_types, axes, strict=True)),
+                     shape=grid).reshape(-1)
+    counts = np.column_stack((counts, counts.sum(axis=1)))
+    keep = counts[:, -1] >= least
+    return values[keep], counts[keep]
 
 
 def _problem(ctx: _Context, candidate: _Candidate) -> PartitionProblem:
@@ -798,6 +836,25 @@ def _partition(problem: PartitionProblem, time_limit_s: float, ceiling_s: float 
     return ilp_partition(problem, time_limit_s, upper, lower_s, ceiling_s), "ilp"
 
 
+def _without_cyclic_gc(function: Callable[..., SearchResult]) -> Callable[..., SearchResult]:
+    """`function` run with Python's cyclic garbage collector paused (reference counting still frees what is
+    dropped), and resumed after if it was on. A search allocates up to 10⁶ objects — layouts, candidates, cost
+    tables — that form no cycles and live until it returns, so the collector's full passes over them free nothing:
+    DeepSeek-V3 on 2,048 H800 ran 7 of them, 0 objects collected, about 1 s of its 5.5 s. Process-wide while it
+    runs (the collector has no per-thread switch)."""
+    @wraps(function)
+    def paused(*args: Any, **kwargs: Any) -> SearchResult:
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            if enabled:
+                gc.enable()
+    return paused
+
+
+@_without_cyclic_gc
 def search(
     model: ModelSpec,
     cluster: Cluster,
@@ -908,11 +965,12 @@ def search(
 
 def _pipeline_ceiling(plans: list[RankedPlan], top_k: int, candidate: _Candidate) -> float | None:
     """The longest simulated pipeline with which `candidate` could still reach the top `top_k` (None until they are
-    filled): `estimate` adds the terms no split changes (`split_free_s`) to the pipeline, and a plan must not be
-    slower than the k-th best to join (ties rank by memory, so equal is kept)."""
+    filled): `estimate` adds to the pipeline the terms no split changes (`split_free_s`) and the exposed DP traffic,
+    never below the least any split exposes (`dp_exposed_s`), and a plan must not be slower than the k-th best to
+    join (ties rank by memory, so equal is kept)."""
     if len(plans) < top_k:
         return None
-    return plans[-1].estimate.iteration_time_s - candidate.split_free_s
+    return plans[-1].estimate.iteration_time_s - candidate.split_free_s - candidate.dp_exposed_s
 
 
 def _rank_key(plan: RankedPlan) -> tuple:
