@@ -21,12 +21,13 @@ from dataclasses import dataclass
 
 from benchmarks.sources import Source, skipped_files, sources
 from benchmarks.validation_runs import Run, predict, predict_layer, shipped_before_fix_nic_ratio, split_fit_hold
+from planner.errors import PlannerError
 from planner.gpu import GIB
 from planner.profile.calibration import Calibration, default_calibration
 from planner.render import format_table
 
-__all__ = ["Outcome", "Score", "SourceScore", "oom_outcomes", "outcomes", "score", "score_source", "summary_lines",
-           "time_errors"]
+__all__ = ["Outcome", "Score", "SourceScore", "held_out_errors", "held_out_line", "oom_outcomes", "outcomes", "score",
+           "score_source", "summary_lines", "time_errors"]
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,26 @@ def score_source(source: Source, calibration: Calibration) -> SourceScore:
 
 def _pct(value: float) -> str:
     return f"{100 * value:.1f} %"
+
+
+def held_out_errors(runs: Sequence[Run], calibration: Calibration) -> tuple[list[tuple[Run, float]], list[str]]:
+    """(run, time error) of each run from outside the validation files (the held-out checks), and why the cost model
+    refuses the others (a layout it cannot split, say)."""
+    errors, refused = [], []
+    for run in runs:
+        try:
+            errors.append((run, predict(run, calibration).iteration_time_s / run.iteration_s - 1))
+        except PlannerError as exc:
+            refused.append(f"{run.label}: {exc}")
+    return errors, refused
+
+
+def held_out_line(label: str, errors: Sequence[float]) -> str:
+    """A held-out check's summary of `errors`: runs, time MAPE, mean signed error, worst."""
+    scored = score(errors)
+    mean = 100 * statistics.mean(errors)
+    return (f"{label} {scored.count:3d} runs  time MAPE {_pct(scored.mape)}  mean {mean:+.1f} %  "
+            f"worst {_pct(scored.worst)}")
 
 
 def summary_lines(scores: Sequence[SourceScore]) -> list[str]:

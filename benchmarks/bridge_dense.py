@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import re
-import statistics
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.accuracy import held_out_errors, held_out_line
 from benchmarks.bridge_systems import bridge_cluster, bridge_gpu, bridge_precision
-from benchmarks.validation_runs import BRIDGE_PERF_GRAD_BYTES, Run, predict
+from benchmarks.validation_runs import BRIDGE_PERF_GRAD_BYTES, Run
 from planner.config import ParallelConfig, Schedule, Training
 from planner.errors import PlannerError
 from planner.model import load_model
@@ -140,24 +140,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     runs, skipped = dense_runs("\n".join(texts))
     if not runs:
         parser.error("the pages hold no dense Llama pre-training rows planner runs")
-    calibration = default_calibration()
-    errors: dict[str, list[float]] = {}
-    for run in runs:
-        try:
-            error = predict(run, calibration).iteration_time_s / run.iteration_s - 1
-        except PlannerError as exc:
-            skipped.append(f"{run.label}: {exc}")
-            continue
-        errors.setdefault(run.label.split()[1], []).append(error)
+    errors, refused = held_out_errors(runs, default_calibration())
+    by_system: dict[str, dict[str, list[float]]] = {}
+    for run, error in errors:
+        _, system, model, *_ = run.label.split()
+        by_system.setdefault(system, {}).setdefault(model, []).append(error)
         if args.runs:
             print(f"{run.label}  {100 * error:+6.1f} %")
-    everything = [error for system in errors.values() for error in system]
-    for system, values in sorted(errors.items()):
-        print(f"{system:10s} {len(values):3d} runs  time MAPE {100 * statistics.mean(map(abs, values)):5.1f} %  "
-              f"mean {100 * statistics.mean(values):+5.1f} %")
-    print(f"{'all':10s} {len(everything):3d} runs  time MAPE {100 * statistics.mean(map(abs, everything)):5.1f} %  "
-          f"({len(skipped)} rows not estimated)")
-
+    for system, models in sorted(by_system.items()):
+        print(held_out_line(f"{system:10s}", [error for values in models.values() for error in values]))
+        for model, values in sorted(models.items()):
+            print(held_out_line(f"  {model:13s}", values))
+    print(held_out_line(f"{'all':10s}", [error for _, error in errors])
+          + f"  ({len(skipped) + len(refused)} rows not estimated)")
 
 if __name__ == "__main__":
     main()

@@ -13,12 +13,12 @@ profiles/gpus.yaml's `efficiency_source` for that GPU.
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Sequence
 from dataclasses import replace
 
+from benchmarks.accuracy import held_out_line, outcomes, score
 from benchmarks.calibrate import golden_section
-from benchmarks.validation_runs import Run, long_context_runs, predict
+from benchmarks.validation_runs import Run, long_context_runs
 from planner.cluster import Cluster
 from planner.gpu import lookup_gpu
 from planner.profile.calibration import default_calibration
@@ -39,9 +39,8 @@ def with_efficiency(cluster: Cluster, efficiency: float) -> Cluster:
 
 def run_errors(runs: Sequence[Run], efficiency: float) -> list[float]:
     """Predicted over published iteration time − 1 of each run with its GPU at `efficiency`."""
-    calibration = default_calibration()
-    return [predict(replace(run, cluster=with_efficiency(run.cluster, efficiency)), calibration).iteration_time_s
-            / run.iteration_s - 1 for run in runs]
+    changed = [replace(run, cluster=with_efficiency(run.cluster, efficiency)) for run in runs]
+    return [outcome.time_error for outcome in outcomes(changed, default_calibration())]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -54,14 +53,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     shipped = lookup_gpu(args.gpu).matmul_efficiency
 
     def mape(efficiency: float) -> float:
-        return statistics.mean(map(abs, run_errors(runs, efficiency)))
+        return score(run_errors(runs, efficiency)).mape
 
     fitted = golden_section(mape, 0.5, 1.0, shipped, steps=16)
-    for label, value in (("shipped", shipped), ("fitted", fitted)):
-        errors = run_errors(runs, value)
-        print(f"{label} {value:.3f}: {len(runs)} runs, MAPE {100 * statistics.mean(map(abs, errors)):.1f} %, "
-              f"mean {100 * statistics.mean(errors):+.1f} %")
-    for run, error in zip(runs, run_errors(runs, fitted), strict=True):
+    print(held_out_line(f"shipped {shipped:.3f}:", run_errors(runs, shipped)))
+    errors = run_errors(runs, fitted)
+    print(held_out_line(f"fitted  {fitted:.3f}:", errors))
+    for run, error in zip(runs, errors, strict=True):
         print(f"  {run.label[:100]}  {100 * error:+.1f} %")
 
 

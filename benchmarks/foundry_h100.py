@@ -11,13 +11,13 @@ time error of every run whose model the A100 file shapes, as a test of the cost 
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from benchmarks.accuracy import held_out_errors, held_out_line
 from benchmarks.validation_runs import (
     DATA,
     LLMFOUNDRY_FILE,
@@ -25,11 +25,9 @@ from benchmarks.validation_runs import (
     Run,
     llmfoundry_config,
     llmfoundry_model,
-    predict,
 )
 from planner.cluster import load_cluster
 from planner.config import Training
-from planner.errors import PlannerError
 from planner.profile.calibration import default_calibration
 
 __all__ = ["h100_rows", "h100_runs"]
@@ -101,19 +99,12 @@ def main() -> None:
     runs = h100_runs(text)
     if not runs:
         parser.error(f"{args.readme} has no H100 table rows of the MPT models the A100 file shapes")
-    calibration = default_calibration()
-    errors = []
-    for run in runs:
-        try:
-            error = predict(run, calibration).iteration_time_s / run.iteration_s - 1
-        except PlannerError as exc:
-            raise SystemExit(f"error: {run.label}: {exc}") from None
-        errors.append(error)
-        if args.runs:
+    errors, refused = held_out_errors(runs, default_calibration())
+    if args.runs:
+        for run, error in errors:
             print(f"{run.label}  {100 * error:+6.1f} %")
-    print(f"{len(errors)} runs, time MAPE {100 * statistics.mean(map(abs, errors)):.1f} %, "
-          f"mean error {100 * statistics.mean(errors):+.1f} %, worst {100 * max(map(abs, errors)):.1f} %")
-
+    print(held_out_line("llm-foundry H100", [error for _, error in errors])
+          + (f"  ({len(refused)} runs the cost model refuses: {'; '.join(refused)})" if refused else ""))
 
 if __name__ == "__main__":
     main()

@@ -918,9 +918,10 @@ def _sharded_microbatch_s(runs: Sequence[UnitRun], training: Training, config: P
     # BACKWARD_POST issues a unit's backward gather only after the previous unit's gradient computation: it waits
     # in full, whatever the order of the units, and only the reduce-scatters hide
     post = config.fsdp_backward_prefetch == "post"
-    waiting = sum(gather * regather * count for (_, count), (gather, _) in zip(runs, collectives, strict=True))
-    backward = post * waiting + _prefetch_exposed_s(
-        [_PassRun(gather * regather * (not post), reduce, unit.backward_s + unit.recompute_s, count)
+    waiting = sum(gather * regather * count
+                  for (_, count), (gather, _) in zip(runs, collectives, strict=True)) if post else 0.0
+    backward = waiting + _prefetch_exposed_s(
+        [_PassRun(0.0 if post else gather * regather, reduce, unit.backward_s + unit.recompute_s, count)
          for (unit, count), (gather, reduce) in zip(runs[::-1], collectives[::-1], strict=True)], any_order)
     return total, forward + backward
 

@@ -237,7 +237,8 @@ class _Context:
     def first_rank_costs(self, config: ParallelConfig, links: GroupLinks) -> dict[CostKey, UnitCost]:
         """`rank_costs(config, links)[0]` without resharding the other ranks' tables (what a whole-model total
         needs: every rank holds the same parameters and activations per unit)."""
-        return self.resharded(config, self.setting_costs(config, links)[0])
+        first = self.setting_costs(config, links)[0]
+        return self.resharded(config, first) if self.model.is_moe else first
 
     def resharded(self, config: ParallelConfig, cost: dict[CostKey, UnitCost]) -> dict[CostKey, UnitCost]:
         """A setting's unit costs (`setting_costs`) under the configuration's sharding (MoE models only)."""
@@ -527,8 +528,8 @@ def _fits_pipeline(ctx: _Context, config: ParallelConfig) -> bool:
     """Whether the configuration passes `_with_memory`'s first test (its whole pipeline's least need within all its
     ranks' memory) — checked when its family is opened, so members that cannot fit are never bounded."""
     _, links = ctx.placed(config)
-    first = ctx.first_rank_costs(config, links) if ctx.model.is_moe else ctx.setting_costs(config, links)[0]
-    need = _pipeline_need_bytes(ctx, config, (first,), config.num_microbatches(ctx.training.global_batch))
+    need = _pipeline_need_bytes(ctx, config, (ctx.first_rank_costs(config, links),),
+                                config.num_microbatches(ctx.training.global_batch))
     return need <= ctx.capacity_bytes(links)
 
 
