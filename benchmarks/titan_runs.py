@@ -11,10 +11,11 @@ eager element-wise kernels where the row says it ran without torch.compile (`--e
 rows ran torchtitan's eager RMSNorm module, norm_type "rmsnorm" in llama3_8b.toml @9dec370), local batch =
 `micro_batch` per DP rank with
 no gradient accumulation, and any float8 / MXFP8 recipe = fp8 GEMMs. "selective" activation
-checkpointing is torchtitan's per-op SAC (`selective_recompute` "op"). The Dec-2024 H100s are 96 GB HBM2e
-parts at 500 W: their capacity is 96 GB here; their lower clocks are not modelled. The loss runs as the row's
-torchtitan ran it (`_cross_entropy`), and the published memory is torchtitan's "memory: X GiB", PyTorch's
-max_memory_reserved (the files' memory_kind column): the caching allocator's peak, without CUDA context or NCCL buffers.
+checkpointing is torchtitan's per-op SAC (`selective_recompute` "op"). The Dec-2024 H100s are Grand Teton's
+96 GB HBM2e parts at 500 W (`H100-96GB-HBM2e`: 95 GiB at 2.4 TB/s; their lower clocks are not modelled).
+The loss runs as the row's torchtitan ran it (`_cross_entropy`), and the published memory is torchtitan's
+"memory: X GiB", PyTorch's max_memory_reserved (the files' memory_kind column): the caching allocator's peak,
+without CUDA context or NCCL buffers.
 Iteration time = global-batch tokens / (tokens/s/GPU × GPUs) (torchtitan divides by cp·tp·pp too).
 """
 
@@ -40,7 +41,6 @@ TITAN_FILES = ("torchtitan_benchmarks_llama3_h100_202412.csv", "torchtitan_docs_
 _CATALOG = {("Llama 3", "8B"): "llama3-8b", ("Llama 3", "70B"): "llama3-70b", ("Llama 3", "405B"): "llama3-405b",
             ("Llama 2", "13B"): "llama2-13b", ("Llama 2", "70B"): "llama2-70b"}
 _GPUS = (("MI300X", "MI300X"), ("GB200", ""), ("B200", "B200"), ("A100", "A100-80GB"), ("H100", "H100-80GB"))
-_HBM2E_H100_BYTES = 96e9  # "96GB HBM2e" (torchtitan benchmark text; docs say 95GB)
 
 
 @dataclass(frozen=True)
@@ -132,11 +132,9 @@ def _recompute(checkpointing: str) -> Recompute:
 
 
 def _cluster(row: _Row, hardware: str) -> Cluster:
-    cluster = load_cluster(f"{max(row.gpus // 8, 1)}x{min(row.gpus, 8)}x{row.gpu}")
-    if row.gpu != "H100-80GB" or "HBM2e" not in hardware:
-        return cluster
-    gpu = replace(cluster.nodes[0].gpu, name="H100-96GB-HBM2e", memory_bytes=int(_HBM2E_H100_BYTES))
-    return cluster.with_nodes(replace(node, gpu=gpu) for node in cluster.nodes)
+    """The row's GPUs in nodes of 8; a Dec-2024 row's "HBM2e" H100s are Grand Teton's `H100-96GB-HBM2e`."""
+    gpu = "H100-96GB-HBM2e" if row.gpu == "H100-80GB" and "HBM2e" in hardware else row.gpu
+    return load_cluster(f"{max(row.gpus // 8, 1)}x{min(row.gpus, 8)}x{gpu}")
 
 
 # torchtitan before pytorch/torchtitan 5e2033c75 (2025-04-07) split the local batch into as many pipeline
