@@ -28,19 +28,21 @@ import pandas as pd
 from benchmarks.validation_runs import DATA, Run, Skipped
 from planner.cluster import Cluster, load_cluster
 from planner.config import ParallelConfig, Recompute, Schedule, Training
+from planner.errors import PlannerError
 from planner.frameworks import FRAMEWORKS
 from planner.gpu import GIB
 from planner.model import load_model
 
 TORCHTITAN = FRAMEWORKS["torchtitan"]
 
-__all__ = ["TITAN_FILES", "titan_runs"]
+__all__ = ["TITAN_FILES", "common_schema_run", "titan_runs"]
 
 TITAN_FILES = ("torchtitan_benchmarks_llama3_h100_202412.csv", "torchtitan_docs_performance_2024_a100_and_405b.csv",
                "torchao_float8_mxfp8_torchtitan_benchmarks.csv")
 _CATALOG = {("Llama 3", "8B"): "llama3-8b", ("Llama 3", "70B"): "llama3-70b", ("Llama 3", "405B"): "llama3-405b",
             ("Llama 2", "13B"): "llama2-13b", ("Llama 2", "70B"): "llama2-70b"}
-_GPUS = (("MI300X", "MI300X"), ("GB200", ""), ("B200", "B200"), ("A100", "A100-80GB"), ("H100", "H100-80GB"))
+_GPUS = (("MI300X", "MI300X"), ("GB200", ""), ("B200", "B200"), ("A100", "A100-80GB"), ("H100", "H100-80GB"),
+         ("H200", "H200"))
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,9 @@ def _micro_batch(file: str, row: _Row) -> int:
 # commented out ("compiling loss function causes CUDA errors"), the 2024 docs predate it, and torchao's H100 rows ran
 # torchtitan 0.0.2 on a PyTorch 2.7.0a0 nightly, a main-branch build from before the 2.7 branch cut (March 2025).
 # With TP the loss runs under DTensor's loss_parallel: the same eager ops, each rank over its vocabulary shard.
-_COMPILED_LOSS_COMMITS = ("2c8b5947991239913d67e2f7d22a255c3e2a9694", "6fc499f6f5b32151a799188be2208cfb09faed30")
+# The held-out June-2025 pages (benchmarks/titan_heldout.py) ran 820504e and e7c0cae, both after bbb1b616e.
+_COMPILED_LOSS_COMMITS = ("2c8b5947991239913d67e2f7d22a255c3e2a9694", "6fc499f6f5b32151a799188be2208cfb09faed30",
+                          "820504e20d1149fbf0b98c567af24c4b0433b22d", "e7c0cae934df78d6e9c2835f42ff1f757dc3fddc")
 
 
 def _cross_entropy(frame_row: pd.Series, row: _Row) -> str:
@@ -196,6 +200,17 @@ def _run(file: str, frame_row: pd.Series, row: _Row) -> Run:
     label = f"row{frame_row['row_id']} {row.model} s{row.seq_len} {row.gpus}x{row.gpu} {config.describe()}"
     return Run(file, label, load_model(_catalog_name(row.model) or ""), _cluster(row, str(frame_row["hardware"])),
                training, config, iteration, memory, f"{file} row_id {frame_row['row_id']}", memory_in_allocator=True)
+
+
+def common_schema_run(source: str, fields: dict[str, object]) -> Run:
+    """One run stated in the common FSDP schema's columns (a validation file's row, or a held-out page's run
+    written as one), as planner estimates it; `source` names where it came from."""
+    frame_row = pd.Series(fields)
+    row = _parse(frame_row)
+    why = _unsupported(row)
+    if why:
+        raise PlannerError(f"{source} row {fields.get('row_id')}: {why}")
+    return _run(source, frame_row, row)
 
 
 def titan_runs(file: str) -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
