@@ -87,18 +87,20 @@ def test_the_clamps_blocking_copy_splits_the_routed_path_after_the_first_gemms()
     on B200 (MB-064's micro-batch) the first is GPU-bound and the second host-bound, so the split costs time over one
     pass."""
     view, setting, calibration = _view(GPT_OSS), _setting(micro_batch=4), default_calibration()
-    host, launch = calibration.host_kernel_s, calibration.kernel_launch_s
+    host, looped, launch = calibration.host_kernel_s, calibration.grouped_gemm_host_s, calibration.kernel_launch_s
     memory, gemms = view._routed_kernels(setting)
     assert (memory, gemms) == (1 + 3 + 2 + 2 * 16 + 1, 32)  # activation, clamp, permutes, bias adds; 2 × 16 GEMMs
     up, down = view._routed_expert_linears(setting, B200)
     routed = (up + down + view.memory_time(B200, setting.tokens * view._routed_bytes_per_token(setting))
               + memory * launch)
     first = up + view.memory_time(B200, setting.tokens * view._permute_bytes_per_token(setting) / 2) + launch
-    first_kernels, rest_kernels = 1 + 16, memory + gemms - 17
-    expected = (1.0 - routed) + max(first, first_kernels * host) + max(routed - first, rest_kernels * host)
+    # the permute at host_kernel_s and the first grouped linear's 16 GEMMs at grouped_gemm_host_s; then the rest
+    first_host = host + 16 * looped
+    rest_host = (memory - 1) * host + 16 * looped
+    expected = (1.0 - routed) + max(first, first_host) + max(routed - first, rest_host)
     assert view._synced_forward(setting, B200, 1.0, 200) == pytest.approx(expected, rel=1e-12)
-    assert first > first_kernels * host and routed - first < rest_kernels * host
-    assert expected > (1.0 - routed) + max(routed, (memory + gemms) * host)
+    assert first > first_host and routed - first < rest_host
+    assert expected > (1.0 - routed) + max(routed, memory * host + gemms * looped)
 
 
 def test_gpt_oss_rotates_q_and_k_unfused_under_yarn() -> None:

@@ -556,7 +556,8 @@ class AnalyticProfile:
         if block.mlp is not None and block.mlp.is_moe and block.attention is None and block.mamba is None:
             launched = kernels + view._moe_gemm_kernels(setting)
             forward = view._synced_forward(setting, gpu, forward, launched)
-            backward = view._host_bound(setting, backward, _BACKWARD_KERNELS_PER_FORWARD * launched)
+            backward = view._host_bound(setting, backward, _BACKWARD_KERNELS_PER_FORWARD * launched,
+                                        _BACKWARD_KERNELS_PER_FORWARD * view._routed_kernels(setting)[1])
         return UnitTimes(forward, backward, core_forward, tuple(linears), core_backward, wgrad, modules)
 
     def _mamba(self, block: BlockSpec, setting: UnitSetting, gpu: GPUSpec) -> tuple[float, float, float, float]:
@@ -778,21 +779,25 @@ class AnalyticProfile:
         after = memory_kernels + routed_kernels
         before = self._host_bound(setting, gpu_s - routed, kernels - after)
         if self.model.activation_clamp is None:
-            return before + self._host_bound(setting, routed, after)
+            return before + self._host_bound(setting, routed, after, routed_kernels)
         permutes = self._permutations(setting) / 2
         permute_s = self.memory_time(gpu, setting.tokens * self._permute_bytes_per_token(setting) / 2)
         first = up + permute_s + permutes * launch
         first_kernels = permutes + routed_kernels / _GROUPED_LINEARS  # the first grouped linear's launches
-        return (before + self._host_bound(setting, first, first_kernels)
-                + self._host_bound(setting, routed - first, after - first_kernels))
+        looped = routed_kernels / _GROUPED_LINEARS
+        return (before + self._host_bound(setting, first, first_kernels, looped)
+                + self._host_bound(setting, routed - first, after - first_kernels, routed_kernels - looped))
 
-    def _host_bound(self, setting: UnitSetting, gpu_s: float, kernels: float) -> float:
-        """A pass's time: its GPU time, or the host's time to launch its kernels when that is longer (eager
-        PyTorch queues kernels asynchronously, so the GPU waits only when the host falls behind); a replayed
-        full-iteration CUDA graph launches nothing from the host (Training.cuda_graphs), so its GPU time."""
+    def _host_bound(self, setting: UnitSetting, gpu_s: float, kernels: float, looped: float = 0.0) -> float:
+        """A pass's time: its GPU time, or the host's time to launch its `kernels` when that is longer (eager
+        PyTorch queues kernels asynchronously, so the GPU waits only when the host falls behind): `looped` of them
+        from Transformer Engine's GroupedLinear C++ loop (`grouped_gemm_host_s` each), the rest from Python-level
+        modules (`host_kernel_s` each); a replayed full-iteration CUDA graph launches nothing from the host
+        (Training.cuda_graphs), so its GPU time."""
         if setting.cuda_graphs == "full_iteration":
             return gpu_s
-        return max(gpu_s, kernels * self.calibration.host_kernel_s)
+        cal = self.calibration
+        return max(gpu_s, (kernels - looped) * cal.host_kernel_s + looped * cal.grouped_gemm_host_s)
 
     def _block(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
         """The mean block: MoE and dense blocks weighted by their counts (all blocks are costed alike)."""
@@ -894,8 +899,9 @@ class AnalyticProfile:
         wgrad = self._block_of(_bf16_twin(setting), gpu, moe).weight_grad_s if self._bf16_wgrad(setting, gpu) \
             else gemms
         backward_elementwise = self._elementwise_backward(setting, gpu, elementwise, moe)
+        looped = self._routed_kernels(setting)[1] if moe else 0.0
         backward = self._host_bound(setting, gemms + wgrad + core_backward + backward_elementwise + cast_backward,
-                                    _BACKWARD_KERNELS_PER_FORWARD * kernels)
+                                    _BACKWARD_KERNELS_PER_FORWARD * kernels, _BACKWARD_KERNELS_PER_FORWARD * looped)
         # W: each linear layer's and the router's weight-gradient GEMM (as long as its forward GEMM at the
         # recipe's precision); the input-gradient GEMMs, the attention core's backward and the element-wise work
         # are B's

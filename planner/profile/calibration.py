@@ -50,6 +50,9 @@ class Calibration:
     # host (CPU) time eager PyTorch spends per kernel it launches (Python, dispatcher, autograd, launch): a pass
     # whose kernels are shorter than this is host-bound
     host_kernel_s: float = 0.0
+    # host time per GEMM (or FP8 input quantisation) Transformer Engine's GroupedLinear launches from its C++ loop
+    # over the local experts, no Python in between
+    grouped_gemm_host_s: float = 0.0
     # share of the GEMM and HBM rates the Mamba-2 SSD scan's kernels (chunked scan, conv1d, gated norm) reach
     mamba_scan_efficiency: float = 1.0
 
