@@ -85,6 +85,7 @@ from planner.render import (
 from planner.replay import problem_of
 from planner.search.placement import replan, replan_record
 from planner.search.planning import plan
+from planner.search.search import RankedPlan
 from planner.search.space import FixedOptions, complete_config
 from planner.slowdown import apply_slowdowns, parse_slowdown
 from planner.sweep import cheapest_by, fastest_within, parse_prices, sweep, sweep_frame, sweep_svg
@@ -527,6 +528,10 @@ def echo_heterogeneity(record: dict[str, Any]) -> None:
                    "unit's gradients, hidden behind them: PyTorch FSDP's default, FSDP2, Megatron-FSDP, DeepSpeed) "
                    "or post (after them, waiting in full: FSDP1 BACKWARD_POST, MosaicML Composer's default)  "
                    "[default: pre]")
+@click.option("--recompute-num-layers", type=click.IntRange(min=1), metavar="N",
+              help="With --recompute full: each model chunk recomputes only its first N blocks and keeps the "
+                   "others' activations (Megatron-LM --recompute-method block --recompute-num-layers N)  "
+                   "[default: every block]")
 @profile_option
 @calibration_option
 @cluster_condition_options
@@ -611,6 +616,18 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
 
 # estimate options that may accompany --plan: all others would change what the file states
 _WITH_PLAN = {"plan_path", "framework", "as_json", "out", "placement_detail", "tokens", "gpu_hour_price"}
+
+
+def split_quality(best: RankedPlan) -> str:
+    """How good the best plan's stage split is known to be: proven optimal, within a gap of the search's lower
+    bound, or searched under full recompute of every block before the plan kept some blocks' activations."""
+    if best.optimal:
+        return "the split is proven optimal: its estimate meets the lower bound over every split"
+    if best.lower_bound_s is None:
+        return (f"the split was searched under full recompute of every block; recomputing "
+                f"{best.config.recompute_num_layers} per model chunk fits and is faster (no bound over splits for it)")
+    gap = best.estimate.iteration_time_s / best.lower_bound_s - 1
+    return f"the split is within {100 * gap:.2f} % of the lower bound over every split (not proven optimal)"
 
 
 def plan_file_problem(plan_path: Path, framework: str | None,
@@ -776,9 +793,7 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     click.echo(f"\nbest plan: {best.config.describe()}; its stage split is {100 * gain:.1f} % faster than the "
                f"uniform split ({best.uniform.iteration_time_s:.3f} s"
                f"{'' if best.uniform.fits else ', which does not fit'})")
-    gap = best.estimate.iteration_time_s / best.lower_bound_s - 1
-    click.echo("the split is proven optimal: its estimate meets the lower bound over every split" if best.optimal
-               else f"the split is within {100 * gap:.2f} % of the lower bound over every split (not proven optimal)")
+    click.echo(split_quality(best))
     click.echo(describe_estimate(best.config, best.estimate, best.config.num_gpus, mfu_convention(training)))
     echo_local_learning(documents[0])
     if costs[0]:

@@ -372,6 +372,9 @@ class ParallelConfig:
     (BF16_Optimizer) needs zero_stage 1, the planner's name for the sharding it does itself.
     `fp8_param_gather` (FP8 training with sharded weights): the linear weights are gathered in FP8, one byte each
     (torchao's enable_fsdp_float8_all_gather under FSDP2, Megatron-LM's --fp8-param-gather).
+    `recompute_num_layers` (at least 1; it means something only under `Recompute.FULL`, elsewhere it is reset to
+    None): each model chunk recomputes its first N blocks in full and keeps the others' activations, as
+    Megatron-LM's block method does (a chunk of at most N blocks recomputes them all); None recomputes every block.
     """
 
     dp: int
@@ -394,6 +397,9 @@ class ParallelConfig:
     fp8_param_gather: bool = False
     sequence_parallel: bool = False
     recompute: Recompute = Recompute.NONE
+    # under full recompute, the blocks of each model chunk recomputed: its first N (Megatron-LM's
+    # --recompute-method block --recompute-num-layers N), the rest keep their activations; None: every block
+    recompute_num_layers: int | None = None
     zero_stage: int = 0
     distributed_optimizer: bool = False
     deepspeed_optimizer: str = "zero"
@@ -457,6 +463,7 @@ class ParallelConfig:
                                f"(Megatron-LM overlaps pipeline sends only there), got {self.schedule.value} "
                                f"with pp={self.pp}")
         self._normalise()
+        self._check_recompute_num_layers()
         if self.zero_stage not in (0, 1, 2, 3):
             raise PlannerError(f"parallel config: zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.distributed_optimizer and self.zero_stage > 1:
@@ -479,12 +486,28 @@ class ParallelConfig:
             raise PlannerError(f"parallel config: hsdp_replicas {self.hsdp_replicas} must divide dp·cp = "
                                f"{self.replicas}")
 
+    def _check_recompute_num_layers(self) -> None:
+        """`recompute_num_layers` is a positive block count (`_normalise` has dropped it without full recompute)."""
+        layers = self.recompute_num_layers
+        if layers is not None and (type(layers) is not int or layers < 1):
+            raise PlannerError(f"parallel config: recompute_num_layers must be a whole number >= 1 (blocks per model "
+                               f"chunk recomputed), got {layers!r}")
+
+    def recomputed_blocks(self, blocks: int) -> int:
+        """How many of a model chunk's `blocks` are recomputed in full: all under full recompute unless
+        `recompute_num_layers` picks fewer, none otherwise."""
+        if self.recompute is not Recompute.FULL:
+            return 0
+        return blocks if self.recompute_num_layers is None else min(self.recompute_num_layers, blocks)
+
     def _normalise(self) -> None:
         """Fill the defaults that follow from other fields and store enums and recompute modules in their one form."""
         if self.reshard_after_forward is None:
             object.__setattr__(self, "reshard_after_forward", self.pp == 1)
         if not isinstance(self.recompute, Recompute):
             object.__setattr__(self, "recompute", Recompute(self.recompute))
+        if self.recompute is not Recompute.FULL and self.recompute_num_layers is not None:
+            object.__setattr__(self, "recompute_num_layers", None)  # only full recompute picks blocks
         self._check_recompute_modules()
         if not isinstance(self.schedule, Schedule):
             object.__setattr__(self, "schedule", Schedule(self.schedule))
@@ -618,7 +641,8 @@ class ParallelConfig:
         if self.vpp > 1:
             parts.append(f"vpp={self.vpp}")
         modules = "" if self.recompute_modules == DEFAULT_RECOMPUTE_MODULES else f"[{','.join(self.recompute_modules)}]"
-        parts += [f"mb={self.micro_batch}", f"recompute={self.recompute.value}{modules}"]
+        layers = "" if self.recompute_num_layers is None else f":{self.recompute_num_layers}"
+        parts += [f"mb={self.micro_batch}", f"recompute={self.recompute.value}{layers}{modules}"]
         if self.sequence_parallel:
             parts.append("sp")
         if self.tp_comm_overlap:

@@ -25,7 +25,7 @@ for every target would double the space (`Framework.searches`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from planner.config import (
@@ -127,6 +127,10 @@ class Framework:
     fp8_gather_recipes: tuple[str, ...] | None = None
     # what it runs of a given model, narrowed from the above (None: every model alike); see `for_model`
     model_limits: Callable[[Framework, ModelSpec], dict[str, object]] | None = None
+    # how it recomputes only some blocks of a chunk (ParallelConfig.recompute_num_layers): "first" (Megatron-LM's
+    # block method, the first N of each chunk), "first without pp" (Megatron-DeepSpeed: its pipeline engine
+    # recomputes every layer of a stage), "every k-th" (torchtitan's per-layer AC: N must divide a chunk's blocks)
+    block_recompute: str = "first"
 
     def for_model(self, model: ModelSpec) -> Framework:
         """This framework as it runs `model`: some targets run only part of their features for some models
@@ -242,7 +246,21 @@ class Framework:
             return f"{self.version} has no HSDP (hsdp_replicas={config.hsdp_replicas})"
         if config.zero_stage == 3 and not config.reshard_after_forward and not self.keeps_gathered_weights:
             return f"{self.version} re-shards ZeRO-3 weights after every forward"
+        if config.recompute_num_layers is not None and config.pp > 1 and self.block_recompute == "first without pp":
+            return (f"{self.version}'s pipeline engine recomputes every layer of a stage, not "
+                    f"recompute_num_layers={config.recompute_num_layers} of them")
         return self.recompute_modules_why_not(config.recompute_modules)
+
+    def block_recompute_counts(self, blocks_per_chunk: Sequence[int]) -> range | list[int]:
+        """The recompute_num_layers it can run for chunks of `blocks_per_chunk` blocks that recompute only some of
+        them (fewer than the largest chunk): any count under Megatron-LM's block method, a count dividing every
+        chunk's (equal) blocks under torchtitan's every-k-th-block AC."""
+        largest = max(blocks_per_chunk)
+        if self.block_recompute != "every k-th":
+            return range(1, largest)
+        if len(set(blocks_per_chunk)) > 1:
+            return []
+        return [n for n in range(1, largest) if largest % n == 0]
 
     def recompute_modules_why_not(self, modules: tuple[str, ...]) -> str | None:
         """None if it runs selective recompute of `modules` (Megatron-LM's --recompute-modules), else why not."""
@@ -333,6 +351,7 @@ FRAMEWORKS: dict[str, Framework] = {
         no_adapters="Megatron-DeepSpeed's pretrain_gpt.py has no LoRA/PEFT (Hugging Face PEFT runs under "
                     "transformers' Trainer, not this launcher)",
         fixed_selective_recompute="the attention core's (Megatron-DeepSpeed has no --recompute-modules)",
+        block_recompute="first without pp",
         fused_elementwise_only="apex's fused LayerNorm and the TorchScript bias-GeLU / bias-dropout-add fusions",
         optimizer_states=(("fp32", None), ("cpu", frozenset({(1, False), (2, False), (3, False)})))),
     # FSDP2 (reshard_after_forward never: ZeRO-2; default: ZeRO-3) or DDP, with PP too; CP rotates KV by
@@ -355,7 +374,7 @@ FRAMEWORKS: dict[str, Framework] = {
         # offloads parameters too, which planner does not price
         no_adapters="0.2.2 has no LoRA model converter (pytorch/torchtitan#2484 adds one after the release)",
         fixed_selective_recompute='per-op SAC (activation_checkpoint.selective_ac_option "op") or every k-th block',
-        loss_follows_compile=True, model_limits=_torchtitan_model_limits,
+        loss_follows_compile=True, model_limits=_torchtitan_model_limits, block_recompute="every k-th",
         # torchao's float8 recipes ([quantize.linear.float8] recipe_name, tensorwise when unnamed) and MXFP8
         # ([quantize.linear.mx]); torchao dropped delayed scaling
         fp8_recipes=("tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8"), fp8_saved_input="bf16",

@@ -60,6 +60,7 @@ def ranked_frame(plans: Sequence[RankedPlan]) -> pd.DataFrame:
             "rank": rank, "dp": c.dp, "tp": c.tp, "pp": c.pp, "vpp": c.vpp, "cp": c.cp, "cp_comm": c.cp_comm,
             "micro_batch": c.micro_batch,
             "num_microbatches": e.num_microbatches, "recompute": c.recompute.value,
+            "recompute_num_layers": c.recompute_num_layers,
             "sharding": "dist-opt" if c.distributed_optimizer else f"zero{c.zero_stage}",
             "sequence_parallel": c.sequence_parallel, "schedule": c.schedule.value, "stages": stage_split_summary(e),
             "iteration_time_s": e.iteration_time_s, "tokens_per_s": e.tokens_per_s, "mfu": e.mfu,
@@ -84,7 +85,8 @@ def format_ranked(frame: pd.DataFrame) -> str:
     """The ranked-plans table of `planner plan` (with time-to-train and cost columns after `--tokens`)."""
     costed = "time_to_train_s" in frame
     rows = [(r.rank, f"{r.dp}/{r.tp}/{r.pp}/{r.vpp}" + (f" cp{r.cp} {r.cp_comm}" if r.cp > 1 else ""),
-             r.micro_batch, r.num_microbatches, r.recompute, r.sharding,
+             r.micro_batch, r.num_microbatches,
+             r.recompute + ("" if pd.isna(r.recompute_num_layers) else f":{int(r.recompute_num_layers)}"), r.sharding,
              r.schedule, r.stages, f"{r.iteration_time_s:.3f} s", f"{r.tokens_per_s:,.0f}", f"{100 * r.mfu:.1f} %",
              f"{gib(r.peak_memory_bytes)} / {gib(r.capacity_bytes)}",
              *((f"{r.time_to_train_s / 86400:,.1f} d", f"{r.gpu_hours:,.0f}", _money(r.cost_usd)) if costed else ()))

@@ -8,7 +8,7 @@ the optimizer step, and per-GPU memory (cost/memory.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from planner.cluster import Cluster
 from planner.config import ParallelConfig, Partition, Recompute, Training, fp8_param_gather_why_not
@@ -115,12 +115,27 @@ def mfu_convention(training: Training) -> str:
             f"{training.dtype} dense peak")
 
 
-def _sum_costs(keys: Sequence[CostKey], costs: dict[CostKey, UnitCost], start: int, end: int) -> dict[str, float]:
-    """Each cost term summed over units start..end − 1, each unit at its own type's cost."""
+def _stage_units(keys: Sequence[CostKey], costs: dict[CostKey, UnitCost], kept: dict[CostKey, UnitCost] | None,
+                 start: int, end: int, config: ParallelConfig) -> list[UnitCost]:
+    """The costs of units start..end − 1 (one model chunk), each at its own type's cost; under a block recompute
+    (`ParallelConfig.recompute_num_layers`) the chunk's blocks after the recomputed ones at their `kept` cost,
+    without recompute."""
+    units = [costs[key] for key in keys[start:end]]
+    if kept is None:
+        return units
+    blocks = [i for i, key in enumerate(keys[start:end], start) if 0 < i < len(keys) - 1]
+    recomputed = config.recomputed_blocks(len(blocks))
+    for i in blocks[recomputed:]:
+        units[i - start] = kept[keys[i]]
+    return units
+
+
+def _sum_costs(units: Sequence[UnitCost]) -> dict[str, float]:
+    """Each cost term summed over a model chunk's units."""
     totals = dict.fromkeys(("forward", "backward", "recompute", "tp_forward", "tp_backward", "cp_forward",
                             "cp_backward", "activations", "params", "ep", "weight"), 0.0)
-    for key in keys[start:end]:
-        _add_cost(totals, costs[key])
+    for cost in units:
+        _add_cost(totals, cost)
     return totals
 
 
@@ -221,6 +236,11 @@ def estimate(
         raise PlannerError(f"parallel config: fp8_param_gather {why}")
     rank_costs = rank_costs or [unit_costs(model, training, config, links.gpu[r], links.tp[r], timer, calibration,
                                            links.cp[r], links.ep[r]) for r in range(config.pp)]
+    kept_costs: list[dict[CostKey, UnitCost] | None] = [None] * config.pp
+    if config.recompute_num_layers is not None:  # the blocks a block recompute leaves alone: costed without it
+        kept = replace(config, recompute=Recompute.NONE, recompute_num_layers=None)
+        kept_costs = [unit_costs(model, training, kept, links.gpu[r], links.tp[r], timer, calibration, links.cp[r],
+                                 links.ep[r]) for r in range(config.pp)]
     bounds = partition.bounds()
     boundary = boundary_times(model, training, config, links.pp, rank_costs, calibration)
     p2p = stage_boundary_s(boundary, len(bounds), config.schedule)
@@ -230,8 +250,10 @@ def estimate(
     aux_heads = [aux_head_cost(model, training, config, links.gpu[r], links.tp[r], calibration,
                                rank_costs[r][UnitKind.HEAD]) for r in range(config.pp)] if local else []
     sums, stage_times = [], []
-    for k, (start, end) in enumerate(bounds):
-        totals = _sum_costs(keys, rank_costs[ranks[k]], start, end)
+    stage_units = [_stage_units(keys, rank_costs[ranks[k]], kept_costs[ranks[k]], start, end, config)
+                   for k, (start, end) in enumerate(bounds)]
+    for k in range(len(bounds)):
+        totals = _sum_costs(stage_units[k])
         if local and k < len(bounds) - 1:  # every stage but the last trains its own auxiliary head
             _add_cost(totals, aux_heads[ranks[k]])
         if local and k:  # the queue of boundary tensors received ahead of use
@@ -249,7 +271,7 @@ def estimate(
         rank_memory = rank_memory_model(model, training, config, r, m, links.gpu[r], calibration)
         memories.append(rank_memory.breakdown(params, sum(sums[k]["activations"] for k in mine),
                                               float(links.capacity_bytes[r])))
-        units = [rank_costs[r][key] for k in mine for key in keys[bounds[k][0]:bounds[k][1]]]
+        units = [cost for k in mine for cost in stage_units[k]]
         units += [aux_heads[r] for k in mine if local and k < len(bounds) - 1]
         dp_time = data_parallel_time(units, training, config, links.dp[r], calibration, m, links.replicate[r],
                                      states, links.edp[r] if links.edp else None)

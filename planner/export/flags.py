@@ -332,6 +332,9 @@ def parallel_flags(config: ParallelConfig, global_batch: int, split: tuple[Flag,
         flags.append(("--recompute-granularity", "selective"))
         if config.recompute_modules != DEFAULT_RECOMPUTE_MODULES:  # Megatron-LM's list (str+); the default: core_attn
             flags.append(("--recompute-modules", *config.recompute_modules))
+    elif config.recompute_num_layers is not None:  # the first N blocks of each model chunk
+        flags += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
+                  ("--recompute-num-layers", str(config.recompute_num_layers))]
     elif config.recompute is Recompute.FULL:
         flags += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                   ("--recompute-num-layers", str(FULL_RECOMPUTE_LAYERS))]

@@ -173,6 +173,9 @@ def torchtitan_toml(plan: Plan, notes: tuple[str, ...] = ()) -> str:
         lines += [f"  {_value(part)}," for part in module_fqns(plan)]
         lines.append("]")
     mode = {Recompute.NONE: "none", Recompute.SELECTIVE: "selective", Recompute.FULL: "full"}[config.recompute]
+    every = _layer_ac_interval(plan)
+    if every is not None:
+        mode = "selective"  # torchtitan's per-layer option: full AC on every k-th block
     if _compiles(plan):
         # fused element-wise kernels, as costed, come from torch.compile; async TP only takes effect under it too
         lines += ["", "[compile]", f"enable = {_value(True)}", f"components = {_value(['model', 'loss'])}"]
@@ -185,7 +188,25 @@ def torchtitan_toml(plan: Plan, notes: tuple[str, ...] = ()) -> str:
     if config.recompute is Recompute.SELECTIVE:
         lines.append('selective_ac_option = "op"  # keeps every other matmul output and the attention output, '
                      "as planner costed it")
+    elif every is not None:
+        lines.append(f'selective_ac_option = "{every}"  # every {every}th block recomputed in full: '
+                     f"{config.recompute_num_layers} of each stage's blocks, as planned")
     return "\n".join(lines) + "\n"
+
+
+def _layer_ac_interval(plan: Plan) -> int | None:
+    """torchtitan's per-layer activation checkpointing (selective_ac_option = k: full AC on every k-th block) for a
+    plan that recomputes N blocks of each model chunk (`ParallelConfig.recompute_num_layers`): k = blocks / N, so
+    every chunk must hold the same multiple of N blocks; None for a plan without a block recompute."""
+    layers = plan.parallel.recompute_num_layers
+    if layers is None:
+        return None
+    blocks = set(plan.blocks_per_stage)
+    if len(blocks) != 1 or next(iter(blocks)) % layers:
+        raise PlannerError(f"torchtitan recomputes every k-th block (selective_ac_option = k), so the plan's "
+                           f"recompute_num_layers {layers} must divide every stage's blocks equally; its stages "
+                           f"hold {', '.join(map(str, plan.blocks_per_stage))}")
+    return next(iter(blocks)) // layers
 
 
 def torchtitan_program() -> Program:

@@ -11,17 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from planner.cluster import Cluster
-from planner.config import Training
+from planner.config import Partition, Recompute, Training
+from planner.cost.estimate import Estimate, estimate
 from planner.cost.time import UnitTimer
 from planner.errors import InfeasibleError
-from planner.frameworks import framework_named
+from planner.frameworks import Framework, framework_named
 from planner.model import ModelSpec
 from planner.profile.calibration import Calibration
 from planner.search.placement import heterogeneity_record, place_plans
 from planner.search.search import RankedPlan, SearchResult, SearchStats, search
 from planner.search.space import FixedOptions
 
-__all__ = ["MEMORY_SAVING_OPTIMIZER_STATES", "PLACEMENT_EVALUATIONS", "Planned", "needs_placement", "plan"]
+__all__ = ["MEMORY_SAVING_OPTIMIZER_STATES", "PLACEMENT_EVALUATIONS", "Planned", "block_recompute", "lighter_recompute",
+           "needs_placement", "plan"]
 
 PLACEMENT_EVALUATIONS = 300  # annealing budget beyond exact placement (cost-model calls, ~ seconds)
 # Optimizer states tried when nothing fits with fp32 Adam on the GPU and the caller lets the search choose them:
@@ -72,6 +74,9 @@ def plan(
             raise
         found, training = _with_memory_saving_states(model, cluster, training, fixed, top_k, time_limit_s, timer,
                                                      calibration, infeasible)
+    if not (fixed and fixed.recompute):
+        found = replace(found, plans=block_recompute(model, cluster, training, found.plans,
+                                                     framework.for_model(model), timer, calibration))
     if not needs_placement(cluster):
         return Planned(found.plans, found.stats, None, training)
     placed = place_plans(model, cluster, training, found.plans[:1], max_evaluations=placement_evaluations,
@@ -79,6 +84,49 @@ def plan(
     record = heterogeneity_record(model, cluster, training, placed, unslowed=unslowed, fixed=fixed,
                                   time_limit_s=time_limit_s, timer=timer, calibration=calibration)
     return Planned((placed[0][0], *found.plans[1:]), found.stats, record, training)
+
+
+def block_recompute(model: ModelSpec, cluster: Cluster, training: Training, plans: tuple[RankedPlan, ...],
+                    framework: Framework, timer: UnitTimer | None = None,
+                    calibration: Calibration | None = None) -> tuple[RankedPlan, ...]:
+    """`plans` with each full-recompute plan recomputing only as many blocks per model chunk as it needs to fit
+    (`lighter_recompute`), re-ranked. The search costs full recompute as every block; a plan that keeps some blocks'
+    activations is faster whenever memory allows (Megatron-LM's --recompute-method block), so the plans it
+    found get that refinement, while layouts it pruned under full recompute are not revisited."""
+    refined = [lighter_recompute(model, cluster, training, ranked, framework, timer, calibration) for ranked in plans]
+    return tuple(sorted(refined, key=lambda ranked: ranked.estimate.iteration_time_s))
+
+
+def lighter_recompute(model: ModelSpec, cluster: Cluster, training: Training, ranked: RankedPlan,
+                      framework: Framework, timer: UnitTimer | None = None,
+                      calibration: Calibration | None = None) -> RankedPlan:
+    """`ranked` recomputing the fewest blocks per model chunk that still fit (`ParallelConfig.recompute_num_layers`,
+    among the counts `framework` runs for its split; memory only grows as fewer are recomputed, so a bisection finds
+    it), or `ranked` unchanged when it does not recompute every block in full or no fewer fit."""
+    config = ranked.config
+    if config.recompute is not Recompute.FULL or config.recompute_num_layers is not None:
+        return ranked
+    counts = framework.block_recompute_counts(ranked.partition.blocks_per_stage())
+    if not counts or framework.why_not(replace(config, recompute_num_layers=counts[0])):
+        return ranked
+
+    def estimated(layers: int, partition: Partition | None = ranked.partition) -> Estimate:
+        return estimate(model, cluster, training, replace(config, recompute_num_layers=layers), partition,
+                        ranked.placement, timer, calibration)
+
+    low, high, best = 0, len(counts), None  # counts[high] (if any) fits; counts below low do not
+    while low < high:
+        middle = (low + high) // 2
+        result = estimated(counts[middle])
+        if result.fits:
+            high, best = middle, result
+        else:
+            low = middle + 1
+    if best is None or best.iteration_time_s >= ranked.estimate.iteration_time_s:
+        return ranked
+    layers = counts[high]
+    return RankedPlan(replace(config, recompute_num_layers=layers), ranked.partition, ranked.placement, best,
+                      estimated(layers, None), optimal=False, lower_bound_s=None)
 
 
 def _with_memory_saving_states(model: ModelSpec, cluster: Cluster, training: Training, fixed: FixedOptions | None,

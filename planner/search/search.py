@@ -80,7 +80,9 @@ class RankedPlan:
     estimate: Estimate
     uniform: Estimate
     optimal: bool  # proven: the estimate meets a lower bound on every split's estimate for this config
-    lower_bound_s: float  # that bound (the search's, valid for `estimate` over all splits)
+    # that bound (the search's, valid for `estimate` over all splits); None where the plan was refined after the
+    # search (planning.lighter_recompute), which bounds the configuration it searched, not this one
+    lower_bound_s: float | None
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,7 @@ class FixedOptions:
     moe_ep_overlap: bool | None = None
     zero3_collectives: str | None = None  # estimate only: the search keeps the default
     fsdp_backward_prefetch: str | None = None  # estimate only: the search keeps the default ("pre")
+    recompute_num_layers: int | None = None  # estimate only: blocks per model chunk a full recompute re-runs
     fp8_param_gather: bool | None = None  # FP8 weight all-gathers wherever weights are sharded
     framework: str | None = None  # planner.frameworks name; None: any (every layout, Megatron-LM's semantics)
     local_queue_depth: int | None = None  # the local schedule's (config.DEFAULT_LOCAL_QUEUE_DEPTH when None)
@@ -103,6 +104,7 @@ class FixedOptions:
             ep=options.get("ep"), etp=options.get("etp"), moe_dispatcher=options.get("moe_dispatcher"),
             moe_ep_overlap=options.get("moe_ep_overlap"), zero3_collectives=options.get("zero3_collectives"),
             fsdp_backward_prefetch=options.get("fsdp_backward_prefetch"),
+            recompute_num_layers=options.get("recompute_num_layers"),
             local_queue_depth=options.get("local_queue_depth"), local_head=options.get("local_head"),
             fp8_param_gather=options.get("fp8_param_gather"),
         )
@@ -410,6 +412,9 @@ def complete_config(fixed: FixedOptions, model: ModelSpec, cluster: Cluster, tra
     hsdp = fixed.hsdp_replicas or 1
     _check_fixed_experts(model, cluster, fixed)
     (recompute, modules), *_ = fixed.recompute_options()  # the fixed one, else selective of the named, else none
+    if fixed.recompute_num_layers is not None and recompute is not Recompute.FULL:
+        raise PlannerError(f"--recompute-num-layers {fixed.recompute_num_layers} picks the blocks a full recompute "
+                           f"re-runs; it needs --recompute full, got {recompute.value}")
     etp = fixed.etp or (tp if model.is_moe else 1)  # Megatron-LM: --expert-tensor-parallel-size defaults to tp
     ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, ep=fixed.ep or 1, etp=etp).check_experts(model.num_experts)
     return framework_named(fixed.framework or "any").require(ParallelConfig(
@@ -419,7 +424,8 @@ def complete_config(fixed: FixedOptions, model: ModelSpec, cluster: Cluster, tra
         fsdp_backward_prefetch=fixed.fsdp_backward_prefetch or "pre",
         fp8_param_gather=bool(fixed.fp8_param_gather), micro_batch=fixed.micro_batch or 1,
         sequence_parallel=_sequence_parallel(fixed, tp), recompute=recompute, recompute_modules=modules,
-        tp_comm_overlap=bool(fixed.tp_comm_overlap), zero_stage=fixed.zero_stage or (3 if hsdp > 1 else 0),
+        recompute_num_layers=fixed.recompute_num_layers, tp_comm_overlap=bool(fixed.tp_comm_overlap),
+        zero_stage=fixed.zero_stage or (3 if hsdp > 1 else 0),
         distributed_optimizer=bool(fixed.distributed_optimizer),
         schedule=fixed.schedule or (Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B),
         **fixed.local_options(),

@@ -1,0 +1,115 @@
+"""Full recompute of only the first N blocks of each model chunk (`ParallelConfig.recompute_num_layers`, Megatron-LM's
+--recompute-method block): its cost, its plan-file field, its exports, the command line and the plan refinement."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from test_export_plans import invoke, make_plan, parse_flags
+
+from planner.cluster import load_cluster
+from planner.config import ParallelConfig, Recompute, Training
+from planner.cost.estimate import estimate
+from planner.errors import PlannerError
+from planner.export.deepspeed import export_deepspeed
+from planner.export.megatron import export_megatron
+from planner.export.torchtitan import export_torchtitan
+from planner.frameworks import framework_named
+from planner.model import load_model
+from planner.search.planning import lighter_recompute, plan
+from planner.search.space import FixedOptions
+
+MODEL = load_model("llama3-70b")  # 80 blocks: 20 per stage at pp 4
+CLUSTER = load_cluster("4x8xH100-80GB")
+TRAINING = Training(global_batch=64, seq_len=4096)
+
+
+def _config(layers: int | None = None, recompute: Recompute = Recompute.FULL) -> ParallelConfig:
+    return ParallelConfig(dp=1, tp=8, pp=4, sequence_parallel=True, recompute=recompute, recompute_num_layers=layers)
+
+
+def test_recompute_num_layers_is_a_positive_count_and_only_full_recompute_keeps_it():
+    for bad in (0, -2, 2.5, "3"):
+        with pytest.raises(PlannerError, match="recompute_num_layers must be a whole number"):
+            _config(bad)
+    assert _config(4, Recompute.SELECTIVE).recompute_num_layers is None  # reset, as recompute_modules is
+    assert _config(4).describe().split()[4] == "recompute=full:4"
+    assert _config(4).recomputed_blocks(20) == 4 and _config(40).recomputed_blocks(20) == 20
+    assert _config().recomputed_blocks(20) == 20 and _config(None, Recompute.NONE).recomputed_blocks(20) == 0
+
+
+def test_n_of_a_chunks_blocks_recompute_n_of_its_share_and_keep_the_rest():
+    """Each stage holds 20 identical blocks: recomputing 5 of them repeats a quarter of full recompute's forward
+    work; its time and memory lie between no recompute and full; 20 or more is full recompute exactly."""
+    full, none = estimate(MODEL, CLUSTER, TRAINING, _config()), estimate(MODEL, CLUSTER, TRAINING, _config(None,
+                                                                                                           Recompute.NONE))
+    five = estimate(MODEL, CLUSTER, TRAINING, _config(5))
+    assert five.breakdown_s["recompute"] == pytest.approx(full.breakdown_s["recompute"] / 4, rel=1e-9)
+    assert none.iteration_time_s < five.iteration_time_s < full.iteration_time_s
+    assert full.peak_memory_bytes < five.peak_memory_bytes < none.peak_memory_bytes
+    everything = estimate(MODEL, CLUSTER, TRAINING, _config(20))
+    assert everything.iteration_time_s == full.iteration_time_s
+    assert everything.peak_memory_bytes == full.peak_memory_bytes
+    more = [estimate(MODEL, CLUSTER, TRAINING, _config(n)).peak_memory_bytes for n in (1, 5, 10, 19)]
+    assert more == sorted(more, reverse=True)  # fewer recomputed blocks, more memory
+
+
+def test_the_plan_file_keeps_it_and_megatron_runs_the_block_method():
+    plan_ = make_plan(model="llama3-8b", blocks=(8, 8, 8, 8), recompute="full", recompute_num_layers=3)
+    assert plan_.parallel.recompute_num_layers == 3
+    args = parse_flags(export_megatron(plan_).files["megatron_args.txt"])
+    assert args["--recompute-granularity"] == ["full"] and args["--recompute-method"] == ["block"]
+    assert args["--recompute-num-layers"] == ["3"]
+    every = parse_flags(export_megatron(make_plan(model="llama3-8b", recompute="full")).files["megatron_args.txt"])
+    assert every["--recompute-method"] == ["uniform"] and every["--recompute-num-layers"] == ["1"]
+
+
+def test_deepspeed_runs_it_only_without_its_pipeline_engine():
+    with pytest.raises(PlannerError, match="pipeline engine recomputes every layer"):
+        export_deepspeed(make_plan(model="llama3-8b", blocks=(8, 8, 8, 8), recompute="full", recompute_num_layers=3))
+    alone = make_plan(model="llama3-8b", blocks=(32,), tp=8, pp=1, recompute="full", recompute_num_layers=3)
+    args = parse_flags(export_deepspeed(alone).files["megatron_deepspeed_args.txt"])
+    assert args["--recompute-method"] == ["block"] and args["--recompute-num-layers"] == ["3"]
+    assert framework_named("deepspeed").why_not(replace(_config(3), zero_stage=1))
+
+
+def test_torchtitan_recomputes_every_kth_block_where_n_divides_a_stages_blocks():
+    toml = export_torchtitan(make_plan(model="llama3-8b", blocks=(8, 8, 8, 8), tp=1, sequence_parallel=False,
+                                       recompute="full", recompute_num_layers=2)).files["torchtitan.toml"]
+    assert 'mode = "selective"' in toml and 'selective_ac_option = "4"' in toml
+    with pytest.raises(PlannerError, match="must divide every stage's blocks"):
+        export_torchtitan(make_plan(model="llama3-8b", blocks=(8, 8, 8, 8), tp=1, sequence_parallel=False,
+                                    recompute="full", recompute_num_layers=3))
+    titan = framework_named("torchtitan")
+    assert titan.block_recompute_counts((8, 8, 8, 8)) == [1, 2, 4] and not titan.block_recompute_counts((7, 9))
+    assert list(framework_named("megatron").block_recompute_counts((7, 9))) == list(range(1, 9))
+
+
+def test_estimate_takes_it_with_full_recompute_only():
+    common = ["estimate", "--model", "llama3-70b", "--cluster", "4x8xH100-80GB", "--tp", "8", "--pp", "4",
+              "--global-batch", "64", "--seq-len", "4096"]
+    result = invoke(*common, "--recompute", "full", "--recompute-num-layers", "5")
+    assert result.exit_code == 0 and "recompute=full:5" in result.output
+    for extra, named in ((["--recompute-num-layers", "5"], "needs --recompute full"),
+                         (["--recompute", "full", "--recompute-num-layers", "0"], "--recompute-num-layers")):
+        refused = invoke(*common, *extra)
+        assert refused.exit_code == 2 and named in refused.output and "Traceback" not in refused.output
+
+
+def test_the_refinement_recomputes_the_fewest_blocks_that_fit():
+    """A full-recompute plan on 48 GB GPUs: the fewest blocks per chunk whose memory fits, one fewer does not,
+    and the plan gets faster; a plan without full recompute is left alone."""
+    cluster = load_cluster("4x8xL40S")
+    planned = plan(MODEL, cluster, TRAINING, FixedOptions(tp=8, pp=4, vpp=1, recompute=Recompute.FULL), top_k=1).best
+    assert planned.config.recompute_num_layers is None  # --recompute full pinned: every block
+    framework = framework_named("any")
+    refined = lighter_recompute(MODEL, cluster, TRAINING, planned, framework)
+    layers = refined.config.recompute_num_layers
+    assert layers is not None and 1 < layers < 20
+    assert refined.estimate.fits and refined.estimate.iteration_time_s < planned.estimate.iteration_time_s
+    fewer = estimate(MODEL, cluster, TRAINING, replace(planned.config, recompute_num_layers=layers - 1),
+                     planned.partition, planned.placement)
+    assert not fewer.fits
+    kept = replace(planned, config=replace(planned.config, recompute=Recompute.NONE))
+    assert lighter_recompute(MODEL, cluster, TRAINING, kept, framework) is kept
