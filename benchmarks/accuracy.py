@@ -18,6 +18,7 @@ import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from benchmarks.sources import Source, skipped_files, sources
 from benchmarks.validation_runs import Run, predict, predict_layer, shipped_before_fix_nic_ratio, split_fit_hold
@@ -115,6 +116,23 @@ def held_out_errors(runs: Sequence[Run], calibration: Calibration) -> tuple[list
         except PlannerError as exc:
             refused.append(f"{run.label}: {exc}")
     return errors, refused
+
+
+def held_out_pages(description: str, pages_help: str,
+                   argv: Sequence[str] | None = None) -> tuple[argparse.ArgumentParser, list[str], bool]:
+    """A held-out check's command line: the upstream pages it reads (each one's text; an unreadable one exits 2
+    naming it) and --runs (every run's error, not only the summary); the parser, for the check's own refusals."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("pages", type=Path, nargs="+", help=pages_help)
+    parser.add_argument("--runs", action="store_true", help="print every run's error, not only the summary")
+    args = parser.parse_args(argv)
+    texts = []
+    for page in args.pages:
+        try:
+            texts.append(page.read_text())
+        except OSError as exc:
+            parser.error(f"cannot read {page}: {exc.strerror}")
+    return parser, texts, args.runs
 
 
 def held_out_line(label: str, errors: Sequence[float]) -> str:

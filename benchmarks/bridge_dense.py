@@ -16,13 +16,11 @@ so single rows can be off for reasons the table cannot show; the per-system mean
 
 from __future__ import annotations
 
-import argparse
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from benchmarks.accuracy import held_out_errors, held_out_line
+from benchmarks.accuracy import held_out_errors, held_out_line, held_out_pages
 from benchmarks.bridge_systems import bridge_cluster, bridge_gpu, bridge_precision
 from benchmarks.validation_runs import BRIDGE_PERF_GRAD_BYTES, Run
 from planner.config import ParallelConfig, Schedule, Training
@@ -127,16 +125,8 @@ def dense_runs(text: str) -> tuple[list[Run], list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("pages", type=Path, nargs="+", help="performance-summary.md and its archive")
-    parser.add_argument("--runs", action="store_true", help="print every run's error, not only the summary")
-    args = parser.parse_args(argv)
-    texts = []
-    for page in args.pages:
-        try:
-            texts.append(page.read_text())
-        except OSError as exc:
-            parser.error(f"cannot read {page}: {exc.strerror}")
+    parser, texts, print_runs = held_out_pages(__doc__.splitlines()[0], "performance-summary.md and its archive",
+                                               argv)
     runs, skipped = dense_runs("\n".join(texts))
     if not runs:
         parser.error("the pages hold no dense Llama pre-training rows planner runs")
@@ -145,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for run, error in errors:
         _, system, model, *_ = run.label.split()
         by_system.setdefault(system, {}).setdefault(model, []).append(error)
-        if args.runs:
+        if print_runs:
             print(f"{run.label}  {100 * error:+6.1f} %")
     for system, models in sorted(by_system.items()):
         print(held_out_line(f"{system:10s}", [error for values in models.values() for error in values]))

@@ -10,14 +10,12 @@ time error of every run whose model the A100 file shapes, as a test of the cost 
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 
-from benchmarks.accuracy import held_out_errors, held_out_line
+from benchmarks.accuracy import held_out_errors, held_out_line, held_out_pages
 from benchmarks.validation_runs import (
     DATA,
     LLMFOUNDRY_FILE,
@@ -87,20 +85,15 @@ def h100_runs(readme: str) -> tuple[Run, ...]:
     return tuple(runs)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("readme", type=Path, help="llm-foundry's scripts/train/benchmarking/README.md")
-    parser.add_argument("--runs", action="store_true", help="print every run's error, not only the summary")
-    args = parser.parse_args()
-    try:
-        text = args.readme.read_text()
-    except OSError as exc:
-        parser.error(f"cannot read {args.readme}: {exc.strerror}")
+def main(argv: Sequence[str] | None = None) -> None:
+    parser, texts, print_runs = held_out_pages(__doc__.splitlines()[0],
+                                               "llm-foundry's scripts/train/benchmarking/README.md", argv)
+    text = "\n".join(texts)
     runs = h100_runs(text)
     if not runs:
-        parser.error(f"{args.readme} has no H100 table rows of the MPT models the A100 file shapes")
+        parser.error("the page has no H100 table rows of the MPT models the A100 file shapes")
     errors, refused = held_out_errors(runs, default_calibration())
-    if args.runs:
+    if print_runs:
         for run, error in errors:
             print(f"{run.label}  {100 * error:+6.1f} %")
     print(held_out_line("llm-foundry H100", [error for _, error in errors])

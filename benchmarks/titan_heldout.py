@@ -20,13 +20,11 @@ error (and memory error where published).
 
 from __future__ import annotations
 
-import argparse
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from pathlib import Path
 
-from benchmarks.accuracy import held_out_errors, held_out_line, predict
+from benchmarks.accuracy import held_out_errors, held_out_line, held_out_pages, predict
 from benchmarks.titan_runs import common_schema_run
 from benchmarks.validation_runs import Run
 from planner.errors import PlannerError
@@ -121,16 +119,7 @@ def heldout_runs(texts: Sequence[str]) -> tuple[list[Run], list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("pages", type=Path, nargs="+", help="torchtitan's benchmarks/*.md pages")
-    parser.add_argument("--runs", action="store_true", help="print every run's error, not only the summary")
-    args = parser.parse_args(argv)
-    texts = []
-    for page in args.pages:
-        try:
-            texts.append(page.read_text())
-        except OSError as exc:
-            parser.error(f"cannot read {page}: {exc.strerror}")
+    parser, texts, print_runs = held_out_pages(__doc__.splitlines()[0], "torchtitan's benchmarks/*.md pages", argv)
     runs, refused = heldout_runs(texts)
     if not runs:
         parser.error("the pages hold no torchtitan benchmark runs planner reads (async TP or Trainy tables)")
@@ -139,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     groups: dict[str, list[float]] = {}
     for run, error in errors:
         groups.setdefault(" ".join(run.label.split("-")[:2]), []).append(error)
-        if args.runs:
+        if print_runs:
             memory = run.memory_error(predict(run, calibration))
             print(f"{run.label}  {100 * error:+6.1f} %" + (f"  memory {100 * memory:+.1f} %" if memory is not None
                                                             else ""))
