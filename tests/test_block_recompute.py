@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from test_export_plans import invoke, make_plan, parse_flags
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_export_plans import invoke, make_plan, parse_flags, plan_document
 
 from planner.cluster import load_cluster
 from planner.config import ParallelConfig, Recompute, Training
@@ -17,6 +19,7 @@ from planner.export.megatron import export_megatron
 from planner.export.torchtitan import export_torchtitan
 from planner.frameworks import framework_named
 from planner.model import load_model
+from planner.plan import parse_plan_document
 from planner.search.planning import lighter_recompute, plan
 from planner.search.space import FixedOptions
 
@@ -113,3 +116,26 @@ def test_the_refinement_recomputes_the_fewest_blocks_that_fit():
     assert not fewer.fits
     kept = replace(planned, config=replace(planned.config, recompute=Recompute.NONE))
     assert lighter_recompute(MODEL, cluster, TRAINING, kept, framework) is kept
+
+
+@settings(max_examples=12, deadline=None)
+@given(layers=st.integers(min_value=1, max_value=19), pp=st.sampled_from([1, 2, 4]))
+def test_more_recomputed_blocks_cost_time_and_save_memory(layers: int, pp: int):
+    """Recomputing one more block per chunk never makes an iteration faster nor its peak memory larger."""
+    model, cluster = load_model("llama3-8b"), load_cluster("1x8xH100-80GB")
+    training = Training(global_batch=16, seq_len=4096)
+
+    def run(n: int):
+        config = ParallelConfig(dp=8 // pp, tp=1, pp=pp, recompute=Recompute.FULL, recompute_num_layers=n)
+        return estimate(model, cluster, training, config)
+
+    fewer, more = run(layers), run(layers + 1)
+    assert fewer.iteration_time_s <= more.iteration_time_s
+    assert fewer.peak_memory_bytes >= more.peak_memory_bytes
+
+
+def test_a_plan_file_with_a_bad_block_count_is_refused():
+    document = plan_document(model="llama3-8b", blocks=(8, 8, 8, 8), recompute="full", recompute_num_layers=3)
+    document["parallelism"]["recompute_num_layers"] = "three"
+    with pytest.raises(PlannerError, match="recompute_num_layers must be a whole number"):
+        parse_plan_document(document)
