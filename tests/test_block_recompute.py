@@ -21,6 +21,7 @@ from planner.frameworks import framework_named
 from planner.model import load_model
 from planner.plan import parse_plan_document
 from planner.search.planning import lighter_recompute, plan
+from planner.search.search import search
 from planner.search.space import FixedOptions
 
 MODEL = load_model("llama3-70b")  # 80 blocks: 20 per stage at pp 4
@@ -104,10 +105,12 @@ def test_the_refinement_recomputes_the_fewest_blocks_that_fit():
     """A full-recompute plan on 48 GB GPUs: the fewest blocks per chunk whose memory fits, one fewer does not,
     and the plan gets faster; a plan without full recompute is left alone."""
     cluster = load_cluster("4x8xL40S")
-    planned = plan(MODEL, cluster, TRAINING, FixedOptions(tp=8, pp=4, vpp=1, recompute=Recompute.FULL), top_k=1).best
-    assert planned.config.recompute_num_layers is None  # --recompute full pinned: every block
+    fixed = FixedOptions(tp=8, pp=4, vpp=1, recompute=Recompute.FULL)
+    refined = plan(MODEL, cluster, TRAINING, fixed, top_k=1).best
+    planned = search(MODEL, cluster, TRAINING, fixed, top_k=1).plans[0]
+    assert planned.config.recompute_num_layers is None  # the search costs every block
     framework = framework_named("any")
-    refined = lighter_recompute(MODEL, cluster, TRAINING, planned, framework)
+    assert lighter_recompute(MODEL, cluster, TRAINING, planned, framework) == refined
     layers = refined.config.recompute_num_layers
     assert layers is not None and 1 < layers < 20
     assert refined.estimate.fits and refined.estimate.iteration_time_s < planned.estimate.iteration_time_s

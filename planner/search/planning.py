@@ -74,9 +74,8 @@ def plan(
             raise
         found, training = _with_memory_saving_states(model, cluster, training, fixed, top_k, time_limit_s, timer,
                                                      calibration, infeasible)
-    if not (fixed and fixed.recompute):
-        found = replace(found, plans=block_recompute(model, cluster, training, found.plans,
-                                                     framework.for_model(model), timer, calibration))
+    found = replace(found, plans=block_recompute(model, cluster, training, found.plans, framework.for_model(model),
+                                                 timer, calibration))
     if not needs_placement(cluster):
         return Planned(found.plans, found.stats, None, training)
     placed = place_plans(model, cluster, training, found.plans[:1], max_evaluations=placement_evaluations,
