@@ -37,6 +37,18 @@ class GPUSpec:
     # FlashAttention-2's attention rate over the architecture's native fused attention kernel (cuDNN, FA3): FA2's
     # Ampere-era mma.sync kernels use neither Hopper's wgmma/TMA nor Blackwell's tcgen05; 1.0 where FA2 is native
     flash_attention_2_share: float = 1.0
+    # the board power its datasheet peaks and measured matmul efficiency hold at, where it runs under a lower limit
+    # (`tdp_w`); None: at its limit
+    rated_power_w: float | None = None
+
+    @property
+    def gemm_clock_ratio(self) -> float:
+        """The share of its rated GEMM rate a GPU capped below `rated_power_w` keeps: dynamic power grows as f·V² with
+        the voltage following the clock, about f³, so a tensor-core-bound GEMM, which draws the rated power at full
+        clock, runs at (limit / rated)^(1/3) of it; 1 at or above the rated power."""
+        if self.rated_power_w is None or self.tdp_w is None or self.tdp_w >= self.rated_power_w:
+            return 1.0
+        return (self.tdp_w / self.rated_power_w) ** (1 / 3)
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak for a training dtype; fp16 stands in for bf16 on GPUs without bf16 (V100)."""
@@ -78,6 +90,7 @@ def gpu_from_dict(name: str, data: dict[str, Any], origin: str) -> GPUSpec:
             tdp_w=None if data.get("tdp_w") is None else float(data["tdp_w"]),
             gpus_per_host=None if data.get("gpus_per_host") is None else int(data["gpus_per_host"]),
             flash_attention_2_share=float(data.get("flash_attention_2_share", 1.0)),
+            rated_power_w=None if data.get("rated_power_w") is None else float(data["rated_power_w"]),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise PlannerError(f"{origin}: GPU {name!r} is missing or has a bad field ({exc})") from None
@@ -86,8 +99,10 @@ def gpu_from_dict(name: str, data: dict[str, Any], origin: str) -> GPUSpec:
     if not 0 < spec.flash_attention_2_share <= 1:
         raise PlannerError(f"{origin}: GPU {name!r} flash_attention_2_share must be in (0, 1], "
                            f"got {spec.flash_attention_2_share}")
-    if spec.tdp_w is not None and not 0 < spec.tdp_w < float("inf"):
-        raise PlannerError(f"{origin}: GPU {name!r} tdp_w must be a positive number of watts, got {spec.tdp_w}")
+    for field_name in ("tdp_w", "rated_power_w"):
+        watts = getattr(spec, field_name)
+        if watts is not None and not 0 < watts < float("inf"):
+            raise PlannerError(f"{origin}: GPU {name!r} {field_name} must be a positive number of watts, got {watts}")
     host = spec.gpus_per_host
     if host is not None and not (1 <= host <= spec.gpus_per_node and spec.gpus_per_node % host == 0):
         raise PlannerError(f"{origin}: GPU {name!r} gpus_per_host must divide gpus_per_node "

@@ -40,9 +40,10 @@ RECORDED = {
     "Narayanan 2021 Table 2 (DeepSpeed ZeRO-3, A100)": (6, 0.127, None, 6),  # per-tensor ZeRO-3 (DeepSpeed 2021)
     "llm-foundry MPT (PyTorch FSDP, A100)": (139, 0.051, None, 139),  # Composer's BACKWARD_POST (tenth session)
     "NeMo / Megatron-Bridge long context CP (H100/B200/GB300, FP8)": (31, 0.070, None, 31),  # GB300 matmul efficiency
-    # eager rows 1, 8; 9dec370 PP split; eager loss; Grand Teton's 2.4 TB/s HBM2e (2026-12-02, tenth session)
-    "torchtitan 2024-12 (FSDP2/TP, H100)": (18, 0.075, 0.080, 18),
-    "torchtitan docs 2024 (FSDP2, A100/H100)": (9, 0.089, None, 9),  # its 405B Float8 rows gather in FP8
+    # eager rows 1, 8; 9dec370 PP split; eager loss; Grand Teton's 2.4 TB/s HBM2e and its 500 W limit on GEMMs
+    # (2026-12-02, eleventh session)
+    "torchtitan 2024-12 (FSDP2/TP, H100)": (18, 0.066, 0.080, 18),
+    "torchtitan docs 2024 (FSDP2, A100/H100)": (9, 0.092, None, 9),  # its 405B Float8 rows gather in FP8
     # per-op SAC memory; FA2 on H100; eager loss on H100 (torchtitan 0.0.2), compiled on MI300X / B200 (Aug 2025);
     # B200's cuDNN attention outside 6fc499f's SAC save list, recomputed
     "torchao float8/MXFP8 (FSDP2, H100/MI300X/B200)": (12, 0.421, 0.047, 12),  # torchao keeps BF16 inputs

@@ -7,6 +7,9 @@ import pytest
 from planner.cluster import load_cluster, parse_shorthand
 from planner.errors import PlannerError
 from planner.gpu import catalog_gpu_names, gpu_from_dict, lookup_gpu
+from planner.model import load_model
+from planner.profile.analytic import AnalyticProfile, UnitSetting
+from planner.profile.calibration import default_calibration
 
 
 def test_gpu_catalog_covers_required_types_with_sources() -> None:
@@ -127,3 +130,27 @@ def test_bad_cluster_files(tmp_path, content: str, message: str) -> None:
 def test_presets_load() -> None:
     assert load_cluster("selene-128").num_gpus == 1024
     assert load_cluster("jean-zay-a100-48").link(0, 1).bandwidth_bytes_per_s == 6.25e9
+
+
+def test_a_power_capped_part_runs_its_gemms_at_the_cube_root_of_its_power_share() -> None:
+    """Grand Teton's H100 at 500 W of the SXM part's rated 700 W: GEMMs at (5/7)^(1/3); an uncapped part, or one at
+    or above its rated power, keeps its rate; a bad wattage is refused naming it."""
+    teton, sxm = lookup_gpu("H100-96GB-HBM2e"), lookup_gpu("H100-80GB")
+    assert teton.gemm_clock_ratio == pytest.approx((500 / 700) ** (1 / 3)) and sxm.gemm_clock_ratio == 1.0
+    assert teton.hbm_bandwidth_bytes_per_s == 2.4e12 and teton.matmul_efficiency == sxm.matmul_efficiency
+    entry = {"sm_count": 132, "peak_tflops": {"bf16": 989}, "memory_gib": 80, "hbm_gbps": 3350,
+             "matmul_efficiency": 0.8, "intra_node": {"link": "nvlink4", "gbps": 450}, "gpus_per_node": 8,
+             "nic_gbps": 50, "tdp_w": 700, "rated_power_w": 600}
+    assert gpu_from_dict("X", entry, "test").gemm_clock_ratio == 1.0  # 700 W limit over a 600 W rating
+    with pytest.raises(PlannerError, match="rated_power_w must be a positive number of watts, got -1"):
+        gpu_from_dict("X", {**entry, "rated_power_w": -1}, "test")
+
+
+def test_gemms_of_a_capped_part_slow_by_its_clock_ratio_and_attention_keeps_its_rate() -> None:
+    teton, sxm = lookup_gpu("H100-96GB-HBM2e"), lookup_gpu("H100-80GB")
+    profile = AnalyticProfile(load_model("llama3-8b"), default_calibration())
+    big = profile.gemm_time(sxm, "bf16", 8192, 8192, 8192), profile.gemm_time(teton, "bf16", 8192, 8192, 8192)
+    launch = default_calibration().kernel_launch_s
+    assert (big[1] - launch) == pytest.approx((big[0] - launch) / teton.gemm_clock_ratio, rel=1e-9)
+    setting = UnitSetting(tp=1, micro_batch=1, seq_len=8192, sequence_parallel=False, dtype="bf16", attention="flash2")
+    assert profile._attention_core(setting, teton) == profile._attention_core(setting, sxm)

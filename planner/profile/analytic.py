@@ -385,7 +385,7 @@ class AnalyticProfile:
         together = count if concurrent is None else min(count, concurrent)
         waves = math.ceil(tiles_each * together / gpu.sm_count) * count / together
         wave_efficiency = tiles_each * count / (waves * gpu.sm_count)
-        efficiency = gpu.matmul_efficiency * cal.gemm_efficiency * wave_efficiency
+        efficiency = gpu.matmul_efficiency * gpu.gemm_clock_ratio * cal.gemm_efficiency * wave_efficiency
         if dtype == "fp8":
             efficiency *= cal.fp8_gemm_efficiency_ratio
         element_bytes = 1 if dtype == "fp8" else 2

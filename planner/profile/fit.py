@@ -62,7 +62,7 @@ def _predict(profile: MeasuredProfile, gpu: GPUSpec, calibration: Calibration, i
     matmul, memory, flash = (1.0 / inverse).tolist()
     analytic = AnalyticProfile(profile.model, calibration.updated(memory_bound_efficiency=memory,
                                                                   flash_attention_efficiency=flash))
-    device = replace(gpu, matmul_efficiency=matmul)
+    device = replace(gpu, matmul_efficiency=matmul, rated_power_w=None)  # measured: whatever limit it ran under
     return np.array([getattr(analytic.times(kind, setting, device), name) for kind, setting, name, _ in rows])
 
 
