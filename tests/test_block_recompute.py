@@ -20,7 +20,7 @@ from planner.export.torchtitan import export_torchtitan
 from planner.frameworks import framework_named
 from planner.model import load_model
 from planner.plan import parse_plan_document
-from planner.search.planning import lighter_recompute, plan
+from planner.search.planning import block_recompute, lighter_recompute, plan
 from planner.search.search import search
 from planner.search.space import FixedOptions
 
@@ -142,3 +142,19 @@ def test_a_plan_file_with_a_bad_block_count_is_refused():
     document["parallelism"]["recompute_num_layers"] = "three"
     with pytest.raises(PlannerError, match="recompute_num_layers must be a whole number"):
         parse_plan_document(document)
+
+
+def test_tight_memory_refines_more_full_recompute_layouts_than_the_top_k():
+    """70B on 16 A100s: every layout that fits recomputes; refining only the top 5 of full recompute of every block
+    keeps a micro-batch-2 layout (93.8 s), while the 1F1B micro-batch-1 layout that recomputes 24 of its 40 blocks per
+    stage (87.9 s, the best an exhaustive check of every full-recompute layout finds) ranked lower before refinement."""
+    model, cluster = load_model("llama3-70b"), load_cluster("2x8xA100-80GB")
+    training = Training(global_batch=128, seq_len=4096)
+    framework = framework_named("any")
+    top_five = block_recompute(model, cluster, training, search(model, cluster, training, top_k=5).plans, framework)
+    planned = plan(model, cluster, training, top_k=5)
+    assert planned.best.estimate.iteration_time_s < 0.97 * top_five[0].estimate.iteration_time_s
+    assert planned.best.config.recompute_num_layers == 24 and planned.best.config.micro_batch == 1
+    assert all(p.estimate.fits for p in planned.plans)
+    assert [p.estimate.iteration_time_s for p in planned.plans] == sorted(p.estimate.iteration_time_s
+                                                                         for p in planned.plans)

@@ -22,10 +22,14 @@ from planner.search.placement import heterogeneity_record, place_plans
 from planner.search.search import RankedPlan, SearchResult, SearchStats, search
 from planner.search.space import FixedOptions
 
-__all__ = ["MEMORY_SAVING_OPTIMIZER_STATES", "PLACEMENT_EVALUATIONS", "Planned", "block_recompute", "lighter_recompute",
-           "needs_placement", "plan"]
+__all__ = ["BLOCK_RECOMPUTE_CANDIDATES", "MEMORY_SAVING_OPTIMIZER_STATES", "PLACEMENT_EVALUATIONS", "Planned",
+           "block_recompute", "lighter_recompute", "needs_placement", "plan"]
 
 PLACEMENT_EVALUATIONS = 300  # annealing budget beyond exact placement (cost-model calls, ~ seconds)
+# Full-recompute layouts refined to a block recompute when memory is tight (a plan found recomputes in full): with 20
+# the refinement reaches the best layout an exhaustive check over every full-recompute layout finds in the README's
+# and tests/test_block_recompute.py's cases (llama3-70b on 2x8 A100: 93.8 s with the top 5 only, 87.9 s with 20)
+BLOCK_RECOMPUTE_CANDIDATES = 20
 # Optimizer states tried when nothing fits with fp32 Adam on the GPU and the caller lets the search choose them:
 # 8-bit states first change the numerics a little, offload none but costs host-link and CPU time; the faster wins.
 MEMORY_SAVING_OPTIMIZER_STATES = ("8bit", "cpu")
@@ -74,8 +78,8 @@ def plan(
             raise
         found, training = _with_memory_saving_states(model, cluster, training, fixed, top_k, time_limit_s, timer,
                                                      calibration, infeasible)
-    found = replace(found, plans=block_recompute(model, cluster, training, found.plans, framework.for_model(model),
-                                                 timer, calibration))
+    found = _with_block_recompute(model, cluster, training, found, fixed, top_k, time_limit_s, framework, timer,
+                                  calibration)
     if not needs_placement(cluster):
         return Planned(found.plans, found.stats, None, training)
     placed = place_plans(model, cluster, training, found.plans[:1], max_evaluations=placement_evaluations,
@@ -85,13 +89,37 @@ def plan(
     return Planned((placed[0][0], *found.plans[1:]), found.stats, record, training)
 
 
+def _with_block_recompute(model: ModelSpec, cluster: Cluster, training: Training, found: SearchResult,
+                          fixed: FixedOptions | None, top_k: int, time_limit_s: float, framework: Framework,
+                          timer: UnitTimer | None, calibration: Calibration | None) -> SearchResult:
+    """`found` with its full-recompute plans refined (`block_recompute`). When one of them recomputes in full (memory
+    is tight) and the recompute is not pinned to another kind, the BLOCK_RECOMPUTE_CANDIDATES best full-recompute
+    layouts are searched and refined too: a layout the search ranked low under full recompute of every block can lead
+    once it keeps most blocks' activations. The stats stay the first search's."""
+    runs = framework.for_model(model)
+    plans = block_recompute(model, cluster, training, found.plans, runs, timer, calibration)
+    pinned = fixed.recompute if fixed else None
+    if pinned not in (None, Recompute.FULL) or all(p.config.recompute is not Recompute.FULL for p in found.plans):
+        return replace(found, plans=plans)
+    full = search(model, cluster, training, replace(fixed or FixedOptions(), recompute=Recompute.FULL),
+                  max(BLOCK_RECOMPUTE_CANDIDATES, top_k), time_limit_s, timer=timer, calibration=calibration)
+    seen, merged = set(), []
+    for ranked in sorted((*plans, *block_recompute(model, cluster, training, full.plans, runs, timer, calibration)),
+                         key=lambda ranked: ranked.estimate.iteration_time_s):
+        key = (ranked.config, ranked.partition)
+        if key not in seen:
+            seen.add(key)
+            merged.append(ranked)
+    return replace(found, plans=tuple(merged[:top_k]))
+
+
 def block_recompute(model: ModelSpec, cluster: Cluster, training: Training, plans: tuple[RankedPlan, ...],
                     framework: Framework, timer: UnitTimer | None = None,
                     calibration: Calibration | None = None) -> tuple[RankedPlan, ...]:
     """`plans` with each full-recompute plan recomputing only as many blocks per model chunk as it needs to fit
     (`lighter_recompute`), re-ranked. The search costs full recompute as every block; a plan that keeps some blocks'
-    activations is faster whenever memory allows (Megatron-LM's --recompute-method block), so the plans it
-    found get that refinement, while layouts it pruned under full recompute are not revisited."""
+    activations is faster whenever memory allows (Megatron-LM's --recompute-method block), so the plans it found
+    get that refinement (`_with_block_recompute` widens the set when memory is tight)."""
     refined = [lighter_recompute(model, cluster, training, ranked, framework, timer, calibration) for ranked in plans]
     return tuple(sorted(refined, key=lambda ranked: ranked.estimate.iteration_time_s))
 
