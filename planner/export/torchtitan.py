@@ -189,7 +189,7 @@ def torchtitan_toml(plan: Plan, notes: tuple[str, ...] = ()) -> str:
         lines.append('selective_ac_option = "op"  # keeps every other matmul output and the attention output, '
                      "as planner costed it")
     elif every is not None:
-        lines.append(f'selective_ac_option = "{every}"  # every {every}th block recomputed in full: '
+        lines.append(f'selective_ac_option = "{every}"  # one block in {every} recomputed in full: '
                      f"{config.recompute_num_layers} of each stage's blocks, as planned")
     return "\n".join(lines) + "\n"
 
