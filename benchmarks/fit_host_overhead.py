@@ -14,6 +14,8 @@ accuracy sources, as a check on data the fit did not use.
 
 from __future__ import annotations
 
+import pandas as pd
+
 from benchmarks.accuracy import score_source
 from benchmarks.calibrate import golden_section
 from benchmarks.ranking import group_scores, predicted_times, study_summary
@@ -28,7 +30,11 @@ BOUNDS_S = (20e-6, 120e-6)  # 5 Python-level calls per kernel at 4-24 µs each (
 
 def sweep_mape(calibration: Calibration, study: str = VTRAIN_STUDY) -> float:
     """Time MAPE of one layout sweep's runs under `calibration`."""
-    times = predicted_times(calibration)
+    return _study_mape(predicted_times(calibration), study)
+
+
+def _study_mape(times: pd.DataFrame, study: str) -> float:
+    """Time MAPE of `study`'s runs in `predicted_times`' table."""
     runs = times[times["study"] == study]
     return float((runs["predicted"] / runs["measured"] - 1).abs().mean())
 
@@ -38,8 +44,7 @@ def _report(label: str, calibration: Calibration) -> None:
     summary = study_summary(group_scores(times))
     print(f"{label}: host_kernel_s {1e6 * calibration.host_kernel_s:.1f} µs")
     for study, row in summary.iterrows():
-        runs = times[times["study"] == study]
-        mape = float((runs["predicted"] / runs["measured"] - 1).abs().mean())
+        mape = _study_mape(times, study)
         print(f"  {study:34s} time MAPE {100 * mape:5.1f} %  median Spearman {row['median_spearman']:.2f}  "
               f"mean regret {row['mean_regret']:.3f}")
     print("  accuracy sources (time MAPE): " + ", ".join(

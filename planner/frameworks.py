@@ -246,21 +246,33 @@ class Framework:
             return f"{self.version} has no HSDP (hsdp_replicas={config.hsdp_replicas})"
         if config.zero_stage == 3 and not config.reshard_after_forward and not self.keeps_gathered_weights:
             return f"{self.version} re-shards ZeRO-3 weights after every forward"
-        if config.recompute_num_layers is not None and config.pp > 1 and self.block_recompute == "first without pp":
-            return (f"{self.version}'s pipeline engine recomputes every layer of a stage, not "
-                    f"recompute_num_layers={config.recompute_num_layers} of them")
-        return self.recompute_modules_why_not(config.recompute_modules)
+        return self.block_recompute_why_not(config) or self.recompute_modules_why_not(config.recompute_modules)
 
-    def block_recompute_counts(self, blocks_per_chunk: Sequence[int]) -> range | list[int]:
+    def block_recompute_why_not(self, config: ParallelConfig,
+                                blocks_per_chunk: Sequence[int] | None = None) -> str | None:
+        """None if it runs `config`'s block recompute (`ParallelConfig.recompute_num_layers`) as planned, over chunks
+        of `blocks_per_chunk` blocks when given (a count it cannot run, `block_recompute_counts`), else why not."""
+        layers = config.recompute_num_layers
+        if layers is None:
+            return None
+        if config.pp > 1 and self.block_recompute == "first without pp":
+            return (f"{self.version}'s pipeline engine recomputes every layer of a stage, not "
+                    f"recompute_num_layers={layers} of them")
+        if (blocks_per_chunk is not None and layers < max(blocks_per_chunk)
+                and layers not in self.block_recompute_counts(blocks_per_chunk)):
+            return (f"{self.version} recomputes every k-th block (selective_ac_option = k), so the plan's "
+                    f"recompute_num_layers {layers} must divide every stage's blocks equally; its stages hold "
+                    f"{', '.join(map(str, blocks_per_chunk))}")
+        return None
+
+    def block_recompute_counts(self, blocks_per_chunk: Sequence[int]) -> list[int]:
         """The recompute_num_layers it can run for chunks of `blocks_per_chunk` blocks that recompute only some of
         them (fewer than the largest chunk): any count under Megatron-LM's block method, a count dividing every
         chunk's (equal) blocks under torchtitan's every-k-th-block AC."""
         largest = max(blocks_per_chunk)
-        if self.block_recompute != "every k-th":
-            return range(1, largest)
-        if len(set(blocks_per_chunk)) > 1:
+        if self.block_recompute == "every k-th" and len(set(blocks_per_chunk)) > 1:
             return []
-        return [n for n in range(1, largest) if largest % n == 0]
+        return [n for n in range(1, largest) if self.block_recompute != "every k-th" or largest % n == 0]
 
     def recompute_modules_why_not(self, modules: tuple[str, ...]) -> str | None:
         """None if it runs selective recompute of `modules` (Megatron-LM's --recompute-modules), else why not."""
@@ -276,12 +288,14 @@ class Framework:
             return config
         return replace(config, **semantics)
 
-    def require(self, config: ParallelConfig, model: ModelSpec | None = None) -> ParallelConfig:
-        """`config` (of `model`, when given) as this framework runs it; PlannerError naming why and what to plan
-        with when it cannot."""
-        why = (self if model is None else self.for_model(model)).why_not(config)
+    def require(self, config: ParallelConfig, model: ModelSpec | None = None,
+                blocks_per_chunk: Sequence[int] | None = None) -> ParallelConfig:
+        """`config` (of `model`, when given, split into chunks of `blocks_per_chunk` blocks, when given) as this
+        framework runs it; PlannerError naming why and what to plan with when it cannot."""
+        target = self if model is None else self.for_model(model)
+        why = target.why_not(config) or target.block_recompute_why_not(config, blocks_per_chunk)
         if why:
-            others = runs_on(config, model)
+            others = runs_on(config, model, blocks_per_chunk)
             where = f"it runs on {', '.join(others)}" if others else _no_target(config.schedule)
             raise PlannerError(f"{why} ({config.describe()}); {where}; plan with --framework {self.name} "
                                f"for a plan {self.version} runs")
@@ -392,8 +406,11 @@ def framework_named(name: str) -> Framework:
     return FRAMEWORKS[name]
 
 
-def runs_on(config: ParallelConfig, model: ModelSpec | None = None) -> list[str]:
+def runs_on(config: ParallelConfig, model: ModelSpec | None = None,
+            blocks_per_chunk: Sequence[int] | None = None) -> list[str]:
     """The targets that run `config` exactly as planned (its layout; each with its own execution semantics), of
-    `model` when given (`Framework.for_model`)."""
-    return [name for name in TARGET_NAMES
-            if (FRAMEWORKS[name] if model is None else FRAMEWORKS[name].for_model(model)).why_not(config) is None]
+    `model` when given (`Framework.for_model`), over chunks of `blocks_per_chunk` blocks when given (a block
+    recompute some targets run only for some splits)."""
+    targets = [FRAMEWORKS[name] if model is None else FRAMEWORKS[name].for_model(model) for name in TARGET_NAMES]
+    return [target.name for target in targets
+            if target.why_not(config) is None and target.block_recompute_why_not(config, blocks_per_chunk) is None]

@@ -158,3 +158,12 @@ def test_tight_memory_refines_more_full_recompute_layouts_than_the_top_k():
     assert all(p.estimate.fits for p in planned.plans)
     assert [p.estimate.iteration_time_s for p in planned.plans] == sorted(p.estimate.iteration_time_s
                                                                          for p in planned.plans)
+
+
+def test_the_plan_file_names_the_targets_that_run_its_block_recompute_on_its_split():
+    """torchtitan runs 2 of each stage's 8 blocks (one in four) but not 3; DeepSpeed's pipeline engine neither."""
+    def targets(layers: int) -> list[str]:
+        return plan_document(model="llama3-8b", blocks=(8, 8, 8, 8), tp=1, sequence_parallel=False, recompute="full",
+                             recompute_num_layers=layers)["runs_on"]
+
+    assert targets(2) == ["megatron", "torchtitan"] and targets(3) == ["megatron"]

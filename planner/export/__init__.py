@@ -57,7 +57,7 @@ def _export_runnable(target: str, plan: Plan) -> ExportResult:
                            f"losses, no end-to-end backward) and no framework runs it; --to {LOCAL_TARGET} writes a "
                            f"runnable PyTorch reference")
     framework = framework_named(target)
-    framework.require(plan.parallel, plan.model)
+    framework.require(plan.parallel, plan.model, plan.blocks_per_stage)
     framework.require_training(plan.training, plan.parallel)
     result = _EXPORTERS[target](plan)
     if framework.runs(plan.parallel) == plan.parallel:

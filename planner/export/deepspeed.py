@@ -40,6 +40,7 @@ from planner.export.flags import (
     pretrain_placeholders,
 )
 from planner.export.launch import SLURM, TORCHRUN, Program, slurm_script, torchrun_script
+from planner.frameworks import FRAMEWORKS
 from planner.model import ModelSpec, UnitKind
 from planner.plan import Plan
 
@@ -174,11 +175,8 @@ def deepspeed_config(plan: Plan) -> dict:
         "number_checkpoints": None, "synchronize_checkpoint_boundary": False, "profile": False,
     }
     if config.pp > 1:
-        if config.recompute_num_layers is not None:
-            raise PlannerError(f"DeepSpeed's pipeline engine recomputes every layer of a stage (activation_checkpoint_"
-                               f"interval) and cannot keep some: it cannot run recompute_num_layers "
-                               f"{config.recompute_num_layers} with pp={config.pp}; use full recompute of every "
-                               f"block or pp=1")
+        if why := FRAMEWORKS["deepspeed"].block_recompute_why_not(config):  # activation_checkpoint_interval: all
+            raise PlannerError(why)
         interval = FULL_RECOMPUTE_LAYERS if config.recompute is Recompute.FULL else 0
         document["pipeline"] = {"activation_checkpoint_interval": interval}
     return document

@@ -16,6 +16,7 @@ from planner.cost.schedule import schedule_of
 from planner.errors import PlannerError
 from planner.export.common import ExportResult, export_header, host_files, host_order, placement_notes, stage_units
 from planner.export.launch import SLURM, TORCHRUN, Placeholder, Program, slurm_script, torchrun_script
+from planner.frameworks import FRAMEWORKS
 from planner.model import ModelSpec
 from planner.plan import Plan
 from planner.titan_models import FLAVORS, Flavor, model_flavor
@@ -196,17 +197,15 @@ def torchtitan_toml(plan: Plan, notes: tuple[str, ...] = ()) -> str:
 
 def _layer_ac_interval(plan: Plan) -> int | None:
     """torchtitan's per-layer activation checkpointing (selective_ac_option = k: full AC on every k-th block) for a
-    plan that recomputes N blocks of each model chunk (`ParallelConfig.recompute_num_layers`): k = blocks / N, so
-    every chunk must hold the same multiple of N blocks; None for a plan without a block recompute."""
-    layers = plan.parallel.recompute_num_layers
-    if layers is None:
+    plan that recomputes N of each model chunk's blocks (`ParallelConfig.recompute_num_layers`): k = blocks / N,
+    which torchtitan runs only where every chunk holds the same multiple of N blocks
+    (`Framework.block_recompute_why_not`); None for a plan that recomputes every block (mode "full") or none."""
+    layers, blocks = plan.parallel.recompute_num_layers, plan.blocks_per_stage
+    if layers is None or layers >= max(blocks):
         return None
-    blocks = set(plan.blocks_per_stage)
-    if len(blocks) != 1 or next(iter(blocks)) % layers:
-        raise PlannerError(f"torchtitan recomputes every k-th block (selective_ac_option = k), so the plan's "
-                           f"recompute_num_layers {layers} must divide every stage's blocks equally; its stages "
-                           f"hold {', '.join(map(str, plan.blocks_per_stage))}")
-    return next(iter(blocks)) // layers
+    if why := FRAMEWORKS["torchtitan"].block_recompute_why_not(plan.parallel, blocks):
+        raise PlannerError(why)
+    return blocks[0] // layers
 
 
 def torchtitan_program() -> Program:

@@ -103,13 +103,10 @@ def _with_block_recompute(model: ModelSpec, cluster: Cluster, training: Training
         return replace(found, plans=plans)
     full = search(model, cluster, training, replace(fixed or FixedOptions(), recompute=Recompute.FULL),
                   max(BLOCK_RECOMPUTE_CANDIDATES, top_k), time_limit_s, timer=timer, calibration=calibration)
-    seen, merged = set(), []
-    for ranked in sorted((*plans, *block_recompute(model, cluster, training, full.plans, runs, timer, calibration)),
-                         key=lambda ranked: ranked.estimate.iteration_time_s):
-        key = (ranked.config, ranked.partition)
-        if key not in seen:
-            seen.add(key)
-            merged.append(ranked)
+    refined = {(ranked.config, ranked.partition) for ranked in found.plans}  # the first search's: refined above
+    more = tuple(ranked for ranked in full.plans if (ranked.config, ranked.partition) not in refined)
+    merged = sorted((*plans, *block_recompute(model, cluster, training, more, runs, timer, calibration)),
+                    key=lambda ranked: ranked.estimate.iteration_time_s)
     return replace(found, plans=tuple(merged[:top_k]))
 
 
