@@ -12,6 +12,7 @@ from planner.gpu import lookup_gpu
 from planner.model import load_model
 from planner.profile.analytic import AnalyticProfile, UnitSetting
 from planner.profile.calibration import default_calibration
+from tests.host_overlap import full_overlap
 
 NEMOTRON = load_model("nemotron-3-nano-30b-a3b")  # E blocks: 128 squared-ReLU experts of 1856, top 6, one shared
 MOE_BLOCK = next(block for block in NEMOTRON.block_types() if block.mlp is not None and block.mlp.is_moe)
@@ -33,7 +34,7 @@ def test_a_host_bound_moe_block_is_its_launches() -> None:
     the shared experts' 2 GEMMs and 16 local experts × 2 grouped-linear GEMMs): the 32 grouped-linear GEMMs at
     grouped_gemm_host_s, the other 11 at host_kernel_s; the backward twice that; the alltoall dispatcher's two chunk
     sorts add 2 Python-level launches."""
-    calibration = default_calibration()
+    calibration = full_overlap()
     profile = AnalyticProfile(NEMOTRON, calibration)
     looped = 32 * calibration.grouped_gemm_host_s
     flex = profile.block_times(MOE_BLOCK, _setting(128), B200)

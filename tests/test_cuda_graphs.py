@@ -17,6 +17,7 @@ from planner.model import UnitKind, load_model
 from planner.plan_sections import training_from_record, training_record
 from planner.profile.analytic import AnalyticProfile, UnitSetting, unit_setting
 from planner.profile.calibration import default_calibration
+from tests.host_overlap import full_overlap
 
 QWEN = load_model("qwen3-30b-a3b")
 
@@ -41,7 +42,7 @@ def test_unit_setting_carries_the_training_mode() -> None:
 def test_a_graph_replay_is_not_host_bound() -> None:
     """At 128 tokens every kernel of the MoE block runs faster than the host launches it: eagerly its forward is
     its 47 launches' host time; replayed from a graph it is its GPU time, well under that."""
-    calibration = default_calibration()
+    calibration = full_overlap()
     profile, gpu = AnalyticProfile(QWEN, calibration), lookup_gpu("B200")
     eager = profile.times(UnitKind.BLOCK, _setting(128, "none"), gpu)
     graph = profile.times(UnitKind.BLOCK, _setting(128, "full_iteration"), gpu)
@@ -52,7 +53,7 @@ def test_a_graph_replay_is_not_host_bound() -> None:
 
 def test_a_gpu_bound_pass_is_the_same_either_way() -> None:
     """A dense block at 32K tokens runs longer than its launches: graphs change nothing."""
-    profile, gpu = AnalyticProfile(load_model("llama3-8b"), default_calibration()), lookup_gpu("H100-80GB")
+    profile, gpu = AnalyticProfile(load_model("llama3-8b"), full_overlap()), lookup_gpu("H100-80GB")
     eager, graph = (profile.times(UnitKind.BLOCK, replace(_setting(32768, mode), ep=1), gpu)
                     for mode in ("none", "full_iteration"))
     assert (eager.forward_s, eager.backward_s) == (graph.forward_s, graph.backward_s)

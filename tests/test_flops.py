@@ -10,6 +10,7 @@ from planner.gpu import lookup_gpu
 from planner.model import ModelSpec, UnitKind, load_model
 from planner.profile.analytic import AnalyticProfile, UnitSetting, block_forward_flops, head_forward_flops
 from planner.profile.calibration import Calibration, default_calibration
+from tests.host_overlap import full_overlap
 
 GPT_MODELS = ["gpt3-175b", "megatron-gpt-1t", "megatron-gpt-530b", "megatron-gpt-18b"]
 
@@ -62,7 +63,7 @@ def test_a_thin_block_is_host_bound_and_a_wide_one_is_not() -> None:
     """A 1024-wide block split 8 ways runs its kernels faster than eager PyTorch launches them: its forward is
     kernels × host_kernel_s (8 element-wise incl. softmax, dropout and transpose copy, 4 linears + 2 batched
     GEMMs, 2 all-reduces); a 12288-wide block at micro-batch 4 is GPU-bound, so the host cost changes nothing."""
-    calibration = default_calibration()
+    calibration = full_overlap()
     thin = _block_forward(_gpt_block(1024), calibration, tp=8, micro_batch=1)
     assert thin == pytest.approx(16 * calibration.host_kernel_s, rel=1e-12)
     assert _block_forward(_gpt_block(1024), calibration.updated(host_kernel_s=0.0), 8, 1) < thin / 2

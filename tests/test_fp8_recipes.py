@@ -24,6 +24,7 @@ from planner.model import UnitKind, load_model
 from planner.plan import parse_plan_document
 from planner.profile.analytic import AnalyticProfile, UnitSetting
 from planner.profile.calibration import default_calibration
+from tests.host_overlap import full_overlap
 
 H100, B200 = lookup_gpu("H100-80GB"), lookup_gpu("B200")
 FP8 = UnitSetting(tp=1, micro_batch=1, seq_len=8192, sequence_parallel=False, dtype="fp8", attention="flash",
@@ -31,7 +32,8 @@ FP8 = UnitSetting(tp=1, micro_batch=1, seq_len=8192, sequence_parallel=False, dt
 
 
 def _block(recipe: str, gpu=H100, model: str = "llama3-8b"):
-    profile = AnalyticProfile(load_model(model), default_calibration())
+    """The profile (host and GPU overlapping fully: the casts' bytes show exactly) and a block's times."""
+    profile = AnalyticProfile(load_model(model), full_overlap())
     return profile, profile.times(UnitKind.BLOCK, replace(FP8, fp8_recipe=recipe), gpu)
 
 

@@ -15,7 +15,8 @@ from planner.errors import PlannerError
 from planner.gpu import lookup_gpu
 from planner.model import ModelSpec, load_model, model_from_hf_config
 from planner.profile.analytic import AnalyticProfile, UnitSetting, _block_view
-from planner.profile.calibration import default_calibration
+from planner.profile.calibration import Calibration, default_calibration
+from tests.host_overlap import full_overlap
 
 GPT_OSS = load_model("gpt-oss-120b")
 QWEN = load_model("qwen3-30b-a3b")
@@ -27,9 +28,9 @@ def _setting(micro_batch: int = 1, ep: int = 8, elementwise: str = "fused") -> U
                        attention="flash", ep=ep, dispatcher="flex", elementwise=elementwise)
 
 
-def _view(model: ModelSpec) -> AnalyticProfile:
-    """The profile of `model`'s first block, as `block_times` costs it."""
-    return AnalyticProfile(_block_view(model, model.blocks[0]), default_calibration())
+def _view(model: ModelSpec, calibration: Calibration | None = None) -> AnalyticProfile:
+    """The profile of `model`'s first block, as `block_times` costs it (under the shipped calibration by default)."""
+    return AnalyticProfile(_block_view(model, model.blocks[0]), calibration or default_calibration())
 
 
 def _unclamped(model: ModelSpec) -> ModelSpec:
@@ -86,7 +87,8 @@ def test_the_clamps_blocking_copy_splits_the_routed_path_after_the_first_gemms()
     after the permute and the 16 local experts' first GEMMs (flex: one permutation on each side); at 4 × 4,096 tokens
     on B200 (MB-064's micro-batch) the first is GPU-bound and the second host-bound, so the split costs time over one
     pass."""
-    view, setting, calibration = _view(GPT_OSS), _setting(micro_batch=4), default_calibration()
+    calibration = full_overlap()
+    view, setting = _view(GPT_OSS, calibration), _setting(micro_batch=4)
     host, looped, launch = calibration.host_kernel_s, calibration.grouped_gemm_host_s, calibration.kernel_launch_s
     memory, gemms = view._routed_kernels(setting)
     assert (memory, gemms) == (1 + 3 + 2 + 2 * 16 + 1, 32)  # activation, clamp, permutes, bias adds; 2 × 16 GEMMs

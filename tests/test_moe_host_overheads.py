@@ -10,6 +10,7 @@ from planner.gpu import lookup_gpu
 from planner.model import UnitKind, load_model
 from planner.profile.analytic import AnalyticProfile, UnitSetting
 from planner.profile.calibration import default_calibration
+from tests.host_overlap import full_overlap
 
 QWEN = load_model("qwen3-30b-a3b")  # 128 experts, top-8, h 2048, expert ffn 768, 2 attention linears, RoPE
 
@@ -40,7 +41,7 @@ def test_a_host_bound_moe_forward_is_its_launches() -> None:
     """A 128-token micro-batch runs every kernel faster than the host launches it, on both sides of the dispatcher's
     sync: the forward is its 47 launches, the 32 expert GEMMs at grouped_gemm_host_s (Transformer Engine's C++ loop)
     and the other 15 at host_kernel_s (Python-level modules)."""
-    calibration = default_calibration()
+    calibration = full_overlap()
     setting = _setting(seq_len=128)
     forward = AnalyticProfile(QWEN, calibration).times(UnitKind.BLOCK, setting, lookup_gpu("B200")).forward_s
     assert forward == pytest.approx(15 * calibration.host_kernel_s + 32 * calibration.grouped_gemm_host_s, rel=1e-12)
@@ -51,7 +52,7 @@ def test_the_dispatcher_sync_exposes_the_routed_sides_launches() -> None:
     """A forward with 1 s of GPU work before the sync cannot hide the routed side's 35 launches behind it: after the
     sync the routed side (its GEMMs and memory-bound kernels, r seconds of GPU work) takes max(r, 3 Python launches
     + 32 looped ones), where a pass without the sync would take 1 s."""
-    calibration = default_calibration()
+    calibration = full_overlap()
     profile, setting, gpu = AnalyticProfile(QWEN, calibration), _setting(seq_len=128), lookup_gpu("B200")
     up, down = profile._routed_expert_linears(setting, gpu)
     routed = up + down + profile.memory_time(gpu, 128 * profile._routed_bytes_per_token(setting)) \

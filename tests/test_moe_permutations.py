@@ -16,6 +16,7 @@ from planner.gpu import lookup_gpu
 from planner.model import UnitKind, load_model
 from planner.profile.analytic import AnalyticProfile, UnitSetting, unit_setting
 from planner.profile.calibration import default_calibration
+from tests.host_overlap import full_overlap
 
 QWEN = load_model("qwen3-30b-a3b")  # 128 experts, top-8, h 2048
 
@@ -52,8 +53,9 @@ def test_chunk_sorts_move_every_routed_copy_and_launch_a_kernel_each() -> None:
 
 def test_alltoall_block_costs_the_chunk_sorts_forward_and_backward() -> None:
     """The MoE block's forward grows by the two passes' HBM time and launches; its backward (their gradients) by
-    twice that. B200 at 8 × 4,096 tokens is GPU-bound, so no host term hides the difference."""
-    calibration = default_calibration()
+    twice that. B200 at 8 × 4,096 tokens is GPU-bound, so with host and GPU overlapping fully no host term hides the
+    difference."""
+    calibration = full_overlap()
     profile, gpu = AnalyticProfile(QWEN, calibration), lookup_gpu("B200")
     alltoall, flex = (profile.times(UnitKind.BLOCK, _setting(d, micro_batch=8), gpu) for d in ("alltoall", "flex"))
     passes = profile.memory_time(gpu, 8 * 4096 * 2 * 2 * 2 * 8 * 2048) + 2 * calibration.kernel_launch_s

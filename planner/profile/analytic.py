@@ -33,6 +33,7 @@ __all__ = [
     "block_forward_flops",
     "block_type_forward_flops",
     "head_forward_flops",
+    "overlapped_host_time",
     "unit_setting",
     "weight_gradient_s",
 ]
@@ -256,6 +257,20 @@ def _head_dim_share(head_dim: int, kernel: str) -> float:
     between; smaller heads run at the 64 rate, larger ones at the 128 rate."""
     low = _HEAD_DIM_64_SHARE[kernel]
     return low + (1 - low) * min(max((head_dim - 64) / 64, 0.0), 1.0)
+
+
+def overlapped_host_time(gpu_s: float, host_s: float, softness: float) -> float:
+    """Time of a pass whose kernels take `gpu_s` on the GPU and `host_s` for the host to launch. Eager PyTorch queues
+    kernels asynchronously, so far from the crossover the pass takes the longer of the two; near it the two overlap
+    only in part (the GPU idles through host-heavy stretches, norms and element-wise ops, that the GEMMs before them
+    did not buffer, and every synchronisation, a tensor-parallel collective waiting for the slowest rank's host or a
+    pipeline transfer, drains the queue): the p-norm of the two with p = 1 / `softness` (0: the longer one, 1: their
+    sum; `Calibration.host_overlap_softness`)."""
+    longer = max(gpu_s, host_s)
+    if softness == 0 or longer == 0:
+        return longer
+    exponent = 1 / softness
+    return longer * ((gpu_s / longer) ** exponent + (host_s / longer) ** exponent) ** softness
 
 
 def _causal_mean_keys(keys: float) -> float:
@@ -789,15 +804,15 @@ class AnalyticProfile:
                 + self._host_bound(setting, routed - first, after - first_kernels, routed_kernels - looped))
 
     def _host_bound(self, setting: UnitSetting, gpu_s: float, kernels: float, looped: float = 0.0) -> float:
-        """A pass's time: its GPU time, or the host's time to launch its `kernels` when that is longer (eager
-        PyTorch queues kernels asynchronously, so the GPU waits only when the host falls behind): `looped` of them
-        from Transformer Engine's GroupedLinear C++ loop (`grouped_gemm_host_s` each), the rest from Python-level
-        modules (`host_kernel_s` each); a replayed full-iteration CUDA graph launches nothing from the host
-        (Training.cuda_graphs), so its GPU time."""
+        """A pass's time from its GPU time and the host's time to launch its `kernels` (`looped` of them from
+        Transformer Engine's GroupedLinear C++ loop, `grouped_gemm_host_s` each, the rest from Python-level modules,
+        `host_kernel_s` each), which eager PyTorch overlaps (`overlapped_host_time`); a replayed full-iteration CUDA
+        graph launches nothing from the host (Training.cuda_graphs), so its GPU time."""
         if setting.cuda_graphs == "full_iteration":
             return gpu_s
         cal = self.calibration
-        return max(gpu_s, (kernels - looped) * cal.host_kernel_s + looped * cal.grouped_gemm_host_s)
+        host_s = (kernels - looped) * cal.host_kernel_s + looped * cal.grouped_gemm_host_s
+        return overlapped_host_time(gpu_s, host_s, cal.host_overlap_softness)
 
     def _block(self, setting: UnitSetting, gpu: GPUSpec) -> UnitTimes:
         """The mean block: MoE and dense blocks weighted by their counts (all blocks are costed alike)."""

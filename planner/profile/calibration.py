@@ -53,6 +53,9 @@ class Calibration:
     # host time per GEMM (or FP8 input quantisation) Transformer Engine's GroupedLinear launches from its C++ loop
     # over the local experts, no Python in between
     grouped_gemm_host_s: float = 0.0
+    # how far host launches and GPU work fail to overlap near the crossover: 0 → a pass takes the longer of the two,
+    # 1 → their sum (planner/profile/analytic.py `overlapped_host_time`)
+    host_overlap_softness: float = 0.0
     # share of the GEMM and HBM rates the Mamba-2 SSD scan's kernels (chunked scan, conv1d, gated norm) reach
     mamba_scan_efficiency: float = 1.0
 
@@ -97,6 +100,8 @@ def calibration_from_constants(constants: object, path: str) -> Calibration:
         if not math.isfinite(value) or value < 0:
             raise PlannerError(f"{path}: constant {item.name!r} must be a finite number >= 0, got {value!r}")
         problem = check_efficiency(item.name, value) if "efficiency" in item.name else None
+        if item.name == "host_overlap_softness" and value > 1:
+            problem = f"host_overlap_softness {value:.3g} is outside [0, 1] (0: full overlap of host and GPU, 1: none)"
         if problem:
             raise PlannerError(f"{path}: {problem}")
         values[item.name] = int(value) if item.type == "int" else float(value)
