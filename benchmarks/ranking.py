@@ -33,17 +33,18 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import dataclass
 
 import pandas as pd
 
 from benchmarks.validation_runs import DATA
-from planner.cluster import load_cluster
+from planner.cluster import Cluster, load_cluster
 from planner.config import ParallelConfig, Recompute, Training, deepspeed_zero3_collectives
 from planner.cost.estimate import estimate
 from planner.model import ModelSpec
 from planner.profile.calibration import Calibration, default_calibration
 
-__all__ = ["group_scores", "predicted_times", "study_summary"]
+__all__ = ["VTrainRun", "group_scores", "predicted_times", "study_summary", "summary_lines", "vtrain_time"]
 
 VTRAIN_FILE = "vtrain_singlenode_a100.csv"
 AUTOTUNING_FILE = "deepspeed_autotuning_hf_v100.csv"
@@ -52,21 +53,45 @@ GPT2_VOCAB = 50257
 SEQ_LEN = 1024
 
 
-def _gpt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
+def _gpt(name: str, layers: int, hidden: int, heads: int, seq_len: int = SEQ_LEN) -> ModelSpec:
     return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                     ffn_hidden_size=4 * hidden, vocab_size=GPT2_VOCAB, max_position_embeddings=SEQ_LEN,
+                     ffn_hidden_size=4 * hidden, vocab_size=GPT2_VOCAB, max_position_embeddings=seq_len,
                      activation="gelu", normalization="layernorm", position_embedding="learned", tie_embeddings=True,
                      linear_bias=True, dropout=True, source="GPT-2 shape of the sweep row")
 
 
+@dataclass(frozen=True)
+class VTrainRun:
+    """One Megatron-DeepSpeed run of vTrain's validation (single- or multi-node): a GPT shape and its layout."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    seq_len: int
+    global_batch: int
+    dp: int
+    tp: int
+    pp: int
+    micro_batch: int
+
+
+def vtrain_time(run: VTrainRun, cluster: Cluster, calibration: Calibration) -> float:
+    """Predicted seconds per iteration of one vTrain run on `cluster`, as its configs ran it: fp16, unfused
+    attention, full activation checkpointing, no ZeRO, DeepSpeed's pipeline engine (whole activations between
+    stages), gradients all-reduced after the flush (`use_gradient_bucket=false`)."""
+    model = _gpt(run.name, run.layers, run.hidden, run.heads, run.seq_len)
+    training = Training(global_batch=run.global_batch, seq_len=run.seq_len, dtype="fp16", attention="unfused")
+    config = ParallelConfig(dp=run.dp, tp=run.tp, pp=run.pp, micro_batch=run.micro_batch, recompute=Recompute.FULL,
+                            overlap_grad_reduce=False, p2p_scatter_gather=False, overlap_tp_backward=False)
+    return estimate(model, cluster, training, config, calibration=calibration).iteration_time_s
+
+
 def _vtrain_time(row: pd.Series, calibration: Calibration) -> float:
-    """Predicted seconds per iteration of one vTrain run."""
-    model = _gpt(str(row["model"]), int(row["layers"]), int(row["hidden"]), int(row["heads"]))
-    training = Training(global_batch=int(row["global_batch"]), seq_len=SEQ_LEN, dtype="fp16", attention="unfused")
-    config = ParallelConfig(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]),
-                            micro_batch=int(row["micro_batch"]), recompute=Recompute.FULL, overlap_grad_reduce=False,
-                            p2p_scatter_gather=False, overlap_tp_backward=False)
-    return estimate(model, load_cluster("dgx-a100"), training, config, calibration=calibration).iteration_time_s
+    """Predicted seconds per iteration of one run of the single-node sweep (one 8×A100 node, sequence 1024)."""
+    run = VTrainRun(str(row["model"]), int(row["layers"]), int(row["hidden"]), int(row["heads"]), SEQ_LEN,
+                    int(row["global_batch"]), int(row["dp"]), int(row["tp"]), int(row["pp"]), int(row["micro_batch"]))
+    return vtrain_time(run, load_cluster("dgx-a100"), calibration)
 
 
 def _autotuning_time(row: pd.Series, calibration: Calibration) -> float:
