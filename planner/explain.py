@@ -21,9 +21,10 @@ from planner.replay import PlanProblem
 from planner.search.planning import plan
 from planner.search.space import FixedOptions
 
-__all__ = ["Alternative", "Explanation", "bottleneck", "explain", "fixed_of", "neighbours"]
+__all__ = ["Alternative", "Explanation", "bottleneck", "explain", "fixed_of", "host_launch_s", "neighbours"]
 
 COMPUTE_BOUND_SHARE = 0.75  # compute at least this share of the iteration: the layout is not the limit
+HOST_BOUND_SHARE = 0.2  # compute-bound, and the host's kernel launches add at least this share: the host is the limit
 TIGHT_HEADROOM_SHARE = 0.05  # less free memory than this share of capacity is tight
 WORTH_IT = 1e-3  # a change must save more than this fraction of the iteration to be recommended
 _RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
@@ -46,6 +47,9 @@ _WORDS = {
                  "optimizer / ZeRO) splits this work over dp",
     "other": "fixed per-iteration overhead: {share} of the iteration; a larger global batch amortises it",
 }
+_HOST_WORDS = ("compute, held back by the host: eager PyTorch launches the kernels slower than the GPUs run them, "
+               "which adds {host} of the iteration (MFU {mfu}); a larger micro-batch (now {mb}), a smaller tp "
+               "(tp={tp}) or CUDA graphs (--cuda-graphs full_iteration) hide the launches")
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class Explanation:
     breakdown_s: dict[str, float]
     bottleneck: str
     verdict: str
+    host_launch_s: float
     headroom_bytes: float
     capacity_bytes: float
     what_ifs: tuple[Alternative, ...]
@@ -92,6 +97,7 @@ class Explanation:
     def as_dict(self) -> dict[str, Any]:
         return {"parallelism": self.describe, "iteration_time_s": self.iteration_time_s,
                 "breakdown_s": self.breakdown_s, "bottleneck": self.bottleneck, "verdict": self.verdict,
+                "host_launch_s": self.host_launch_s,
                 "memory": {"headroom_bytes": self.headroom_bytes, "capacity_bytes": self.capacity_bytes,
                            "note": self.memory_note},
                 "what_ifs": [w.as_dict() for w in self.what_ifs],
@@ -99,16 +105,26 @@ class Explanation:
                 "best_change": self.best_change.as_dict() if self.best_change else None}
 
 
-def bottleneck(result: Estimate, config: ParallelConfig) -> tuple[str, str]:
+def bottleneck(result: Estimate, config: ParallelConfig, host_launch_s: float = 0.0) -> tuple[str, str]:
     """The breakdown term that limits the plan and a sentence saying so: compute when it is at least
-    COMPUTE_BOUND_SHARE of the iteration, else the largest overhead term."""
+    COMPUTE_BOUND_SHARE of the iteration, else the largest overhead term. Compute whose kernels the host launches
+    slower than the GPUs run them (`host_launch_s`, at least HOST_BOUND_SHARE of the iteration) says so, since
+    faster kernels would not help it."""
     terms = result.breakdown_s
     total = result.iteration_time_s
     key = "compute" if terms["compute"] >= COMPUTE_BOUND_SHARE * total else max(
         (k for k in BREAKDOWN_KEYS if k != "compute"), key=lambda k: terms[k])
-    words = _WORDS[key].format(share=f"{100 * terms[key] / total:.1f} %", mfu=f"{100 * result.mfu:.1f} %",
-                               pp=config.pp, tp=config.tp, dp=config.dp, m=result.num_microbatches)
-    return key, words
+    words = _HOST_WORDS if key == "compute" and host_launch_s >= HOST_BOUND_SHARE * total else _WORDS[key]
+    return key, words.format(share=f"{100 * terms[key] / total:.1f} %", mfu=f"{100 * result.mfu:.1f} %",
+                             pp=config.pp, tp=config.tp, dp=config.dp, m=result.num_microbatches,
+                             mb=config.micro_batch, host=f"{100 * host_launch_s / total:.1f} %")
+
+
+def host_launch_s(problem: PlanProblem, result: Estimate) -> float:
+    """Seconds of the plan's iteration (`result`) that the host's kernel launches add over the GPUs' own work: its
+    time less the same plan's with launches free (`Calibration.host_kernel_s`, `grouped_gemm_host_s`)."""
+    free = replace(problem, calibration=problem.calibration.updated(host_kernel_s=0.0, grouped_gemm_host_s=0.0))
+    return max(0.0, result.iteration_time_s - free.estimate().iteration_time_s)
 
 
 def fixed_of(config: ParallelConfig) -> FixedOptions:
@@ -208,9 +224,10 @@ def explain(problem: PlanProblem, result: Estimate, top_k: int = 5, time_limit_s
     alternatives = tuple(Alternative(p.config.describe(), p.config, p.estimate.iteration_time_s,
                                      p.estimate.iteration_time_s - base) for p in searched)
     gains = [(w.delta_s, i) for i, w in enumerate(what_ifs) if w.delta_s is not None and w.delta_s < -WORTH_IT * base]
-    key, verdict = bottleneck(result, problem.config)
+    host = host_launch_s(problem, result)
+    key, verdict = bottleneck(result, problem.config, host)
     tightest = result.tightest_stage().memory
     return Explanation(
-        problem.config.describe(), base, dict(result.breakdown_s), key, verdict,
+        problem.config.describe(), base, dict(result.breakdown_s), key, verdict, host,
         tightest.capacity - tightest.total, tightest.capacity, tuple(what_ifs), alternatives,
         what_ifs[min(gains)[1]] if gains else None)

@@ -4,6 +4,7 @@ and a comparison's term deltas add up to the difference in iteration time."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from click.testing import CliRunner
 
 from cli import main
 from planner.config import Recompute
-from planner.explain import WORTH_IT, bottleneck, explain, neighbours
+from planner.explain import HOST_BOUND_SHARE, WORTH_IT, bottleneck, explain, host_launch_s, neighbours
 from planner.plan import build_plan_document, load_plan
 from planner.replay import problem_of
 from planner.search.planning import plan
@@ -74,12 +75,36 @@ def test_the_bottleneck_is_named_in_words(tmp_path: Path) -> None:
         "data-parallel communication", "optimizer step", "fixed per-iteration overhead")
 
 
+def test_a_host_bound_plan_is_named_so_and_a_gpu_bound_one_is_not(tmp_path: Path) -> None:
+    """A 350M GPT split 8 ways launches its kernels slower than the GPUs run them: the verdict names the host and the
+    launches' share, which is what freeing them (host_kernel_s 0) saves; Llama-3-8B at 8K tokens per GPU is
+    compute-bound on its own math, where the launches add under 1 %."""
+    thin = problem_of(load_plan(write_plan(
+        tmp_path, "thin", "estimate", "--model", "gpt3-350m", "--cluster", "1x8xA100-80GB", "--global-batch", "8",
+        "--seq-len", "1024", "--tp", "8")))
+    result = thin.estimate()
+    host = host_launch_s(thin, result)
+    assert host >= HOST_BOUND_SHARE * result.iteration_time_s
+    free = replace(thin, calibration=thin.calibration.updated(host_kernel_s=0.0, grouped_gemm_host_s=0.0))
+    assert host == pytest.approx(result.iteration_time_s - free.estimate().iteration_time_s)
+    key, words = bottleneck(result, thin.config, host)
+    assert key == "compute" and words.startswith("compute, held back by the host")
+    assert f"{100 * host / result.iteration_time_s:.1f} %" in words and "tp=8" in words
+    wide = problem_of(load_plan(write_plan(
+        tmp_path, "wide", "estimate", "--model", "llama3-8b", "--cluster", "1x8xH100-80GB", "--global-batch", "8",
+        "--seq-len", "8192", "--zero", "3")))
+    wide_result = wide.estimate()
+    wide_host = host_launch_s(wide, wide_result)
+    assert wide_host < 0.01 * wide_result.iteration_time_s
+    assert bottleneck(wide_result, wide.config, wide_host)[1].startswith("compute: the GPUs spend")
+
+
 def test_explain_json_is_one_document(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["explain", str(write_plan(tmp_path, "poor", "estimate", *POOR)), "--json"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.output)
-    assert {"bottleneck", "verdict", "breakdown_s", "memory", "what_ifs", "alternatives", "best_change"} <= set(
-        document)
+    assert {"bottleneck", "verdict", "host_launch_s", "breakdown_s", "memory", "what_ifs", "alternatives",
+            "best_change"} <= set(document)
 
 
 def test_compare_names_the_faster_plan_and_its_terms_add_up(tmp_path: Path) -> None:
