@@ -262,10 +262,10 @@ def _head_dim_share(head_dim: int, kernel: str) -> float:
 def overlapped_host_time(gpu_s: float, host_s: float, softness: float) -> float:
     """Time of a pass whose kernels take `gpu_s` on the GPU and `host_s` for the host to launch. Eager PyTorch queues
     kernels asynchronously, so far from the crossover the pass takes the longer of the two; near it the two overlap
-    only in part (the GPU idles through host-heavy stretches, norms and element-wise ops, that the GEMMs before them
-    did not buffer, and every synchronisation, a tensor-parallel collective waiting for the slowest rank's host or a
-    pipeline transfer, drains the queue): the p-norm of the two with p = 1 / `softness` (0: the longer one, 1: their
-    sum; `Calibration.host_overlap_softness`)."""
+    only in part (vTrain's layouts whose two times are about equal measure ~1.3x the longer one, per layer; why is not
+    settled: host-heavy stretches the queue has not buffered, ranks waiting for the slowest host at a collective):
+    the p-norm of the two with p = 1 / `softness` (0: the longer one, 1: their sum; `Calibration.host_overlap_softness`,
+    an empirical form fitted on that sweep)."""
     longer = max(gpu_s, host_s)
     if softness == 0 or longer == 0:
         return longer
