@@ -208,6 +208,20 @@ def _planned(problem: PlanProblem, config: ParallelConfig, time_limit_s: float) 
     return found.best.estimate.iteration_time_s, True
 
 
+def _graphed_what_if(problem: PlanProblem, base_s: float, host_s: float, time_limit_s: float) -> list[Alternative]:
+    """For an eager plan held back by the host (`host_s`, at least HOST_BOUND_SHARE of `base_s`): the same layout
+    with the iteration captured in one CUDA graph (`Training.cuda_graphs`), which launches nothing from the host,
+    re-planned like the other what-ifs."""
+    if problem.training.cuda_graphs != "none" or host_s < HOST_BOUND_SHARE * base_s:
+        return []
+    graphed = replace(problem, training=replace(problem.training, cuda_graphs="full_iteration"))
+    seconds, valid = _planned(graphed, problem.config, time_limit_s)
+    if not valid:
+        return []
+    return [Alternative("cuda graphs none→full_iteration", problem.config, seconds,
+                        None if seconds is None else seconds - base_s)]
+
+
 def explain(problem: PlanProblem, result: Estimate, top_k: int = 5, time_limit_s: float = 1.0) -> Explanation:
     """The explanation of a plan whose estimate is `result` (see the module docstring)."""
     base = result.iteration_time_s
@@ -223,8 +237,9 @@ def explain(problem: PlanProblem, result: Estimate, top_k: int = 5, time_limit_s
         searched = ()
     alternatives = tuple(Alternative(p.config.describe(), p.config, p.estimate.iteration_time_s,
                                      p.estimate.iteration_time_s - base) for p in searched)
-    gains = [(w.delta_s, i) for i, w in enumerate(what_ifs) if w.delta_s is not None and w.delta_s < -WORTH_IT * base]
     host = host_launch_s(problem, result)
+    what_ifs += _graphed_what_if(problem, base, host, time_limit_s)
+    gains = [(w.delta_s, i) for i, w in enumerate(what_ifs) if w.delta_s is not None and w.delta_s < -WORTH_IT * base]
     key, verdict = bottleneck(result, problem.config, host)
     tightest = result.tightest_stage().memory
     return Explanation(
