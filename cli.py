@@ -991,8 +991,9 @@ def timeline_command(plan_path: Path, out: Path, svg_out: Path | None) -> None:
 @handle_errors
 def explain_command(plan_path: Path, top_k: int, as_json: bool) -> None:
     """Why this plan: its bottleneck, breakdown, one step of each knob, the search's alternatives."""
-    problem = problem_of(load_plan(plan_path))
-    explanation = explain(problem, problem.estimate(), top_k)
+    loaded = load_plan(plan_path)
+    problem = problem_of(loaded)
+    explanation = explain(problem, problem.estimate(), top_k, framework=loaded.framework)
     click.echo(json.dumps(explanation.as_dict(), indent=2) if as_json else format_explanation(explanation))
 
 

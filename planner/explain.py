@@ -16,6 +16,7 @@ from planner.config import ParallelConfig, Recompute, Schedule
 from planner.cost.estimate import BREAKDOWN_KEYS, Estimate
 from planner.cost.schedule import schedule_of
 from planner.errors import InfeasibleError, PlannerError
+from planner.frameworks import framework_named
 from planner.gpu import GIB
 from planner.replay import PlanProblem
 from planner.search.planning import plan
@@ -208,11 +209,13 @@ def _planned(problem: PlanProblem, config: ParallelConfig, time_limit_s: float) 
     return found.best.estimate.iteration_time_s, True
 
 
-def _graphed_what_if(problem: PlanProblem, base_s: float, host_s: float, time_limit_s: float) -> list[Alternative]:
-    """For an eager plan held back by the host (`host_s`, at least HOST_BOUND_SHARE of `base_s`): the same layout
-    with the iteration captured in one CUDA graph (`Training.cuda_graphs`), which launches nothing from the host,
-    re-planned like the other what-ifs."""
-    if problem.training.cuda_graphs != "none" or host_s < HOST_BOUND_SHARE * base_s:
+def _graphed_what_if(problem: PlanProblem, base_s: float, host_s: float, time_limit_s: float,
+                     framework: str = "any") -> list[Alternative]:
+    """For an eager plan held back by the host (`host_s`, at least HOST_BOUND_SHARE of `base_s`) whose `framework`
+    can capture a whole iteration: the same layout with the iteration in one CUDA graph (`Training.cuda_graphs`),
+    which launches nothing from the host, re-planned like the other what-ifs."""
+    if (problem.training.cuda_graphs != "none" or host_s < HOST_BOUND_SHARE * base_s
+            or not framework_named(framework).full_iteration_graphs):
         return []
     graphed = replace(problem, training=replace(problem.training, cuda_graphs="full_iteration"))
     seconds, valid = _planned(graphed, problem.config, time_limit_s)
@@ -222,8 +225,10 @@ def _graphed_what_if(problem: PlanProblem, base_s: float, host_s: float, time_li
                         None if seconds is None else seconds - base_s)]
 
 
-def explain(problem: PlanProblem, result: Estimate, top_k: int = 5, time_limit_s: float = 1.0) -> Explanation:
-    """The explanation of a plan whose estimate is `result` (see the module docstring)."""
+def explain(problem: PlanProblem, result: Estimate, top_k: int = 5, time_limit_s: float = 1.0,
+            framework: str = "any") -> Explanation:
+    """The explanation of a plan whose estimate is `result` (see the module docstring); `framework` is the plan's
+    target, which decides whether capturing the iteration in a CUDA graph is a step it can take."""
     base = result.iteration_time_s
     what_ifs = []
     for label, config in neighbours(problem.config):
@@ -238,7 +243,7 @@ def explain(problem: PlanProblem, result: Estimate, top_k: int = 5, time_limit_s
     alternatives = tuple(Alternative(p.config.describe(), p.config, p.estimate.iteration_time_s,
                                      p.estimate.iteration_time_s - base) for p in searched)
     host = host_launch_s(problem, result)
-    what_ifs += _graphed_what_if(problem, base, host, time_limit_s)
+    what_ifs += _graphed_what_if(problem, base, host, time_limit_s, framework)
     gains = [(w.delta_s, i) for i, w in enumerate(what_ifs) if w.delta_s is not None and w.delta_s < -WORTH_IT * base]
     key, verdict = bottleneck(result, problem.config, host)
     tightest = result.tightest_stage().memory
