@@ -96,12 +96,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         for _, row in times.iterrows():
             print(f"{row['group']:32s} {row['layout']:22s} measured {row['measured']:7.3f} s  predicted "
                   f"{row['predicted']:7.3f} s  {100 * row['error']:+6.1f} %")
-    for _, row in group_scores(times).iterrows():
+    scores = group_scores(times)
+    for _, row in scores.iterrows():
         group = times[times["group"] == row["group"]]
         print(f"{row['group']:32s} {row['layouts']:3.0f} layouts  Spearman {row['spearman']:.2f}  regret "
               f"{row['regret']:.3f}  time MAPE {100 * group['error'].abs().mean():.1f} %  mean "
               f"{100 * group['error'].mean():+.1f} %")
-    print("\n".join(summary_lines(study_summary(group_scores(times)))))
+    print("\n".join(summary_lines(study_summary(scores))))
 
 
 if __name__ == "__main__":

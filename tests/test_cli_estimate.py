@@ -106,17 +106,23 @@ def test_a_plan_that_does_not_fit_is_told_only_options_that_would_help() -> None
     assert "--distributed-optimizer" not in activations.stderr.split("try", 1)[1]
 
 
+def _zero3_dp_comm_without_and_with(base: tuple[str, ...], option: tuple[str, ...], out) -> list[float]:
+    """Exposed DP seconds of `base` under ZeRO-3, without and then with `option` (that plan written to `out`)."""
+    times = []
+    for extra in ((), (*option, "--out", str(out))):
+        result = run(*base, "--zero", "3", "--json", *extra)
+        assert result.exit_code == 0, result.output
+        times.append(json.loads(result.output)["estimate"]["breakdown_s"]["dp_comm"])
+    return times
+
+
 def test_estimate_per_tensor_zero3_is_slower_round_trips_and_refuses_other_stages(tmp_path) -> None:
     """`--zero3-collectives per-tensor` (DeepSpeed ZeRO-3 of 2021) costs more DP time than the default per-unit
     FSDP semantics, is kept in the plan file, and is refused (exit 2, one line) without ZeRO-3."""
     base = ("estimate", "--model", "gpt3-175b", "--cluster", "48x8xA100-80GB", "--global-batch", "1536",
             "--seq-len", "2048", "--dp", "384", "--micro-batch", "4", "--recompute", "full", "--dtype", "fp16")
     out = tmp_path / "plan.json"
-    times = []
-    for extra in ((), ("--zero3-collectives", "per-tensor", "--out", str(out))):
-        result = run(*base, "--zero", "3", "--json", *extra)
-        assert result.exit_code == 0, result.output
-        times.append(json.loads(result.output)["estimate"]["breakdown_s"]["dp_comm"])
+    times = _zero3_dp_comm_without_and_with(base, ("--zero3-collectives", "per-tensor"), out)
     assert times[1] > 10 * times[0]
     assert load_plan(out).parallel.zero3_collectives == "per-tensor"
     refused = run(*base, "--zero", "2", "--zero3-collectives", "per-tensor")
@@ -131,11 +137,7 @@ def test_estimate_backward_post_prefetch_is_slower_round_trips_and_refuses_other
     base = ("estimate", "--model", "llama3-8b", "--cluster", "2x8xH100-80GB", "--global-batch", "32",
             "--seq-len", "2048", "--dp", "16", "--micro-batch", "2")
     out = tmp_path / "plan.json"
-    times = []
-    for extra in ((), ("--fsdp-backward-prefetch", "post", "--out", str(out))):
-        result = run(*base, "--zero", "3", "--json", *extra)
-        assert result.exit_code == 0, result.output
-        times.append(json.loads(result.output)["estimate"]["breakdown_s"]["dp_comm"])
+    times = _zero3_dp_comm_without_and_with(base, ("--fsdp-backward-prefetch", "post"), out)
     assert times[1] > times[0]
     assert load_plan(out).parallel.fsdp_backward_prefetch == "post"
     again = run("estimate", "--plan", str(out), "--json")
