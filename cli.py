@@ -139,6 +139,13 @@ def problem_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--cuda-graphs", type=click.Choice(CUDA_GRAPH_MODES), default="none", show_default=True,
                      help="Kernels launched one by one (none) or the whole iteration replayed as one CUDA graph "
                           "(full_iteration: Megatron-Core's --cuda-graph-impl, no host launch or MoE sync time)."),
+        click.option("--moe-load-imbalance", type=FiniteRange(min=1.0), default=1.0, show_default=True, metavar="F",
+                     help="MoE router: the busiest expert-parallel rank's routed tokens over the mean (1: "
+                          "force-balanced, as Megatron-Bridge's benchmarks run; a router left to itself runs "
+                          "hotter). Expert GEMMs and memory are those of that rank, the one that runs out first."),
+        click.option("--moe-capacity-factor", type=FiniteRange(min=1.0), metavar="F",
+                     help="Drop the tokens beyond F times each expert's mean (Megatron-LM "
+                          "--moe-expert-capacity-factor); caps --moe-load-imbalance.  [default: dropless]"),
         click.option("--finetune", type=click.Choice(FINETUNE_MODES), default="full", show_default=True,
                      help="What trains: every parameter (full), or LoRA adapters on frozen 16-bit (lora) or 4-bit "
                           "NF4 (qlora) base weights."),
@@ -351,6 +358,8 @@ class TuningOptions:
     elementwise: str = "fused"
     fp8_recipe: str | None = None  # as given; None: the target framework's (`fp8_default`)
     cuda_graphs: str = "none"
+    moe_load_imbalance: float = 1.0
+    moe_capacity_factor: float | None = None
     cross_entropy: str = "fused"  # set by the target framework (`for_framework`), not an option of its own
     fp8_default: str = FP8_RECIPES[0]  # likewise
     fp8_saved_input: str = "fp8"  # likewise
@@ -359,7 +368,8 @@ class TuningOptions:
     def pop_from(cls, options: dict[str, Any]) -> TuningOptions:
         """Take these options out of a command's keyword options."""
         return cls(*(options.pop(name) for name in ("finetune", "lora_rank", "lora_targets", "optimizer_states",
-                                                     "elementwise", "fp8_recipe", "cuda_graphs")))
+                                                     "elementwise", "fp8_recipe", "cuda_graphs", "moe_load_imbalance",
+                                                     "moe_capacity_factor")))
 
     def for_framework(self, framework: str | None) -> TuningOptions:
         """These options with the loss kernel `framework` runs at their element-wise setting, its default FP8 recipe
@@ -374,7 +384,8 @@ class TuningOptions:
         return {"finetune": self.finetune, "lora_rank": self.lora_rank, "lora_targets": self.lora_targets,
                 "optimizer_states": "fp32" if self.optimizer_states == "auto" else self.optimizer_states,
                 "elementwise": self.elementwise, "cross_entropy": self.cross_entropy, "fp8_recipe": recipe,
-                "cuda_graphs": self.cuda_graphs, "fp8_saved_input": self.fp8_saved_input}
+                "cuda_graphs": self.cuda_graphs, "fp8_saved_input": self.fp8_saved_input,
+                "moe_load_imbalance": self.moe_load_imbalance, "moe_capacity_factor": self.moe_capacity_factor}
 
 
 def load_problem(model_spec: str, cluster_spec: str, global_batch: int, seq_len: int, dtype: str, attention: str,
@@ -394,6 +405,9 @@ def load_problem(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     if profile_path:
         model, training, timer = load_profile_and_model(profile_path, model_spec, training, calibration)
     adapter_parameters(model, training)  # a rank or target the model cannot take fails here, before any search
+    if model.num_experts == 1 and (training.moe_load_imbalance != 1.0 or training.moe_capacity_factor is not None):
+        raise PlannerError(f"--moe-load-imbalance and --moe-capacity-factor shape an MoE router; {model.name} has "
+                           f"no routed experts")
     return Problem(model, cluster, training, calibration, timer, warnings)
 
 
@@ -419,6 +433,8 @@ def describe_tuning(model: ModelSpec, training: Training) -> str:
         text += f", {training.elementwise} element-wise kernels"
     if training.cuda_graphs != "none":
         text += f", {training.cuda_graphs.replace('_', '-')} CUDA graphs"
+    if training.moe_expert_load != 1.0:
+        text += f", busiest expert rank at {training.moe_expert_load:g}x the mean routed tokens"
     return text
 
 

@@ -40,16 +40,18 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import pandas as pd
 
 from benchmarks.bridge_systems import BRIDGE_DTYPES, bridge_cluster, bridge_gpu, bridge_precision
 from benchmarks.validation_runs import BRIDGE_PERF_GRAD_BYTES, DATA, Run, Skipped
 from planner.config import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES, ParallelConfig, Recompute, Schedule, Training
+from planner.cost.estimate import estimate
 from planner.gpu import GIB
 from planner.model import load_model
 
-__all__ = ["MOE_FILE", "PRESETS", "Preset", "moe_runs"]
+__all__ = ["MOE_FILE", "PRESETS", "MoeRuns", "Preset", "hot_rank_load", "moe_runs"]
 
 MOE_FILE = "moe_ep_throughput.csv"
 _CATALOG = {"DeepSeek-V3": "deepseek-v3", "Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-235B-A22B": "qwen3-235b-a22b",
@@ -319,29 +321,84 @@ def _run(row: pd.Series) -> Run:
     # a documented OOM states no time: NaN, never scored for time
     iteration = step or (training.tokens_per_iteration / (throughput * gpus) if throughput else math.nan)
     gpu = bridge_gpu(str(row["hardware"])) or ""
-    memory = _number(row["peak_memory"])
-    unit = GIB if "GiB" in str(row["peak_memory"]) else 1e9
+    memory = _published_bytes(str(row["peak_memory"]))
     model = load_model(_CATALOG[str(row["model"])])
     label = f"{row['row_id']} {row['model']} {row['precision']} {gpus}x{gpu} {config.describe()}"
     # "peak allocated" rows publish torch.cuda.max_memory_allocated: the allocator's figure (Run.memory_in_allocator)
     return Run(MOE_FILE, label, model, bridge_cluster(gpus, gpu), training, config, iteration,
-               None if memory is None else memory * unit, f"{MOE_FILE} row_id {row['row_id']}",
+               memory, f"{MOE_FILE} row_id {row['row_id']}",
                memory_in_allocator="allocated" in str(row["peak_memory"]))
 
 
-def moe_runs(rack_scale: bool = False) -> tuple[tuple[Run, ...], tuple[Skipped, ...], tuple[Run, ...]]:
-    """(runs, skipped, documented OOMs): force-balanced MoE runs on catalog models and GPUs, every other row with
-    why it is skipped, and the runs documented as out of memory that planner can express (scored only on whether
-    they are predicted not to fit; their router need not be force-balanced, as no time is scored). The H100 / H800 /
-    B200 rows (issue 11's target), or with `rack_scale` the B300 / GB200 / GB300 ones."""
-    runs, skipped, ooms = [], [], []
-    for _, row in pd.read_csv(DATA / MOE_FILE).iterrows():
+def _published_bytes(text: str) -> float | None:
+    """'66.297 GB after iteration 1' → bytes (GB decimal, GiB binary); None when no figure leads the text."""
+    number = _number(text)
+    return None if number is None else number * (GIB if "GiB" in text.split()[1:2] else 1e9)
+
+
+# The recompute study's Nemotron-3-Nano sweep ran its model's own router (not force-balanced) and says how much more
+# its hottest ranks held than rank 0: "hot ranks had about 72.9 GiB allocated" (MBS-012, rank 0: 66.297 GB).
+_HOT_RANK_READING = re.compile(r"hot ranks had about ([\d.]+) GiB allocated")
+
+
+def _sweep(row: pd.Series) -> tuple[str, ...]:
+    """What the runs of one published sweep share: model, GPUs, precision and layout (only recompute differs)."""
+    return tuple(str(row[key]) for key in ("dataset", "model", "hardware", "num_gpus", "precision", "tp", "pp", "ep",
+                                           "micro_batch", "seq_len"))
+
+
+def hot_rank_load(row: pd.Series) -> float | None:
+    """The busiest expert-parallel rank's routed tokens over the mean (`Training.moe_load_imbalance`) that a row's
+    published hot-rank reading implies, or None where it publishes none: rank 0 taken at the mean load, the
+    difference between the hot ranks' allocation and rank 0's peak is what the busiest rank's extra routed tokens
+    hold, and planner's memory grows by `d` per unit of load (its routed activations), so the load is 1 + gap / d."""
+    reading = _HOT_RANK_READING.search(f"{row['verification']} {row['notes']}")
+    rank0 = _published_bytes(str(row["peak_memory"]))
+    if reading is None or rank0 is None:
+        return None
+    run = _run(row)
+    peaks = [estimate(run.model, run.cluster, replace(run.training, moe_load_imbalance=load), run.config)
+             .peak_memory_bytes for load in (1.0, 2.0)]
+    return 1.0 + (float(reading.group(1)) * GIB - rank0) / (peaks[1] - peaks[0])
+
+
+def _documented_completion(row: pd.Series) -> bool:
+    """Whether the row documents a run that completed (its notes say "outcome: completed")."""
+    return "outcome: completed" in str(row["notes"])
+
+
+class MoeRuns(NamedTuple):
+    """The MoE file's rows as planner inputs: time-scored runs, skipped rows (with why), and the documented outcomes
+    of runs whose time is not scored: out of memory (scored on being predicted not to fit) and completed (on being
+    predicted to fit)."""
+
+    runs: tuple[Run, ...]
+    skipped: tuple[Skipped, ...]
+    ooms: tuple[Run, ...]
+    completions: tuple[Run, ...]
+
+
+def moe_runs(rack_scale: bool = False) -> MoeRuns:
+    """Force-balanced MoE runs on catalog models and GPUs, every other row with why it is skipped, and the documented
+    outcomes planner can express whatever their router, as no time is scored: the runs that went out of memory, and
+    the runs of a sweep that publishes its hot ranks' memory (`hot_rank_load`) that completed. A sweep that
+    publishes that reading is estimated at the load it implies (its busiest rank is the one that runs out of
+    memory); other documented OOMs under a balanced router. The H100 / H800 / B200 rows (issue 11's target), or
+    with `rack_scale` the B300 / GB200 / GB300 ones."""
+    frame = pd.read_csv(DATA / MOE_FILE)
+    loads = {_sweep(row): load for _, row in frame.iterrows() if (load := hot_rank_load(row)) is not None}
+    runs, skipped, ooms, completions = [], [], [], []
+    for _, row in frame.iterrows():
         if str(row["hardware"]).startswith(_RACK_SCALE) != rack_scale:
             continue
-        oom = _documented_oom(row)
-        why = _inexpressible(row) if oom else _why(row)
+        oom, load = _documented_oom(row), loads.get(_sweep(row))
+        completed = load is not None and _documented_completion(row)
+        why = _inexpressible(row) if oom or completed else _why(row)
         if why:
             skipped.append(Skipped(MOE_FILE, f"row_id {row['row_id']}", ("documented OOM; " if oom else "") + why))
-        else:
-            (ooms if oom else runs).append(_run(row))
-    return tuple(runs), tuple(skipped), tuple(ooms)
+            continue
+        run = _run(row)
+        if load is not None and (oom or completed):
+            run = replace(run, training=replace(run.training, moe_load_imbalance=load))
+        (ooms if oom else completions if completed else runs).append(run)
+    return MoeRuns(tuple(runs), tuple(skipped), tuple(ooms), tuple(completions))

@@ -51,6 +51,12 @@ class Source:
     target: float = MAPE_TARGET
     layers: tuple[LayerRow, ...] = ()  # Korthikanti Table 4: per-layer times instead of whole runs
     ooms: tuple[Run, ...] = ()  # runs documented as out of memory: scored only on being predicted not to fit
+    completions: tuple[Run, ...] = ()  # runs documented as completed, time not scored: scored on being predicted to fit
+
+    @property
+    def ran(self) -> tuple[Run, ...]:
+        """Every run documented as having run: the time-scored ones and the completions."""
+        return self.runs + self.completions
 
 
 def _h100(file: str) -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
@@ -59,8 +65,8 @@ def _h100(file: str) -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
 
 
 def _moe_source(name: str, rack_scale: bool) -> Source:
-    runs, skipped, ooms = moe_runs(rack_scale)
-    return Source(name, MOE_FILE, runs, skipped, MOE_MAPE_TARGET, ooms=ooms)
+    moe = moe_runs(rack_scale)
+    return Source(name, MOE_FILE, moe.runs, moe.skipped, MOE_MAPE_TARGET, ooms=moe.ooms, completions=moe.completions)
 
 
 @cache

@@ -207,8 +207,9 @@ class Training:
     adapters of "lora" / "qlora" and must stay None for "full" (None takes DEFAULT_LORA_RANK / DEFAULT_LORA_TARGETS).
     `optimizer_states` (OPTIMIZER_STATES) is where and how wide the Adam states are.
     `moe_load_imbalance` is the busiest expert-parallel rank's routed tokens over the mean (1.0: a
-    force-balanced router, as Megatron-Bridge's MoE benchmarks run); `moe_capacity_factor` caps each
-    expert at that multiple of its mean tokens and drops the rest (None: dropless).
+    force-balanced router, as Megatron-Bridge's MoE benchmarks run): that rank's expert GEMMs and the routed
+    activations it keeps, the time every rank waits for and the memory that runs out first; `moe_capacity_factor`
+    caps each expert at that multiple of its mean tokens and drops the rest (None: dropless).
     """
 
     global_batch: int = 512

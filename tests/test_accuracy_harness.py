@@ -3,6 +3,7 @@ and ranking measures mean what the README says (benchmarks/accuracy.py, ranking.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -11,12 +12,13 @@ import pytest
 from benchmarks.accuracy import score, score_source, summary_lines
 from benchmarks.bridge_systems import rack_segment_gpus
 from benchmarks.loso import fit_sources, source_objective
-from benchmarks.moe_runs import MOE_FILE, _release, moe_runs
+from benchmarks.moe_runs import MOE_FILE, _release, hot_rank_load, moe_runs
 from benchmarks.ranking import AUTOTUNING_FILE, VTRAIN_FILE, group_scores
 from benchmarks.sources import skipped_files, sources
 from benchmarks.titan_runs import TITAN_FILES, titan_runs
 from benchmarks.validation_runs import DATA
 from planner.config import Recompute
+from planner.cost.estimate import estimate
 from planner.placement import GroupLinks, default_placement
 from planner.profile.calibration import default_calibration
 
@@ -63,9 +65,9 @@ def test_moe_rows_are_each_estimated_once_or_skipped_and_timed_only_when_force_b
     """Every row of moe_ep_throughput.csv lands in exactly one of the two MoE sources (H100/B200, rack-scale),
     as a run or a skip; runs are force-balanced (load 1.0), dropless, and carry the row's degrees."""
     frame = pd.read_csv(DATA / MOE_FILE).set_index("row_id")
-    (runs, skipped, ooms), (rack_runs, rack_skipped, rack_ooms) = moe_runs(), moe_runs(rack_scale=True)
-    ids = ([r.source.split()[-1] for r in (*runs, *rack_runs, *ooms, *rack_ooms)]
-           + [k.row.split()[-1] for k in (*skipped, *rack_skipped)])
+    (runs, skipped, ooms, completions), rack = moe_runs(), moe_runs(rack_scale=True)
+    ids = ([r.source.split()[-1] for r in (*runs, *rack.runs, *ooms, *rack.ooms, *completions, *rack.completions)]
+           + [k.row.split()[-1] for k in (*skipped, *rack.skipped)])
     assert sorted(ids) == sorted(frame.index)
     assert runs and all("balanc" in str(frame.loc[r.source.split()[-1], "dispatcher_routing"]) for r in runs)
     for run in runs:
@@ -83,7 +85,7 @@ def test_documented_ooms_are_estimated_and_scored_on_not_fitting() -> None:
     """The Megatron-Bridge activation-recompute study's Nemotron-3-Nano sweep (MBS-012..015: 16 H100, BF16, EP 8,
     HybridEP) ran out of memory: each is estimated with its recompute modules and scored on whether it is predicted
     not to fit; the summary says how many of the documented OOMs are caught."""
-    ooms = moe_runs()[2]
+    ooms = moe_runs().ooms
     assert [r.label.split()[0] for r in ooms] == ["MBS-012", "MBS-013", "MBS-014", "MBS-015"]
     assert {r.model.name for r in ooms} == {"nemotron-3-nano-30b-a3b"}
     assert all(r.config.moe_dispatcher == "flex" and r.config.ep == 8 and r.training.dtype == "bf16" for r in ooms)
@@ -227,9 +229,33 @@ def test_rows_footnoted_as_a_known_regression_are_skipped_with_the_reason() -> N
     """GPT-OSS-120B MXFP8 in the 26.06.01 container (MB-021 on GB300, MB-022 on GB200) carries the performance
     summary's cudnn-frontend issue 256 footnote: skipped, while the same layouts' 26.08 rows (MB-005, MB-006) are
     scored."""
-    runs, skipped, _ = moe_runs(rack_scale=True)
+    runs, skipped, *_ = moe_runs(rack_scale=True)
     reasons = {k.row: k.reason for k in skipped}
     for row in ("MB-021", "MB-022"):
         assert "cudnn-frontend issue 256" in reasons[f"row_id {row}"]
     scored = {r.source.split()[-1] for r in runs}
     assert {"MB-005", "MB-006"} <= scored and not {"MB-021", "MB-022"} & scored
+
+
+def test_the_nemotron_sweep_runs_at_the_load_its_hot_rank_reading_implies() -> None:
+    """MBS-012 publishes rank 0's peak (66.297 GB after iteration 1) and its hot ranks' (about 72.9 GiB allocated);
+    the sweep's router was not force-balanced. The gap is the busiest rank's extra routed tokens, so the load is
+    1 + gap / (planner's memory per unit of load): its four OOMs (MBS-012..015) are estimated at that load, as are
+    the two runs of the sweep that completed (MBS-016, MBS-017), scored on being predicted to fit."""
+    frame = pd.read_csv(DATA / MOE_FILE).set_index("row_id", drop=False)
+    load = hot_rank_load(frame.loc["MBS-012"])
+    gap = 72.9 * 2**30 - 66.297e9
+    per_load = next(r for r in moe_runs().ooms if r.label.startswith("MBS-012 "))
+    calibration = default_calibration()
+    peaks = [estimate(per_load.model, per_load.cluster, replace(per_load.training, moe_load_imbalance=f),
+                      per_load.config, calibration=calibration).peak_memory_bytes for f in (1.0, 1.5)]
+    assert load == pytest.approx(1 + 0.5 * gap / (peaks[1] - peaks[0]), rel=1e-9)
+    assert 1.5 < load < 2.5  # the hot ranks hold about 11 GiB more than rank 0
+    assert all(hot_rank_load(row) is None for key, row in frame.iterrows() if key != "MBS-012")
+    moe = moe_runs()
+    assert [r.label.split()[0] for r in moe.completions] == ["MBS-016", "MBS-017"]
+    assert {r.training.moe_load_imbalance for r in (*moe.ooms, *moe.completions)} == {load}
+    outcomes = {r.label.split()[0]: estimate(r.model, r.cluster, r.training, r.config, calibration=calibration).fits
+                for r in (*moe.ooms, *moe.completions)}
+    assert outcomes == {"MBS-012": False, "MBS-013": False, "MBS-014": False, "MBS-015": False,
+                        "MBS-016": True, "MBS-017": True}

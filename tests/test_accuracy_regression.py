@@ -67,14 +67,17 @@ RECORDED = {
     # 11.6 % once host_kernel_s is fitted on vTrain's sweep (53.5 µs; eleventh session: the Python-level launches of
     # small MoE blocks cost more, the grouped-linear GEMMs keep 40 µs as grouped_gemm_host_s); 11.9 % with
     # host_overlap_softness fitted with it (twelfth session: passes near the host/GPU crossover overlap in part)
-    "Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (42, 0.119, 0.092, 41),
+    # fits: the 41 timed runs predicted to fit and, from 2026-12-02 (thirteenth session), the Nemotron-3-Nano sweep's
+    # two completed runs at the load its hot-rank reading implies
+    "Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (42, 0.119, 0.092, 43),
     # 11.9 % once GB300's matmul efficiency is fitted on the long-context file's GB300 rows (tenth session); 11.5 %
     # with host_kernel_s fitted on vTrain (eleventh); 9.5 % with host_overlap_softness (twelfth)
     "Megatron-Bridge MoE with EP (B300/GB200/GB300, force-balanced)": (95, 0.095, None, 95),
 }
-# source: documented OOM runs predicted not to fit (2026-12-02: the Nemotron-3-Nano sweep's MBS-012 and MBS-013;
-# MBS-014 and MBS-015 are predicted to fit under a balanced router, README "Accuracy")
-OOMS_RECORDED = {"Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (4, 2)}
+# source: documented OOM runs predicted not to fit (2026-12-02: the Nemotron-3-Nano sweep's MBS-012 and MBS-013 under a
+# balanced router; all four once its rows run at the router load the sweep's hot-rank reading implies, thirteenth
+# session, README "Accuracy")
+OOMS_RECORDED = {"Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (4, 4)}
 # sweep: (median Spearman, mean regret) of benchmarks/ranking.py, measured 2026-12-01 (host-bound passes modelled;
 # 2026-12-02: the autotuning runs' ZeRO-3 per tensor, as DeepSpeed before v0.6.0 ran it; eleventh session:
 # host_kernel_s fitted on vTrain's sweep, benchmarks/fit_host_overhead.py; twelfth: with host_overlap_softness)

@@ -365,7 +365,10 @@ def mlp_tensors(block: BlockSpec, training: Training, tokens: float, tp: int) ->
     routed experts' activation output (experts.py: CheckpointWithoutOutput around the activation, whose input, the
     first matrix's output, stays) and, with a clamp (GPT-OSS), the clamped copy of that input the fused activation
     keeps (fused_bias_geglu.py's weighted_bias_quick_geglu_impl saves the concatenated clamps, beside the first
-    matrix's output the clamps keep); `shared_experts` the shared experts' two (shared_experts.py checkpoints them)."""
+    matrix's output the clamps keep); `shared_experts` the shared experts' two (shared_experts.py checkpoints them).
+    The routed tensors are the busiest expert-parallel rank's: a dropless dispatcher hands it
+    `Training.moe_expert_load` times the mean routed tokens (the same load its expert GEMMs are timed at), and that
+    rank runs out of memory first."""
     mlp = block.mlp
     if mlp is None:
         return ()
@@ -373,10 +376,11 @@ def mlp_tensors(block: BlockSpec, training: Training, tokens: float, tp: int) ->
     first = 4 if mlp.gated else 2
     if not mlp.is_moe:
         return (_tensor(tokens * mlp.ffn_hidden_size / tp * (first + saved), "mlp"),)
-    routed = tokens * mlp.moe_top_k * mlp.ffn_hidden_size / tp
+    routed_tokens = tokens * mlp.moe_top_k * training.moe_expert_load
+    routed = routed_tokens * mlp.ffn_hidden_size / tp
     shared = tokens * (mlp.shared_expert_ffn_hidden_size or 0) / tp
     clamped = first * routed if mlp.activation_clamp is not None else 0.0
-    return (_tensor(saved * tokens * mlp.moe_top_k * block.hidden_size / tp, "moe"),
+    return (_tensor(saved * routed_tokens * block.hidden_size / tp, "moe"),
             _tensor(first * routed, "moe"), _tensor(saved * routed + clamped, "moe", "moe_act"),
             _tensor((first + saved) * shared, "moe", "shared_experts"))
 

@@ -1,0 +1,114 @@
+"""The busiest expert rank's memory: a dropless router that sends one EP rank more than the mean routed tokens makes
+that rank keep their activations too, and it is the rank that runs out of memory first."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cli import main
+from planner.cluster import parse_shorthand
+from planner.config import ParallelConfig, Recompute, Training
+from planner.cost.estimate import estimate
+from planner.cost.memory import block_type_activation_bytes, mlp_tensors
+from planner.model import load_model
+
+MIXTRAL = load_model("mixtral-8x7b")
+QWEN = load_model("qwen3-30b-a3b")  # routed and no shared experts
+DEEPSEEK = load_model("deepseek-v3")  # routed and shared experts
+TRAINING = Training(global_batch=256, seq_len=4096)
+CONFIG = ParallelConfig(dp=8, tp=1, pp=1, ep=8, distributed_optimizer=True)
+CLUSTER = parse_shorthand("1x8xH100-80GB")
+
+
+def _moe_block(model):
+    return next(block for block in model.block_types() if block.mlp is not None and block.mlp.is_moe)
+
+
+@pytest.mark.parametrize("model", [QWEN, DEEPSEEK], ids=["qwen3", "deepseek-v3"])
+def test_routed_tensors_grow_with_the_load_and_shared_experts_do_not(model) -> None:
+    """The routed copies, the experts' first-matrix output and activation output scale with the load; the shared
+    experts see every token once whatever the router does."""
+    block = _moe_block(model)
+    balanced = mlp_tensors(block, TRAINING, 4096.0, 1)
+    skewed = mlp_tensors(block, replace(TRAINING, moe_load_imbalance=1.6), 4096.0, 1)
+    assert [t.bytes for t in skewed[:3]] == pytest.approx([1.6 * t.bytes for t in balanced[:3]])
+    assert skewed[3].bytes == balanced[3].bytes
+    assert [t.freed_by for t in skewed] == [t.freed_by for t in balanced]
+
+
+def test_block_activations_grow_by_exactly_the_extra_routed_tensors() -> None:
+    block = _moe_block(QWEN)
+    routed = sum(t.bytes for t in mlp_tensors(block, TRAINING, 4096.0, 1)[:3])
+    balanced = block_type_activation_bytes(QWEN, block, TRAINING, CONFIG)
+    skewed = block_type_activation_bytes(QWEN, block, replace(TRAINING, moe_load_imbalance=1.25), CONFIG)
+    assert skewed - balanced == pytest.approx(0.25 * routed)
+
+
+def test_a_capacity_factor_caps_the_load_memory_is_costed_at() -> None:
+    block = _moe_block(QWEN)
+    capped = replace(TRAINING, moe_load_imbalance=2.0, moe_capacity_factor=1.25)
+    assert block_type_activation_bytes(QWEN, block, capped, CONFIG) == pytest.approx(
+        block_type_activation_bytes(QWEN, block, replace(TRAINING, moe_load_imbalance=1.25), CONFIG))
+
+
+def test_dense_blocks_and_full_recompute_keep_what_they_kept() -> None:
+    """A dense block has no router; under full recompute a block keeps only its input, whatever the load."""
+    dense = next(block for block in DEEPSEEK.block_types() if block.mlp is not None and not block.mlp.is_moe)
+    skewed = replace(TRAINING, moe_load_imbalance=2.0)
+    assert block_type_activation_bytes(DEEPSEEK, dense, skewed, CONFIG) == block_type_activation_bytes(
+        DEEPSEEK, dense, TRAINING, CONFIG)
+    full = replace(CONFIG, recompute=Recompute.FULL)
+    block = _moe_block(QWEN)
+    assert block_type_activation_bytes(QWEN, block, skewed, full) == block_type_activation_bytes(
+        QWEN, block, TRAINING, full)
+
+
+@settings(max_examples=15, deadline=None)
+@given(low=st.floats(1.0, 2.0), extra=st.floats(0.0, 1.0))
+def test_peak_memory_never_falls_as_the_busiest_rank_gets_busier(low: float, extra: float) -> None:
+    peaks = [estimate(MIXTRAL, CLUSTER, replace(TRAINING, moe_load_imbalance=load), CONFIG).peak_memory_bytes
+             for load in (low, low + extra)]
+    assert peaks[1] >= peaks[0]
+
+
+def test_cli_costs_the_busiest_rank_and_says_so(tmp_path) -> None:
+    """`--moe-load-imbalance` raises the estimate's peak and time and names the load in the header; the plan file
+    records it, and `estimate --plan` reproduces the figures."""
+    base = ["estimate", "--model", "qwen3-30b-a3b", "--cluster", "2x8xH100-80GB", "--dp", "16", "--ep", "8",
+            "--micro-batch", "1", "--global-batch", "256", "--seq-len", "4096", "--distributed-optimizer"]
+    balanced = json.loads(CliRunner().invoke(main, [*base, "--json"]).stdout)["estimate"]
+    out = tmp_path / "plan.json"
+    skewed_run = CliRunner().invoke(main, [*base, "--moe-load-imbalance", "1.5", "--json", "--out", str(out)])
+    assert skewed_run.exit_code in (0, 1), skewed_run.output
+    document = json.loads(out.read_text())
+    skewed = document["estimate"]
+    assert document["training"]["moe_load_imbalance"] == 1.5
+    assert skewed["peak_memory_bytes"] > balanced["peak_memory_bytes"]
+    assert skewed["iteration_time_s"] > balanced["iteration_time_s"]
+    replayed = CliRunner().invoke(main, ["estimate", "--plan", str(out), "--json"])
+    assert json.loads(replayed.stdout)["estimate"]["peak_memory_bytes"] == pytest.approx(skewed["peak_memory_bytes"])
+    text = CliRunner().invoke(main, [*base, "--moe-load-imbalance", "1.5", "--moe-capacity-factor", "1.25"])
+    assert "busiest expert rank at 1.25x the mean routed tokens" in text.output.splitlines()[0]
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--moe-load-imbalance", "0.9"], "'--moe-load-imbalance': 0.9 is not in the range x>=1.0"),
+    (["--moe-load-imbalance", "inf"], "'--moe-load-imbalance': 'inf' is not a finite number"),
+    (["--moe-capacity-factor", "abc"], "'--moe-capacity-factor': 'abc' is not a valid float"),
+])
+def test_cli_bad_router_values_exit_2_naming_them(options: list[str], message: str) -> None:
+    result = CliRunner().invoke(main, ["estimate", "--model", "qwen3-30b-a3b", *options])
+    assert result.exit_code == 2 and message in result.output
+
+
+def test_cli_router_options_on_a_dense_model_exit_2() -> None:
+    result = CliRunner().invoke(main, ["estimate", "--moe-load-imbalance", "1.3"])
+    assert result.exit_code == 2
+    assert "shape an MoE router; llama3-8b has no routed experts" in result.output
+    assert "Traceback" not in result.output
