@@ -44,7 +44,7 @@ from planner.config import (
     Schedule,
     Training,
 )
-from planner.cost.estimate import Estimate, estimate, fit_advice, mfu_convention
+from planner.cost.estimate import Estimate, estimate, fit_advice, mfu_convention, moe_load_headroom
 from planner.explain import explain
 from planner.export import EXPORT_TARGETS, exporter, render_stdout, write_export
 from planner.finetune import adapter_parameters
@@ -604,6 +604,10 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
     cost = run_cost(tokens, gpu_hour_price, cluster, training, placement, result)
     if cost:
         document["estimate"].update(cost.as_dict())
+    headroom = moe_load_headroom(training, result, lambda at: estimate(
+        model, cluster, at, config, split, placement, timer=timer, calibration=calibration))
+    if headroom is not None:
+        document["estimate"]["moe_load_headroom"] = headroom
     text = json.dumps(document, indent=2)
     if out:
         write_atomic(out, text + "\n")
@@ -613,6 +617,9 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
         click.echo(f"{model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {global_batch}, "
                    f"sequence {training.seq_len}, {training.dtype}{describe_tuning(model, training)}")
         click.echo(describe_estimate(config, result, config.num_gpus, mfu_convention(training)))
+        if headroom is not None:
+            click.echo(f"router headroom fits while the busiest expert rank gets up to {headroom:.2f}x the mean "
+                       f"routed tokens (dropless; --moe-load-imbalance)")
         echo_local_learning(document)
         if cost:
             click.echo(f"time to train   {cost.describe()}")

@@ -297,6 +297,11 @@ class Training:
         """Tokens the busiest expert rank processes over the mean: the imbalance, capped by the capacity."""
         return min(self.moe_load_imbalance, self.moe_capacity_factor or float("inf"))
 
+    def expert_rank_load(self, ep: int) -> float:
+        """`moe_expert_load` under expert parallelism; without it (ep 1) every rank runs every expert on its own
+        tokens' routed copies, top-k each, so no rank gets more than the mean."""
+        return self.moe_expert_load if ep > 1 else 1.0
+
     @property
     def tokens_per_iteration(self) -> int:
         return self.global_batch * self.seq_len

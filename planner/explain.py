@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from planner.config import ParallelConfig, Recompute, Schedule
-from planner.cost.estimate import BREAKDOWN_KEYS, Estimate
+from planner.cost.estimate import BREAKDOWN_KEYS, Estimate, moe_load_headroom
 from planner.cost.schedule import schedule_of
 from planner.errors import InfeasibleError, PlannerError
 from planner.frameworks import framework_named
@@ -83,24 +83,29 @@ class Explanation:
     what_ifs: tuple[Alternative, ...]
     alternatives: tuple[Alternative, ...]
     best_change: Alternative | None
+    moe_load_headroom: float | None = None  # `cost.estimate.moe_load_headroom` of the plan
 
     @property
     def memory_note(self) -> str:
-        """The memory headroom in words (tight when under TIGHT_HEADROOM_SHARE of capacity)."""
+        """The memory headroom in words (tight when under TIGHT_HEADROOM_SHARE of capacity), and for an MoE plan
+        the busiest expert rank's load it stays within."""
         share = self.headroom_bytes / self.capacity_bytes
         text = (f"memory headroom {self.headroom_bytes / GIB:.1f} GiB ({100 * share:.0f} % of "
                 f"{self.capacity_bytes / GIB:.0f} GiB)")
         if self.headroom_bytes < 0:
             return text + ": it does NOT fit; only changes that save memory help"
-        return text + ("; tight: a change that needs more memory will not fit" if share < TIGHT_HEADROOM_SHARE
-                       else "")
+        text += "; tight: a change that needs more memory will not fit" if share < TIGHT_HEADROOM_SHARE else ""
+        if self.moe_load_headroom is not None:
+            text += (f"; a router sending its busiest expert rank more than {self.moe_load_headroom:.2f}x the mean "
+                     f"routed tokens would not fit")
+        return text
 
     def as_dict(self) -> dict[str, Any]:
         return {"parallelism": self.describe, "iteration_time_s": self.iteration_time_s,
                 "breakdown_s": self.breakdown_s, "bottleneck": self.bottleneck, "verdict": self.verdict,
                 "host_launch_s": self.host_launch_s,
                 "memory": {"headroom_bytes": self.headroom_bytes, "capacity_bytes": self.capacity_bytes,
-                           "note": self.memory_note},
+                           "moe_load_headroom": self.moe_load_headroom, "note": self.memory_note},
                 "what_ifs": [w.as_dict() for w in self.what_ifs],
                 "alternatives": [a.as_dict() for a in self.alternatives],
                 "best_change": self.best_change.as_dict() if self.best_change else None}
@@ -247,7 +252,9 @@ def explain(problem: PlanProblem, result: Estimate, top_k: int = 5, time_limit_s
     gains = [(w.delta_s, i) for i, w in enumerate(what_ifs) if w.delta_s is not None and w.delta_s < -WORTH_IT * base]
     key, verdict = bottleneck(result, problem.config, host)
     tightest = result.tightest_stage().memory
+    router = moe_load_headroom(problem.training, result,
+                               lambda training: replace(problem, training=training).estimate())
     return Explanation(
         problem.config.describe(), base, dict(result.breakdown_s), key, verdict, host,
         tightest.capacity - tightest.total, tightest.capacity, tuple(what_ifs), alternatives,
-        what_ifs[min(gains)[1]] if gains else None)
+        what_ifs[min(gains)[1]] if gains else None, router)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from cli import main
 from planner.cluster import parse_shorthand
 from planner.config import ParallelConfig, Recompute, Training
-from planner.cost.estimate import estimate
+from planner.cost.estimate import estimate, moe_load_headroom
 from planner.cost.memory import block_type_activation_bytes, mlp_tensors
 from planner.model import load_model
 
@@ -35,8 +35,8 @@ def test_routed_tensors_grow_with_the_load_and_shared_experts_do_not(model) -> N
     """The routed copies, the experts' first-matrix output and activation output scale with the load; the shared
     experts see every token once whatever the router does."""
     block = _moe_block(model)
-    balanced = mlp_tensors(block, TRAINING, 4096.0, 1)
-    skewed = mlp_tensors(block, replace(TRAINING, moe_load_imbalance=1.6), 4096.0, 1)
+    balanced = mlp_tensors(block, TRAINING, 4096.0, 1, 8)
+    skewed = mlp_tensors(block, replace(TRAINING, moe_load_imbalance=1.6), 4096.0, 1, 8)
     assert [t.bytes for t in skewed[:3]] == pytest.approx([1.6 * t.bytes for t in balanced[:3]])
     assert skewed[3].bytes == balanced[3].bytes
     assert [t.freed_by for t in skewed] == [t.freed_by for t in balanced]
@@ -44,7 +44,7 @@ def test_routed_tensors_grow_with_the_load_and_shared_experts_do_not(model) -> N
 
 def test_block_activations_grow_by_exactly_the_extra_routed_tensors() -> None:
     block = _moe_block(QWEN)
-    routed = sum(t.bytes for t in mlp_tensors(block, TRAINING, 4096.0, 1)[:3])
+    routed = sum(t.bytes for t in mlp_tensors(block, TRAINING, 4096.0, 1, 8)[:3])
     balanced = block_type_activation_bytes(QWEN, block, TRAINING, CONFIG)
     skewed = block_type_activation_bytes(QWEN, block, replace(TRAINING, moe_load_imbalance=1.25), CONFIG)
     assert skewed - balanced == pytest.approx(0.25 * routed)
@@ -112,3 +112,59 @@ def test_cli_router_options_on_a_dense_model_exit_2() -> None:
     assert result.exit_code == 2
     assert "shape an MoE router; llama3-8b has no routed experts" in result.output
     assert "Traceback" not in result.output
+
+
+def _estimate_at(config: ParallelConfig):
+    return lambda training: estimate(QWEN, parse_shorthand("2x8xH100-80GB"), training, config)
+
+
+DIST_OPT = ParallelConfig(dp=16, tp=1, pp=1, ep=8, distributed_optimizer=True)
+
+
+def test_the_router_headroom_is_the_load_at_which_the_plan_stops_fitting() -> None:
+    """Memory is linear in the load, so the headroom is exact: just under it the plan fits, just over it it does not;
+    it is the same whichever fitting load it is computed from."""
+    at = _estimate_at(DIST_OPT)
+    headroom = moe_load_headroom(TRAINING, at(TRAINING), at)
+    assert headroom is not None and 1.0 < headroom < 3.0
+    assert at(replace(TRAINING, moe_load_imbalance=headroom - 1e-3)).fits
+    assert not at(replace(TRAINING, moe_load_imbalance=headroom + 1e-3)).fits
+    busier = replace(TRAINING, moe_load_imbalance=1.2)
+    assert moe_load_headroom(busier, at(busier), at) == pytest.approx(headroom)
+
+
+def test_no_router_headroom_where_the_load_cannot_move_memory() -> None:
+    """No expert parallelism (every rank routes its own tokens to its own experts), a capacity factor, a dense model
+    or a plan that does not fit: no headroom to report."""
+    without_ep = _estimate_at(replace(DIST_OPT, ep=1))
+    assert moe_load_headroom(TRAINING, without_ep(TRAINING), without_ep) is None
+    capped = replace(TRAINING, moe_capacity_factor=1.25)
+    at = _estimate_at(DIST_OPT)
+    assert moe_load_headroom(capped, at(capped), at) is None
+    unsharded = _estimate_at(replace(DIST_OPT, distributed_optimizer=False))
+    assert not unsharded(TRAINING).fits and moe_load_headroom(TRAINING, unsharded(TRAINING), unsharded) is None
+    dense = load_model("llama3-8b")
+    dense_at = lambda training: estimate(dense, CLUSTER, training, ParallelConfig(dp=8, tp=1, pp=1))  # noqa: E731
+    assert moe_load_headroom(TRAINING, dense_at(TRAINING), dense_at) is None
+
+
+def test_without_expert_parallelism_the_load_changes_nothing() -> None:
+    """With ep 1 no rank gets more than its own tokens' routed copies: time and memory ignore the router's load."""
+    at = _estimate_at(replace(DIST_OPT, ep=1))
+    balanced, skewed = at(TRAINING), at(replace(TRAINING, moe_load_imbalance=1.7))
+    assert skewed.peak_memory_bytes == balanced.peak_memory_bytes
+    assert skewed.iteration_time_s == pytest.approx(balanced.iteration_time_s)
+
+
+def test_cli_estimate_and_explain_report_the_router_headroom(tmp_path) -> None:
+    out = tmp_path / "plan.json"
+    base = ["estimate", "--model", "qwen3-30b-a3b", "--cluster", "2x8xH100-80GB", "--dp", "16", "--ep", "8",
+            "--micro-batch", "1", "--global-batch", "256", "--seq-len", "4096", "--distributed-optimizer"]
+    text = CliRunner().invoke(main, [*base, "--out", str(out)])
+    assert text.exit_code == 0, text.output
+    headroom = json.loads(out.read_text())["estimate"]["moe_load_headroom"]
+    assert f"router headroom fits while the busiest expert rank gets up to {headroom:.2f}x" in text.output
+    explained = CliRunner().invoke(main, ["explain", str(out), "--json"])
+    memory = json.loads(explained.stdout)["memory"]
+    assert memory["moe_load_headroom"] == pytest.approx(headroom)
+    assert f"more than {headroom:.2f}x the mean routed tokens would not fit" in memory["note"]

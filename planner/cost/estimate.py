@@ -7,7 +7,7 @@ the optimizer step, and per-GPU memory (cost/memory.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from planner.cluster import Cluster
@@ -35,7 +35,7 @@ from planner.profile.analytic import AnalyticProfile, block_type_forward_flops, 
 from planner.profile.calibration import Calibration, default_calibration
 
 __all__ = ["BREAKDOWN_KEYS", "Estimate", "MemoryBreakdown", "StageEstimate", "estimate", "fit_advice",
-           "model_flops_per_iteration"]
+           "model_flops_per_iteration", "moe_load_headroom"]
 
 BREAKDOWN_KEYS = ("compute", "recompute", "bubble", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "optimizer", "other")
 
@@ -326,6 +326,22 @@ def estimate(
         num_microbatches=m,
         breakdown_detail_s=detail,
     )
+
+
+def moe_load_headroom(training: Training, result: Estimate,
+                      estimate_at: Callable[[Training], Estimate]) -> float | None:
+    """The largest busiest-expert-rank load (`Training.moe_load_imbalance`, dropless) at which the plan estimated as
+    `result` still fits: every rank's memory grows linearly with the load (its routed activations), so one more
+    estimate (`estimate_at`, the same plan at another training) gives each rank's slope. None where the question
+    does not arise: a plan that does not fit, a capacity factor capping the load, or memory the load leaves alone
+    (no routed experts, no expert parallelism, full recompute)."""
+    if not result.fits or training.moe_capacity_factor is not None:
+        return None
+    busier = estimate_at(replace(training, moe_load_imbalance=training.moe_load_imbalance + 1.0))
+    room = [(stage.memory.capacity - stage.memory.total) / (more.memory.total - stage.memory.total)
+            for stage, more in zip(result.stages, busier.stages, strict=True)
+            if more.memory.total > stage.memory.total]
+    return training.moe_load_imbalance + min(room) if room else None
 
 
 def fit_advice(config: ParallelConfig, result: Estimate, training: Training | None = None) -> str:

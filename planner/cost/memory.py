@@ -311,7 +311,7 @@ def megatron_saved_tensors(block: BlockSpec, training: Training, config: Paralle
     s, b, t = seq_len / cp, config.micro_batch, config.tp
     tokens, sbh = s * b, s * b * block.hidden_size / (t if config.sequence_parallel else 1)
     return (*normed_input_tensors(block, training, sbh), *attention_tensors(block, training, tokens, t, seq_len),
-            *mlp_tensors(block, training, tokens, t))
+            *mlp_tensors(block, training, tokens, t, config.ep))
 
 
 def normed_input_tensors(block: BlockSpec, training: Training, sbh: float) -> tuple[SavedTensor, ...]:
@@ -356,7 +356,7 @@ def attention_tensors(block: BlockSpec, training: Training, tokens: float, tp: i
     return _tensor(qkv, *(("mla_up_proj",) if a.is_mla else ())), _tensor(core, "core_attn")
 
 
-def mlp_tensors(block: BlockSpec, training: Training, tokens: float, tp: int) -> tuple[SavedTensor, ...]:
+def mlp_tensors(block: BlockSpec, training: Training, tokens: float, tp: int, ep: int = 1) -> tuple[SavedTensor, ...]:
     """What the MLP keeps on this rank: the first matrix's output (the activation's input; gated: both halves) and
     the activation's output (the second matrix's input). Dense: `mlp` discards both (transformer_layer.py
     checkpoints the whole MLP). MoE, over the top-k routed copies of each token: `moe` discards the whole layer's
@@ -366,9 +366,9 @@ def mlp_tensors(block: BlockSpec, training: Training, tokens: float, tp: int) ->
     first matrix's output, stays) and, with a clamp (GPT-OSS), the clamped copy of that input the fused activation
     keeps (fused_bias_geglu.py's weighted_bias_quick_geglu_impl saves the concatenated clamps, beside the first
     matrix's output the clamps keep); `shared_experts` the shared experts' two (shared_experts.py checkpoints them).
-    The routed tensors are the busiest expert-parallel rank's: a dropless dispatcher hands it
-    `Training.moe_expert_load` times the mean routed tokens (the same load its expert GEMMs are timed at), and that
-    rank runs out of memory first."""
+    The routed tensors are the busiest of the `ep` expert-parallel ranks': a dropless dispatcher hands it
+    `Training.expert_rank_load` times the mean routed tokens (the load its expert GEMMs are timed at), and that rank
+    runs out of memory first."""
     mlp = block.mlp
     if mlp is None:
         return ()
@@ -376,7 +376,7 @@ def mlp_tensors(block: BlockSpec, training: Training, tokens: float, tp: int) ->
     first = 4 if mlp.gated else 2
     if not mlp.is_moe:
         return (_tensor(tokens * mlp.ffn_hidden_size / tp * (first + saved), "mlp"),)
-    routed_tokens = tokens * mlp.moe_top_k * training.moe_expert_load
+    routed_tokens = tokens * mlp.moe_top_k * training.expert_rank_load(ep)
     routed = routed_tokens * mlp.ffn_hidden_size / tp
     shared = tokens * (mlp.shared_expert_ffn_hidden_size or 0) / tp
     clamped = first * routed if mlp.activation_clamp is not None else 0.0

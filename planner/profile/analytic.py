@@ -1060,5 +1060,5 @@ def _block_view(model: ModelSpec, block: BlockSpec) -> ModelSpec:
 def unit_setting(training: Training, tp: int, micro_batch: int, sequence_parallel: bool, cp: int = 1, ep: int = 1,
                  etp: int = 1, dispatcher: str = "alltoall") -> UnitSetting:
     return UnitSetting(tp, micro_batch, training.seq_len, sequence_parallel, training.dtype, training.attention, cp,
-                       ep, etp, training.moe_expert_load, training.elementwise, dispatcher, training.cuda_graphs,
+                       ep, etp, training.expert_rank_load(ep), training.elementwise, dispatcher, training.cuda_graphs,
                        training.fp8_recipe, training.fp8_saved_input)
