@@ -418,6 +418,21 @@ def echo_memory(training: Training, result: Estimate) -> None:
         click.echo(format_memory(result))
 
 
+def router_headroom(document: dict[str, Any], training: Training, result: Estimate,
+                    estimate_at: Callable[[Training], Estimate]) -> float | None:
+    """`moe_load_headroom` of a plan, recorded in its document's estimate section when there is one."""
+    headroom = moe_load_headroom(training, result, estimate_at)
+    if headroom is not None:
+        document["estimate"]["moe_load_headroom"] = headroom
+    return headroom
+
+
+def echo_router_headroom(headroom: float | None) -> None:
+    if headroom is not None:
+        click.echo(f"router headroom fits while the busiest expert rank gets up to {headroom:.2f}x the mean "
+                   f"routed tokens (dropless; --moe-load-imbalance)")
+
+
 def describe_tuning(model: ModelSpec, training: Training) -> str:
     """', LoRA r=16 all-linear (207.1 M trainable, 0.29 %)', the FP8 recipe, the optimizer states when not fp32 and
     eager element-wise kernels; '' otherwise."""
@@ -604,10 +619,8 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
     cost = run_cost(tokens, gpu_hour_price, cluster, training, placement, result)
     if cost:
         document["estimate"].update(cost.as_dict())
-    headroom = moe_load_headroom(training, result, lambda at: estimate(
+    headroom = router_headroom(document, training, result, lambda at: estimate(
         model, cluster, at, config, split, placement, timer=timer, calibration=calibration))
-    if headroom is not None:
-        document["estimate"]["moe_load_headroom"] = headroom
     text = json.dumps(document, indent=2)
     if out:
         write_atomic(out, text + "\n")
@@ -617,9 +630,7 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
         click.echo(f"{model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {global_batch}, "
                    f"sequence {training.seq_len}, {training.dtype}{describe_tuning(model, training)}")
         click.echo(describe_estimate(config, result, config.num_gpus, mfu_convention(training)))
-        if headroom is not None:
-            click.echo(f"router headroom fits while the busiest expert rank gets up to {headroom:.2f}x the mean "
-                       f"routed tokens (dropless; --moe-load-imbalance)")
+        echo_router_headroom(headroom)
         echo_local_learning(document)
         if cost:
             click.echo(f"time to train   {cost.describe()}")
@@ -782,6 +793,9 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     for plan_document, cost in zip(documents, costs, strict=True):
         if cost:
             plan_document["estimate"].update(cost.as_dict())
+    best = found.plans[0]
+    headroom = router_headroom(documents[0], training, best.estimate, lambda at: estimate(
+        model, cluster, at, best.config, best.partition, best.placement, timer=timer, calibration=calibration))
     document = {**documents[0], "alternatives": documents[1:], "search": found.stats.as_dict()}
     if timer:
         document["profile"] = {"path": str(profile_path), "notes": list(timer.notes)}
@@ -811,13 +825,13 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
                f"{stats.infeasible} without a fitting split; {stats.proven_by_bound} splits proven optimal by "
                f"the rank-load bound, {stats.ilps_solved} ILPs ({stats.solver}), "
                f"{stats.cache_hits} cache hits, {stats.time_limited} hit the time limit")
-    best = found.plans[0]
     gain = best.uniform.iteration_time_s / best.estimate.iteration_time_s - 1
     click.echo(f"\nbest plan: {best.config.describe()}; its stage split is {100 * gain:.1f} % faster than the "
                f"uniform split ({best.uniform.iteration_time_s:.3f} s"
                f"{'' if best.uniform.fits else ', which does not fit'})")
     click.echo(split_quality(best))
     click.echo(describe_estimate(best.config, best.estimate, best.config.num_gpus, mfu_convention(training)))
+    echo_router_headroom(headroom)
     echo_local_learning(documents[0])
     if costs[0]:
         click.echo(f"time to train   {costs[0].describe()}")

@@ -168,3 +168,16 @@ def test_cli_estimate_and_explain_report_the_router_headroom(tmp_path) -> None:
     memory = json.loads(explained.stdout)["memory"]
     assert memory["moe_load_headroom"] == pytest.approx(headroom)
     assert f"more than {headroom:.2f}x the mean routed tokens would not fit" in memory["note"]
+
+
+def test_plan_searches_for_the_load_and_reports_the_best_plans_headroom() -> None:
+    """`plan --moe-load-imbalance` only keeps plans whose busiest expert rank fits at that load, and reports how far
+    beyond it the best plan stays within."""
+    base = ["plan", "--model", "qwen3-30b-a3b", "--cluster", "2x8xH100-80GB", "--global-batch", "256", "--seq-len",
+            "4096", "--json"]
+    balanced = json.loads(CliRunner().invoke(main, base).stdout)
+    skewed = json.loads(CliRunner().invoke(main, [*base, "--moe-load-imbalance", "1.2"]).stdout)
+    assert balanced["estimate"]["moe_load_headroom"] >= 1.0
+    assert skewed["estimate"]["moe_load_headroom"] >= 1.2
+    assert skewed["training"]["moe_load_imbalance"] == 1.2
+    assert skewed["estimate"]["iteration_time_s"] >= balanced["estimate"]["iteration_time_s"]
