@@ -87,14 +87,15 @@ class Preset:
     """What a Megatron-Bridge performance preset sets that its rows do not state: recompute modules (empty: none),
     Megatron-Core's EP communication overlap (`overlap_moe_expert_parallel_comm`, the presets' `moe_a2a_overlap`) and
     the token dispatcher (None: the rule of `_dispatch`), whether it runs full-iteration CUDA graphs
-    (cuda_graph_impl "full_iteration": `Training.cuda_graphs`); `since`, the first NeMo container release whose
-    presets set them ((): every release)."""
+    (cuda_graph_impl "full_iteration": `Training.cuda_graphs`), its micro-batch where the row's own is contradicted
+    (None: the row's); `since`, the first NeMo container release whose presets set them ((): every release)."""
 
     recompute_modules: tuple[str, ...] = ()
     ep_overlap: bool = False
     dispatcher: str | None = None
     since: tuple[int, ...] = ()
     full_iteration_graphs: bool = False
+    micro_batch: int | None = None  # the preset's, where the row's stated one contradicts the row (`PRESETS`)
 
 
 # Megatron-Bridge performance presets, for rows that state no recompute, EP overlap or dispatcher but run the
@@ -134,6 +135,12 @@ class Preset:
 # * Qwen3-30B-A3B MXFP8 on B300 (micro-batch 8) from v0.3.0 and on B200 (4) from v0.4.0 run HybridEP
 #   (QWEN3_30B_A3B_PRETRAIN_CONFIG_B300/B200_FP8_MX_V1 in configs/qwen/qwen3_workload_base_configs.py; on GB300 /
 #   GB200 every release's Qwen3 presets do: `MODEL_DISPATCHERS`).
+# * GPT_OSS_120B_H100_BF16_BASE_CONFIG (v0.2.0, the 25.11 row MB-177, the release's only H100 GPT-OSS preset): pp 4,
+#   EP 8, micro-batch 1 (BASE_GPT_OSS_120B_CONFIG), recompute ["layernorm", "moe_act"]. The row states micro-batch 4
+#   and gradient accumulation 2 with global batch 512: the B200 row's figures (MB-174: pp 1, dp 64, 512 / (64 x 4) =
+#   2), which at pp 4 (dp 16) would need accumulation 8; at micro-batch 4 the model would not fit an 80 GB H100 even
+#   with that recompute (97.5 GiB), and its 5,630 tokens/s per GPU is what the later releases' micro-batch-1 runs of
+#   the same layout reach (5,810-5,993, MB-065/098/129/152). It runs as its preset: micro-batch 1.
 # * NEMOTRON_3_NANO_PRETRAIN_CONFIG_H100_FP8_CS_V1, 16 GPUs, EP 8, micro-batch 1, from v0.3.1 (26.02.01, the
 #   presets' first release) through v0.5.1: recompute ["moe", "layernorm", "core_attn", "moe_act"], HybridEP, no
 #   moe_a2a_overlap (HEAD's nemotron_3_nano_pretrain_16gpu_h100_fp8cs_config moved to EP 16, recompute ["layernorm"]).
@@ -152,6 +159,7 @@ PRESETS: dict[tuple[str, str, str, tuple[int, ...]], tuple[Preset, ...]] = {
     ("GPT-OSS-120B", "GB200", "BF16", (1, 1, 1, 64, 4)): (
         Preset(_GPT_OSS_RECOMPUTE), Preset(_GPT_OSS_RECOMPUTE, ep_overlap=True, dispatcher="flex", since=(26, 4))),
     ("GPT-OSS-120B", "B300", "BF16", (1, 1, 1, 8, 4)): (Preset(dispatcher="flex", since=(26, 4)),),
+    ("GPT-OSS-120B", "H100", "BF16", (1, 4, 1, 8, 4)): (Preset(_GPT_OSS_RECOMPUTE, micro_batch=1),),
     ("GPT-OSS-120B", "GB300", "MXFP8", (1, 1, 1, 16, 4)): _FULL_ITERATION,
     ("GPT-OSS-120B", "GB200", "MXFP8", (1, 1, 1, 64, 4)): _FULL_ITERATION,
     ("Nemotron-3-Nano", "H100", "FP8", (1, 1, 1, 8, 1)): (Preset(("core_attn", "moe_act", "layernorm", "moe")),),
@@ -306,13 +314,14 @@ def _run(row: pd.Series) -> Run:
     dp = gpus // (tp * pp * cp)
     dispatcher, ep_overlap = _dispatch(row)
     recompute, modules = _recompute(row)
+    preset = _preset(row)
+    micro_batch = preset.micro_batch if preset is not None and preset.micro_batch else _int(row, "micro_batch")
     config = ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=_int(row, "etp"), vpp=vpp,
                             moe_dispatcher=dispatcher, moe_ep_overlap=ep_overlap,
-                            micro_batch=_int(row, "micro_batch"), sequence_parallel=tp > 1,
+                            micro_batch=micro_batch, sequence_parallel=tp > 1,
                             distributed_optimizer=dp * cp > 1, overlap_param_gather=True,
                             recompute=recompute, recompute_modules=modules,
                             schedule=Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B)
-    preset = _preset(row)
     graphs = "full_iteration" if preset is not None and preset.full_iteration_graphs else "none"
     training = Training(global_batch=_int(row, "global_batch"), seq_len=int(row["seq_len"]),
                         **bridge_precision(str(row["precision"])), attention="flash",

@@ -259,3 +259,18 @@ def test_the_nemotron_sweep_runs_at_the_load_its_hot_rank_reading_implies() -> N
                 for r in (*moe.ooms, *moe.completions)}
     assert outcomes == {"MBS-012": False, "MBS-013": False, "MBS-014": False, "MBS-015": False,
                         "MBS-016": True, "MBS-017": True}
+
+
+def test_gpt_oss_h100_row_of_25_11_runs_its_presets_micro_batch() -> None:
+    """MB-177 states micro-batch 4, global batch 512 and accumulation 2, the B200 row's figures (at its pp 4 they
+    would need accumulation 8); the release's only H100 GPT-OSS preset (GPT_OSS_120B_H100_BF16_BASE_CONFIG, v0.2.0)
+    runs micro-batch 1 with layernorm and moe_act recomputed: the row runs that, and fits an 80 GB H100."""
+    frame = pd.read_csv(DATA / MOE_FILE).set_index("row_id")
+    row = frame.loc["MB-177"]
+    assert (int(row["micro_batch"]), int(row["global_batch"]), int(row["grad_accum"])) == (4, 512, 2)
+    dp = int(row["num_gpus"]) // int(row["pp"])
+    assert int(row["global_batch"]) // (dp * int(row["micro_batch"])) != int(row["grad_accum"])
+    run = next(r for r in moe_runs().runs if r.label.startswith("MB-177 "))
+    assert run.config.micro_batch == 1 and run.config.recompute is Recompute.SELECTIVE
+    assert set(run.config.recompute_modules) == {"layernorm", "moe_act"}
+    assert estimate(run.model, run.cluster, run.training, run.config, calibration=default_calibration()).fits

@@ -70,8 +70,9 @@ RECORDED = {
     # small MoE blocks cost more, the grouped-linear GEMMs keep 40 µs as grouped_gemm_host_s); 11.9 % with
     # host_overlap_softness fitted with it (twelfth session: passes near the host/GPU crossover overlap in part)
     # fits: the 41 timed runs predicted to fit and, from 2026-12-02 (thirteenth session), the Nemotron-3-Nano sweep's
-    # two completed runs at the load its hot-rank reading implies
-    "Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (42, 0.119, 0.092, 43),
+    # two completed runs at the load its hot-rank reading implies; 12.0 % and all 42 once MB-177 (GPT-OSS-120B, 25.11,
+    # H100) runs its release's preset, micro-batch 1 with recompute, where its row copies the B200 row's figures
+    "Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (42, 0.120, 0.092, 44),
     # 11.9 % once GB300's matmul efficiency is fitted on the long-context file's GB300 rows (tenth session); 11.5 %
     # with host_kernel_s fitted on vTrain (eleventh); 9.5 % with host_overlap_softness (twelfth)
     "Megatron-Bridge MoE with EP (B300/GB200/GB300, force-balanced)": (95, 0.095, None, 95),
