@@ -426,6 +426,15 @@ class ParallelConfig:
     # that ran); False where it does not, and the attention runs again in backward: cuDNN attention (first on B200
     # from pytorch/torchtitan 3b85aa31f, 2025-05-14) until b39377f9f (2025-12-01) added every SDPA backend to the list
     sac_keeps_attention: bool = True
+    # under sequence parallelism a column-parallel linear keeps for its weight gradient the all-gathered input
+    # (DTensor's ColwiseParallel: the redistribute's output is what the matmul saves; torchtitan) rather than its own
+    # sequence shard, gathered again in backward (Megatron-LM's linear_with_grad_accumulation_and_async_allreduce)
+    sp_saves_gathered_input: bool = False
+
+    def column_input_shards(self) -> int:
+        """Ranks a column-parallel linear's saved input is split over: tp where it keeps its sequence shard
+        (Megatron-LM's sequence parallelism), else 1 (the whole input: replicated without SP, or gathered)."""
+        return self.tp if self.sequence_parallel and not self.sp_saves_gathered_input else 1
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batch", "vpp", "cp", "hsdp_replicas", "ep", "etp", "local_queue_depth"):

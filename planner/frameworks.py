@@ -53,7 +53,7 @@ def _megatron_semantics(_config: ParallelConfig) -> dict[str, bool | str]:
     """Megatron-LM: 1/tp of a boundary tensor per rank, gradient reduction and backward TP collectives overlapped;
     selective recompute of the attention core."""
     return {"p2p_scatter_gather": True, "overlap_grad_reduce": True, "overlap_tp_backward": True,
-            "selective_recompute": "attention"}
+            "selective_recompute": "attention", "sp_saves_gathered_input": False}
 
 
 def _deepspeed_semantics(config: ParallelConfig) -> dict[str, bool | str]:
@@ -63,16 +63,17 @@ def _deepspeed_semantics(config: ParallelConfig) -> dict[str, bool | str]:
     together, prefetched (since v0.6.0; the per-tensor gathers before it are `zero3_collectives` "per-tensor")."""
     return {"p2p_scatter_gather": False, "overlap_grad_reduce": config.pp == 1 and config.zero_stage >= 1,
             "overlap_tp_backward": False, "selective_recompute": "attention", "zero3_collectives": "per-unit",
-            "fsdp_backward_prefetch": "pre"}
+            "fsdp_backward_prefetch": "pre", "sp_saves_gathered_input": False}
 
 
 def _torchtitan_semantics(_config: ParallelConfig) -> dict[str, bool | str]:
     """torchtitan: DDP/FSDP2 reduce during backward (FSDP2 gathers per wrapped block, prefetched); DTensor TP's
-    backward collectives are synchronous; selective recompute is its per-op SAC (the export's selective_ac_option
-    "op"); PyTorch's pipeline schedules wait on each step's batched sends and receives before the next action."""
+    backward collectives are synchronous, and its colwise linears keep the all-gathered input of sequence
+    parallelism for backward; selective recompute is its per-op SAC (the export's selective_ac_option "op");
+    PyTorch's pipeline schedules wait on each step's batched sends and receives before the next action."""
     return {"p2p_scatter_gather": True, "overlap_grad_reduce": True, "overlap_tp_backward": False,
             "selective_recompute": "op", "zero3_collectives": "per-unit", "overlap_p2p_comm": False,
-            "fsdp_backward_prefetch": "pre"}
+            "fsdp_backward_prefetch": "pre", "sp_saves_gathered_input": True}
 
 
 @dataclass(frozen=True)

@@ -171,11 +171,11 @@ def activation_bytes(
         )
     if kind is UnitKind.EMBEDDING:
         return (sbh if model.dropout else 0) / divisor  # embedding-output dropout mask
-    # head: final-norm input, output-layer input (2 bytes each), what the loss keeps of the logits, over the tokens
-    # it reads
+    # head: final-norm input, output-layer input (2 bytes each; a column-parallel linear's, `column_input_shards`),
+    # what the loss keeps of the logits, over the tokens it reads
     read = model.head_tokens(s) * b * model.hidden_size
-    return (2 * read) / divisor + 2 * read / t + LOSS_BYTES_PER_LOGIT[training.cross_entropy].kept * logit_elements(
-        model, training, config)
+    return (2 * read) / divisor + 2 * read / config.column_input_shards() + LOSS_BYTES_PER_LOGIT[
+        training.cross_entropy].kept * logit_elements(model, training, config)
 
 
 @dataclass(frozen=True)
@@ -310,14 +310,19 @@ def megatron_saved_tensors(block: BlockSpec, training: Training, config: Paralle
     seq_len, cp = (block.tokens, 1) if block.tokens is not None else (training.seq_len, config.cp)
     s, b, t = seq_len / cp, config.micro_batch, config.tp
     tokens, sbh = s * b, s * b * block.hidden_size / (t if config.sequence_parallel else 1)
-    return (*normed_input_tensors(block, training, sbh), *attention_tensors(block, training, tokens, t, seq_len),
+    linear_input = s * b * block.hidden_size / config.column_input_shards()
+    return (*normed_input_tensors(block, training, sbh, linear_input),
+            *attention_tensors(block, training, tokens, t, seq_len),
             *mlp_tensors(block, training, tokens, t, config.ep))
 
 
-def normed_input_tensors(block: BlockSpec, training: Training, sbh: float) -> tuple[SavedTensor, ...]:
+def normed_input_tensors(block: BlockSpec, training: Training, sbh: float,
+                         linear_input: float) -> tuple[SavedTensor, ...]:
     """Each sub-layer's norm output as it is kept (`sbh`: one hidden-wide 16-bit-less tensor's elements on this
-    rank). Attention and a dense MLP fuse their norm into the first linear (Transformer Engine's LayerNormLinear
-    keeps its normed output for the wgrad); MLA's input norm and an MoE layer's pre-MLP norm are modules of their
+    rank; `linear_input`: the same tensor as a column-parallel linear keeps it, `ParallelConfig.column_input_shards`).
+    Attention and a dense MLP fuse their norm into the first linear (Transformer Engine's
+    LayerNormLinear keeps its normed output for the wgrad; DTensor's colwise linears keep the gathered one); MLA's
+    input norm and an MoE layer's pre-MLP norm are modules of their
     own (gpt_layer_specs.py: `backend.layer_norm()`), whose output the down projections, or the router and the
     dispatcher, read in 16 bits (and the shared experts keep their FP8 copy in FP8 training). The `layernorm`
     module discards the outputs of the norms of their own (transformer_layer.py: CheckpointWithoutOutput around
@@ -327,13 +332,13 @@ def normed_input_tensors(block: BlockSpec, training: Training, sbh: float) -> tu
     tensors = []
     if block.attention is not None or block.mamba is not None:
         separate = block.attention is not None and block.attention.is_mla
-        tensors.append(_tensor(saved * sbh, *(("layernorm",) if separate else ())))
+        tensors.append(_tensor(saved * (sbh if separate else linear_input), *(("layernorm",) if separate else ())))
     if block.mlp is not None and block.mlp.is_moe:
         tensors.append(_tensor(2 * sbh, "layernorm"))
         if training.dtype == "fp8" and block.mlp.shared_expert_ffn_hidden_size:
             tensors.append(_tensor(saved * sbh, "layernorm", "moe", "shared_experts"))
     elif block.mlp is not None:
-        tensors.append(_tensor(saved * sbh, "mlp"))
+        tensors.append(_tensor(saved * linear_input, "mlp"))
     return tuple(tensors)
 
 
