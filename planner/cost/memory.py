@@ -361,7 +361,7 @@ def attention_tensors(block: BlockSpec, training: Training, tokens: float, tp: i
     return _tensor(qkv, *(("mla_up_proj",) if a.is_mla else ())), _tensor(core, "core_attn")
 
 
-def mlp_tensors(block: BlockSpec, training: Training, tokens: float, tp: int, ep: int = 1) -> tuple[SavedTensor, ...]:
+def mlp_tensors(block: BlockSpec, training: Training, tokens: float, tp: int, ep: int) -> tuple[SavedTensor, ...]:
     """What the MLP keeps on this rank: the first matrix's output (the activation's input; gated: both halves) and
     the activation's output (the second matrix's input). Dense: `mlp` discards both (transformer_layer.py
     checkpoints the whole MLP). MoE, over the top-k routed copies of each token: `moe` discards the whole layer's
