@@ -427,10 +427,20 @@ def router_headroom(document: dict[str, Any], training: Training, result: Estima
     return headroom
 
 
-def echo_router_headroom(headroom: float | None) -> None:
-    if headroom is not None:
-        click.echo(f"router headroom fits while the busiest expert rank gets up to {headroom:.2f}x the mean "
-                   f"routed tokens (dropless; --moe-load-imbalance)")
+TIGHT_ROUTER_HEADROOM = 1.1
+"""A plan planned for a balanced router whose busiest expert rank may take less than this many times the mean routed
+tokens before it runs out of memory gets a warning: routers that are not force-balanced run hotter (the
+Megatron-Bridge recompute study's Nemotron-3-Nano ranks, about 1.8x in its first iterations: README Accuracy)."""
+
+
+def echo_router_headroom(headroom: float | None, training: Training) -> None:
+    if headroom is None:
+        return
+    click.echo(f"router headroom fits while the busiest expert rank gets up to {headroom:.2f}x the mean "
+               f"routed tokens (dropless; --moe-load-imbalance)")
+    if headroom < TIGHT_ROUTER_HEADROOM and training.moe_load_imbalance == 1.0:
+        click.echo("                only a nearly balanced router fits: unless the router is force-balanced, plan "
+                   "with --moe-load-imbalance (e.g. 1.2) to leave room")
 
 
 def describe_tuning(model: ModelSpec, training: Training) -> str:
@@ -630,7 +640,7 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
         click.echo(f"{model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {global_batch}, "
                    f"sequence {training.seq_len}, {training.dtype}{describe_tuning(model, training)}")
         click.echo(describe_estimate(config, result, config.num_gpus, mfu_convention(training)))
-        echo_router_headroom(headroom)
+        echo_router_headroom(headroom, training)
         echo_local_learning(document)
         if cost:
             click.echo(f"time to train   {cost.describe()}")
@@ -831,7 +841,7 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
                f"{'' if best.uniform.fits else ', which does not fit'})")
     click.echo(split_quality(best))
     click.echo(describe_estimate(best.config, best.estimate, best.config.num_gpus, mfu_convention(training)))
-    echo_router_headroom(headroom)
+    echo_router_headroom(headroom, training)
     echo_local_learning(documents[0])
     if costs[0]:
         click.echo(f"time to train   {costs[0].describe()}")

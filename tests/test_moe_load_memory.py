@@ -181,3 +181,13 @@ def test_plan_searches_for_the_load_and_reports_the_best_plans_headroom() -> Non
     assert skewed["estimate"]["moe_load_headroom"] >= 1.2
     assert skewed["training"]["moe_load_imbalance"] == 1.2
     assert skewed["estimate"]["iteration_time_s"] >= balanced["estimate"]["iteration_time_s"]
+
+
+def test_plan_warns_when_only_a_balanced_router_fits() -> None:
+    """The fastest plan for a balanced router that barely fits one says so and names the option; planned for a load,
+    it does not."""
+    base = ["plan", "--model", "qwen3-30b-a3b", "--cluster", "2x8xH100-80GB", "--global-batch", "256", "--seq-len",
+            "4096"]
+    warning = "only a nearly balanced router fits"
+    assert warning in CliRunner().invoke(main, base).output
+    assert warning not in CliRunner().invoke(main, [*base, "--moe-load-imbalance", "1.2"]).output
