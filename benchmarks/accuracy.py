@@ -17,11 +17,13 @@ import argparse
 import statistics
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from benchmarks.sources import Source, skipped_files, sources
 from benchmarks.validation_runs import Run, predict, predict_layer, shipped_before_fix_nic_ratio, split_fit_hold
+from planner.config import Training
+from planner.cost.estimate import Estimate, moe_load_fit_limit
 from planner.errors import PlannerError
 from planner.gpu import GIB
 from planner.profile.calibration import Calibration, default_calibration
@@ -172,13 +174,26 @@ def _print_runs(title: str, results: Sequence[Outcome]) -> None:
     print(format_table(["run", "published s", "predicted s", "time error", "memory error", "fits"], table))
 
 
-def _print_outcomes(title: str, results: Sequence[Outcome], ran: bool) -> None:
-    """Documented outcomes scored on fitting alone: OOMs (`ran` False) must not fit, completions must."""
+def verdict_load(run: Run, calibration: Calibration) -> float | None:
+    """The router load at which a run's predicted fit would flip (`moe_load_fit_limit`): how much the verdict
+    hangs on the load the run is estimated at."""
+    def at(training: Training) -> Estimate:
+        return predict(replace(run, training=training), calibration)
+
+    return moe_load_fit_limit(run.training, at(run.training), at)
+
+
+def _print_outcomes(title: str, results: Sequence[Outcome], calibration: Calibration, ran: bool) -> None:
+    """Documented outcomes scored on fitting alone: OOMs (`ran` False) must not fit, completions must; with the
+    router load each is estimated at and the load at which its verdict would flip."""
     print(f"\n## {title}: documented {'completions (time not scored)' if ran else 'OOMs'}")
-    table = [[o.run.label, f"{o.run.training.moe_load_imbalance:.2f}", f"{o.run.cluster.gpu.memory_bytes / GIB:.1f}",
-              f"{o.peak_memory_bytes / GIB:.1f}", "yes" if o.fits == ran else "NO"]
-             for o in results]
-    print(format_table(["run", "router load", "capacity GiB", "predicted peak GiB",
+    table = []
+    for o in results:
+        flip = verdict_load(o.run, calibration)
+        table.append([o.run.label, f"{o.run.training.moe_load_imbalance:.2f}", "–" if flip is None else f"{flip:.2f}",
+                      f"{o.run.cluster.gpu.memory_bytes / GIB:.1f}", f"{o.peak_memory_bytes / GIB:.1f}",
+                      "yes" if o.fits == ran else "NO"])
+    print(format_table(["run", "router load", "verdict flips at load", "capacity GiB", "predicted peak GiB",
                         "predicted to fit?" if ran else "predicted not to fit?"], table))
 
 
@@ -187,9 +202,9 @@ def _print_details(scores: Sequence[SourceScore], calibration: Calibration) -> N
         if s.source.runs:
             _print_runs(s.source.name, outcomes(s.source.runs, calibration))
         if s.source.ooms:
-            _print_outcomes(s.source.name, oom_outcomes(s.source, calibration), ran=False)
+            _print_outcomes(s.source.name, oom_outcomes(s.source, calibration), calibration, ran=False)
         if s.source.completions:
-            _print_outcomes(s.source.name, outcomes(s.source.completions, calibration), ran=True)
+            _print_outcomes(s.source.name, outcomes(s.source.completions, calibration), calibration, ran=True)
     fit_half, hold_half = split_fit_hold(scores[0].source.runs)
     for name, half in (("fit half", fit_half), ("hold-out half", hold_half)):
         result = score([o.time_error for o in outcomes(half, calibration)])

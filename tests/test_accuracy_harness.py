@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from benchmarks.accuracy import score, score_source, summary_lines
+from benchmarks.accuracy import score, score_source, summary_lines, verdict_load
 from benchmarks.bridge_systems import rack_segment_gpus
 from benchmarks.loso import fit_sources, source_objective
 from benchmarks.moe_runs import MOE_FILE, _release, hot_rank_load, moe_runs
@@ -259,6 +259,10 @@ def test_the_nemotron_sweep_runs_at_the_load_its_hot_rank_reading_implies() -> N
                 for r in (*moe.ooms, *moe.completions)}
     assert outcomes == {"MBS-012": False, "MBS-013": False, "MBS-014": False, "MBS-015": False,
                         "MBS-016": True, "MBS-017": True}
+    # the verdicts hold well away from that load: the OOMs flip only under 1.4, the completions only past 20
+    flips = {r.label.split()[0]: verdict_load(r, calibration) for r in (*moe.ooms, *moe.completions)}
+    assert all(flips[row] < 1.4 for row in ("MBS-012", "MBS-013", "MBS-014", "MBS-015"))
+    assert all(flips[row] > 20 for row in ("MBS-016", "MBS-017"))
 
 
 def test_gpt_oss_h100_row_of_25_11_runs_its_presets_micro_batch() -> None:

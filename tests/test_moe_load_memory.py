@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from cli import main
 from planner.cluster import parse_shorthand
 from planner.config import ParallelConfig, Recompute, Training
-from planner.cost.estimate import estimate, moe_load_headroom
+from planner.cost.estimate import estimate, moe_load_fit_limit, moe_load_headroom
 from planner.cost.memory import block_type_activation_bytes, mlp_tensors
 from planner.model import load_model
 
@@ -191,3 +191,13 @@ def test_plan_warns_when_only_a_balanced_router_fits() -> None:
     warning = "only a nearly balanced router fits"
     assert warning in CliRunner().invoke(main, base).output
     assert warning not in CliRunner().invoke(main, [*base, "--moe-load-imbalance", "1.2"]).output
+
+
+def test_the_fit_limit_of_a_plan_that_does_not_fit_is_the_load_it_would_fit_under() -> None:
+    at = _estimate_at(DIST_OPT)
+    heavy = replace(TRAINING, moe_load_imbalance=3.0)
+    assert not at(heavy).fits
+    limit = moe_load_fit_limit(heavy, at(heavy), at)
+    assert limit == pytest.approx(moe_load_headroom(TRAINING, at(TRAINING), at))
+    assert at(replace(TRAINING, moe_load_imbalance=limit - 1e-3)).fits
+    assert moe_load_headroom(heavy, at(heavy), at) is None  # no headroom to report for a plan that does not fit

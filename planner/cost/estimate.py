@@ -35,7 +35,7 @@ from planner.profile.analytic import AnalyticProfile, block_type_forward_flops, 
 from planner.profile.calibration import Calibration, default_calibration
 
 __all__ = ["BREAKDOWN_KEYS", "Estimate", "MemoryBreakdown", "StageEstimate", "estimate", "fit_advice",
-           "model_flops_per_iteration", "moe_load_headroom"]
+           "model_flops_per_iteration", "moe_load_fit_limit", "moe_load_headroom"]
 
 BREAKDOWN_KEYS = ("compute", "recompute", "bubble", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "optimizer", "other")
 
@@ -331,17 +331,28 @@ def estimate(
 def moe_load_headroom(training: Training, result: Estimate,
                       estimate_at: Callable[[Training], Estimate]) -> float | None:
     """The largest busiest-expert-rank load (`Training.moe_load_imbalance`, dropless) at which the plan estimated as
-    `result` still fits: every rank's memory grows linearly with the load (its routed activations), so one more
-    estimate (`estimate_at`, the same plan at another training) gives each rank's slope. None where the question
-    does not arise: a plan that does not fit, a capacity factor capping the load, or memory the load leaves alone
-    (no routed experts, no expert parallelism, full recompute)."""
+    `result` still fits (`moe_load_fit_limit`). None where the question does not arise: a plan that does not fit, a
+    capacity factor capping the load, or memory the load leaves alone (no routed experts, no expert parallelism,
+    full recompute)."""
     if not result.fits or training.moe_capacity_factor is not None:
         return None
+    return moe_load_fit_limit(training, result, estimate_at)
+
+
+def moe_load_fit_limit(training: Training, result: Estimate,
+                       estimate_at: Callable[[Training], Estimate]) -> float | None:
+    """The busiest-expert-rank load at which the plan estimated as `result` (at `training`) changes between fitting
+    and not: every rank's memory grows linearly with the load (its routed activations), so one more estimate
+    (`estimate_at`, the same plan at another training) gives each rank's slope. For a plan that fits, the load its
+    first rank to fill reaches; for one that does not, the load under which every rank would fit (below 1 where none
+    does). None where no rank's memory moves with the load, or a rank over capacity does not move."""
     busier = estimate_at(replace(training, moe_load_imbalance=training.moe_load_imbalance + 1.0))
-    room = [(stage.memory.capacity - stage.memory.total) / (more.memory.total - stage.memory.total)
-            for stage, more in zip(result.stages, busier.stages, strict=True)
-            if more.memory.total > stage.memory.total]
-    return training.moe_load_imbalance + min(room) if room else None
+    room = [(stage.memory.capacity - stage.memory.total, more.memory.total - stage.memory.total)
+            for stage, more in zip(result.stages, busier.stages, strict=True)]
+    limits = [free / slope for free, slope in room if slope > 0]
+    if not limits or any(free < 0 and slope <= 0 for free, slope in room):
+        return None
+    return training.moe_load_imbalance + min(limits)
 
 
 def fit_advice(config: ParallelConfig, result: Estimate, training: Training | None = None) -> str:
