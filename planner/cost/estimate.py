@@ -265,12 +265,14 @@ def estimate(
     pipeline = _pipeline(sums, p2p, stage_times, config, m)
     states = parameter_states(model, training)
     memories, dp_exposed, optimizer = [], [], []
+    head_activations = stage_units[-1][-1].activation_bytes  # the last stage ends with the head
     for r in range(config.pp):
         mine = [k for k in range(len(bounds)) if ranks[k] == r]
         params = sum(sums[k]["params"] for k in mine)
         rank_memory = rank_memory_model(model, training, config, r, m, links.gpu[r], calibration)
-        memories.append(rank_memory.breakdown(params, sum(sums[k]["activations"] for k in mine),
-                                              float(links.capacity_bytes[r])))
+        head = head_activations if r == ranks[-1] else 0.0
+        memories.append(rank_memory.breakdown(params, sum(sums[k]["activations"] for k in mine) - head,
+                                              float(links.capacity_bytes[r]), head))
         units = [cost for k in mine for cost in stage_units[k]]
         units += [aux_heads[r] for k in mine if local and k < len(bounds) - 1]
         dp_time = data_parallel_time(units, training, config, links.dp[r], calibration, m, links.replicate[r],

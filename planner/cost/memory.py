@@ -495,7 +495,8 @@ class RankMemoryModel:
     total = param_bytes · parameters + activation_factor · (activation bytes per micro-batch) + fixed_bytes.
 
     The single accounting of `estimate` and of the search. Model states cost `states` per parameter;
-    activations are held for `in_flight` micro-batches. `buffers` are transient allocations that go
+    activations are held for `in_flight` micro-batches, the head's on the rank that holds it for `head_in_flight`
+    (`PipelineSchedule.head_in_flight`; None: `in_flight`). `buffers` are transient allocations that go
     through PyTorch's caching allocator (gathered ZeRO-3 units, gradient buckets, the largest transient);
     `allocator_fragmentation` of those and of the activations is reserved but unusable. `runtime` lies
     outside the allocator (CUDA context, NCCL buffers), so torch's max_memory_reserved does not show it
@@ -508,6 +509,7 @@ class RankMemoryModel:
     runtime: tuple[tuple[str, float], ...]
     fragmentation: float
     step_segments: float = 0.0  # per parameter (`step_segment_bytes`): the reserved high-water's, not the total's
+    head_in_flight: float | None = None
 
     @property
     def param_bytes(self) -> float:
@@ -517,20 +519,30 @@ class RankMemoryModel:
     def activation_factor(self) -> float:
         return (1 + self.fragmentation) * self.in_flight
 
+    @property
+    def head_activation_factor(self) -> float:
+        """Bytes held per byte of the head's activations per micro-batch."""
+        return (1 + self.fragmentation) * (self.in_flight if self.head_in_flight is None else self.head_in_flight)
+
     @cached_property
     def fixed_bytes(self) -> float:
         transient = self.working_bytes + sum(value for _, value in self.buffers)
         return (1 + self.fragmentation) * transient + sum(value for _, value in self.runtime)
 
-    def total(self, params: float, activations: float, in_flight: float | None = None) -> float:
-        """Bytes for `params` parameters and `activations` activation bytes per micro-batch; `in_flight`: another
-        rank's in-flight micro-batches (ranks of one kind differ only there)."""
+    def total(self, params: float, activations: float, in_flight: float | None = None,
+              head_activations: float = 0.0) -> float:
+        """Bytes for `params` parameters, `activations` activation bytes per micro-batch and the head's
+        `head_activations`; `in_flight`: another rank's in-flight micro-batches (ranks of one kind differ only
+        there)."""
         factor = self.activation_factor if in_flight is None else (1 + self.fragmentation) * in_flight
-        return self.param_bytes * params + factor * activations + self.fixed_bytes
+        return (self.param_bytes * params + factor * activations + self.head_activation_factor * head_activations
+                + self.fixed_bytes)
 
-    def breakdown(self, params: float, activations: float, capacity: float) -> MemoryBreakdown:
-        """The named parts of `total(params, activations)` on a GPU of `capacity` bytes."""
-        held = self.in_flight * activations + self.working_bytes
+    def breakdown(self, params: float, activations: float, capacity: float,
+                  head_activations: float = 0.0) -> MemoryBreakdown:
+        """The named parts of `total(params, activations, head_activations=…)` on a GPU of `capacity` bytes."""
+        head = self.in_flight if self.head_in_flight is None else self.head_in_flight
+        held = self.in_flight * activations + head * head_activations + self.working_bytes
         detail = dict(self.runtime) | dict(self.buffers)
         detail["allocator_fragmentation"] = self.fragmentation * (held + sum(value for _, value in self.buffers))
         return MemoryBreakdown(self.states.weights * params, self.states.gradients * params,
@@ -667,9 +679,12 @@ def rank_memory_model(model: ModelSpec, training: Training, config: ParallelConf
     states = states or parameter_states(model, training)
     buffers = (*framework_buffer_bytes(model, training, config, states),
                ("largest_transient", largest_transient_bytes(model, training, config, pp_rank)))
+    head = pp_rank == config.stage_ranks[-1]
     return RankMemoryModel(
         states=sharded_state_bytes(config, training.grad_bytes, states),
         in_flight=in_flight_microbatches(config, pp_rank, num_microbatches),
+        head_in_flight=(schedule_of(config.schedule).head_in_flight(config.pp, config.vpp, num_microbatches)
+                        if head else None),
         working_bytes=recompute_working_bytes(model, training, config),
         buffers=buffers, runtime=runtime, fragmentation=calibration.allocator_fragmentation,
         step_segments=step_segment_bytes(training, config, states),

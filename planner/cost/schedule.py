@@ -358,6 +358,13 @@ class PipelineSchedule:
         passes = num_microbatches * vpp
         return min(self.warmup(pp_rank, pp, vpp, num_microbatches) + 1, passes) / vpp
 
+    def head_in_flight(self, pp: int, vpp: int, num_microbatches: int) -> float:
+        """Micro-batches whose head activations (the output layer's input, what the loss keeps of the logits) the
+        last virtual stage holds at its peak: its forwards whose backward has not run yet, in its rank's order,
+        where a backward is the head's whole gradient. The last stage backs each micro-batch through at once in
+        1F1B and in Megatron-LM's interleaved order (1), where the rank's chunks hold `in_flight` on average."""
+        return _head_peak(self.kind, pp, vpp, num_microbatches)
+
     def linear_form(self, num_microbatches: int, vpp: int) -> tuple[float, float]:
         """(a, b) with the closed form = a·max_r R_r + b·Σ_r R_r (the ILP's objective)."""
         return num_microbatches - 1, 1.0
@@ -518,6 +525,10 @@ class ZeroBubble(PipelineSchedule):
             if i >= held:
                 order.append((WEIGHT, *backwards[i - held]))
         return order + [(WEIGHT, *pass_) for pass_ in backwards[max(len(backwards) - held, 0):]]
+
+    def head_in_flight(self, pp: int, vpp: int, num_microbatches: int) -> float:
+        """The last stage's rank's own count (`in_flight`): the output layer's input stays until its W."""
+        return self.in_flight(self.stage_rank(pp * vpp - 1, pp), pp, vpp, num_microbatches)
 
     def in_flight(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> float:
         """The most micro-batches between their forward and their W at any point of the rank's order. The
@@ -1050,6 +1061,10 @@ class LocalLearning(PipelineSchedule):
     def warmup(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> int:
         return 0  # F then B of each micro-batch: the backward waits for nothing downstream
 
+    def head_in_flight(self, pp: int, vpp: int, num_microbatches: int) -> float:
+        """Every stage trains a head of its own: the last one's is held like the rest of its rank (`in_flight`)."""
+        return self.in_flight(pp - 1, pp, vpp, num_microbatches)
+
     def in_flight(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> float:
         return 1.0  # the queued boundary tensors are counted apart (`local_queue_bytes`)
 
@@ -1107,6 +1122,20 @@ SCHEDULES: dict[Schedule, PipelineSchedule] = {s.kind: s for s in (
 def schedule_of(kind: Schedule | str) -> PipelineSchedule:
     """The behaviour of a schedule name."""
     return SCHEDULES[kind if isinstance(kind, Schedule) else Schedule(kind)]
+
+
+@functools.cache
+def _head_peak(kind: Schedule, pp: int, vpp: int, num_microbatches: int) -> float:
+    """`PipelineSchedule.head_in_flight` from the order of the rank holding the last virtual stage."""
+    schedule, last = schedule_of(kind), pp * vpp - 1
+    rank = schedule.stage_rank(last, pp)
+    chunk = next(c for c in range(vpp) if schedule.rank_stage(rank, c, pp) == last)
+    live = peak = 0
+    for pass_kind, pass_chunk, _ in schedule.order(rank, pp, vpp, num_microbatches):
+        if pass_chunk == chunk:
+            live += {FORWARD: 1, BACKWARD: -1}.get(pass_kind, 0)
+            peak = max(peak, live)
+    return float(peak)
 
 
 @functools.cache

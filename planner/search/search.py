@@ -301,6 +301,10 @@ class _Context:
             self.per_config[key] = tuple(in_flight_microbatches(config, r, m) for r in range(config.pp))
         return self.per_config[key]
 
+    def head_in_flight(self, config: ParallelConfig, m: int) -> float:
+        """Micro-batches whose head activations the last stage's rank holds (`RankMemoryModel.head_in_flight`)."""
+        return schedule_of(config.schedule).head_in_flight(config.pp, config.vpp, m)
+
     def capacity_bytes(self, links: GroupLinks) -> float:
         """All pipeline ranks' memory together."""
         key = (id(links), "capacity")
@@ -522,8 +526,11 @@ def _pipeline_need_bytes(ctx: _Context, config: ParallelConfig, costs: tuple[dic
     """The whole pipeline's least memory need over every split: model states plus the fewest in-flight activations
     of any rank (`_with_memory`), before any rank's fixed bytes."""
     param_bytes, activation_factor = ctx.least_memory_factors(config, m)
+    head = costs[0][UnitKind.HEAD].activation_bytes
+    head_factor = (1 + ctx.calibration.allocator_fragmentation) * ctx.head_in_flight(config, m)
     return (param_bytes * _model_total(ctx, costs[0], "params")
-            + activation_factor * _model_total(ctx, costs[0], "activation_bytes"))
+            + activation_factor * (_model_total(ctx, costs[0], "activation_bytes") - head)
+            + min(activation_factor, head_factor) * head)
 
 
 def _fits_pipeline(ctx: _Context, config: ParallelConfig) -> bool:
@@ -621,14 +628,18 @@ def _most_blocks(ctx: _Context, candidate: _Candidate) -> tuple[tuple[tuple[floa
     in_flight = ctx.in_flight(config, m)
     most = [[0.0] * config.pp for _ in ctx.block_types]
     type_bytes, rooms = [[0.0] * config.pp for _ in ctx.block_types], [0.0] * config.pp
+    head_factor = (1 + ctx.calibration.allocator_fragmentation) * ctx.head_in_flight(config, m)
     for kind, first, last, ranks in _memory_groups(ctx, config, links, costs):
         memory, cost = models[kind], costs[ranks[0]]
         ends = [cost[unit] for unit, held in ((UnitKind.EMBEDDING, first), (UnitKind.HEAD, last)) if held]
-        end_params, end_activations = sum(unit.params for unit in ends), sum(unit.activation_bytes for unit in ends)
+        end_params = sum(unit.params for unit in ends)
+        embedding = cost[UnitKind.EMBEDDING].activation_bytes if first else 0.0
+        head = cost[UnitKind.HEAD].activation_bytes if last else 0.0
         blocks = [(memory.param_bytes * cost[b].params, cost[b].activation_bytes) for b, _ in ctx.block_types]
         for r in ranks:
             per_activation = (1 + memory.fragmentation) * in_flight[r]
-            held = memory.param_bytes * end_params + per_activation * end_activations + memory.fixed_bytes
+            held = (memory.param_bytes * end_params + per_activation * embedding + head_factor * head
+                    + memory.fixed_bytes)
             room = links.capacity_bytes[r] * (1 + MEMORY_TOLERANCE) - held
             rooms[r] = room
             for t, (params, activations) in enumerate(blocks):
@@ -776,7 +787,9 @@ def _problem(ctx: _Context, candidate: _Candidate) -> PartitionProblem:
         rank = rank_memory_model(ctx.model, ctx.training, config, r, m, links.gpu[r], cal, ctx.parameter_states)
         fixed = rank.fixed_bytes
         time_of = [costs[key].total_s for key in keys]
-        memory_of = [rank.total(costs[key].params, costs[key].activation_bytes) - fixed for key in keys]
+        memory_of = [rank.total(costs[key].params, 0.0, head_activations=costs[key].activation_bytes) - fixed
+                     if key is UnitKind.HEAD else rank.total(costs[key].params, costs[key].activation_bytes) - fixed
+                     for key in keys]
         times.append(tuple(time_of[t] for t in type_of))
         memories.append(tuple(memory_of[t] for t in type_of))
         budgets.append(float(links.capacity_bytes[r]) - fixed)
