@@ -418,10 +418,10 @@ def echo_memory(training: Training, result: Estimate) -> None:
         click.echo(format_memory(result))
 
 
-def router_headroom(document: dict[str, Any], training: Training, result: Estimate,
+def router_headroom(document: dict[str, Any], training: Training, config: ParallelConfig, result: Estimate,
                     estimate_at: Callable[[Training], Estimate]) -> float | None:
     """`moe_load_headroom` of a plan, recorded in its document's estimate section when there is one."""
-    headroom = moe_load_headroom(training, result, estimate_at)
+    headroom = moe_load_headroom(training, config, result, estimate_at)
     if headroom is not None:
         document["estimate"]["moe_load_headroom"] = headroom
     return headroom
@@ -629,7 +629,7 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
     cost = run_cost(tokens, gpu_hour_price, cluster, training, placement, result)
     if cost:
         document["estimate"].update(cost.as_dict())
-    headroom = router_headroom(document, training, result, lambda at: estimate(
+    headroom = router_headroom(document, training, config, result, lambda at: estimate(
         model, cluster, at, config, split, placement, timer=timer, calibration=calibration))
     text = json.dumps(document, indent=2)
     if out:
@@ -804,7 +804,7 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
         if cost:
             plan_document["estimate"].update(cost.as_dict())
     best = found.plans[0]
-    headroom = router_headroom(documents[0], training, best.estimate, lambda at: estimate(
+    headroom = router_headroom(documents[0], training, best.config, best.estimate, lambda at: estimate(
         model, cluster, at, best.config, best.partition, best.placement, timer=timer, calibration=calibration))
     document = {**documents[0], "alternatives": documents[1:], "search": found.stats.as_dict()}
     if timer:

@@ -252,7 +252,7 @@ def explain(problem: PlanProblem, result: Estimate, top_k: int = 5, time_limit_s
     gains = [(w.delta_s, i) for i, w in enumerate(what_ifs) if w.delta_s is not None and w.delta_s < -WORTH_IT * base]
     key, verdict = bottleneck(result, problem.config, host)
     tightest = result.tightest_stage().memory
-    router = moe_load_headroom(problem.training, result,
+    router = moe_load_headroom(problem.training, problem.config, result,
                                lambda training: replace(problem, training=training).estimate())
     return Explanation(
         problem.config.describe(), base, dict(result.breakdown_s), key, verdict, host,

@@ -125,27 +125,29 @@ def test_the_router_headroom_is_the_load_at_which_the_plan_stops_fitting() -> No
     """Memory is linear in the load, so the headroom is exact: just under it the plan fits, just over it it does not;
     it is the same whichever fitting load it is computed from."""
     at = _estimate_at(DIST_OPT)
-    headroom = moe_load_headroom(TRAINING, at(TRAINING), at)
+    headroom = moe_load_headroom(TRAINING, DIST_OPT, at(TRAINING), at)
     assert headroom is not None and 1.0 < headroom < 3.0
     assert at(replace(TRAINING, moe_load_imbalance=headroom - 1e-3)).fits
     assert not at(replace(TRAINING, moe_load_imbalance=headroom + 1e-3)).fits
     busier = replace(TRAINING, moe_load_imbalance=1.2)
-    assert moe_load_headroom(busier, at(busier), at) == pytest.approx(headroom)
+    assert moe_load_headroom(busier, DIST_OPT, at(busier), at) == pytest.approx(headroom)
 
 
 def test_no_router_headroom_where_the_load_cannot_move_memory() -> None:
     """No expert parallelism (every rank routes its own tokens to its own experts), a capacity factor, a dense model
     or a plan that does not fit: no headroom to report."""
     without_ep = _estimate_at(replace(DIST_OPT, ep=1))
-    assert moe_load_headroom(TRAINING, without_ep(TRAINING), without_ep) is None
+    assert moe_load_headroom(TRAINING, replace(DIST_OPT, ep=1), without_ep(TRAINING), without_ep) is None
     capped = replace(TRAINING, moe_capacity_factor=1.25)
     at = _estimate_at(DIST_OPT)
-    assert moe_load_headroom(capped, at(capped), at) is None
-    unsharded = _estimate_at(replace(DIST_OPT, distributed_optimizer=False))
-    assert not unsharded(TRAINING).fits and moe_load_headroom(TRAINING, unsharded(TRAINING), unsharded) is None
+    assert moe_load_headroom(capped, DIST_OPT, at(capped), at) is None
+    replicated = replace(DIST_OPT, distributed_optimizer=False)
+    unsharded = _estimate_at(replicated)
+    assert not unsharded(TRAINING).fits and moe_load_headroom(TRAINING, replicated, unsharded(TRAINING),
+                                                               unsharded) is None
     dense = load_model("llama3-8b")
     dense_at = lambda training: estimate(dense, CLUSTER, training, ParallelConfig(dp=8, tp=1, pp=1))  # noqa: E731
-    assert moe_load_headroom(TRAINING, dense_at(TRAINING), dense_at) is None
+    assert moe_load_headroom(TRAINING, ParallelConfig(dp=8, tp=1, pp=1), dense_at(TRAINING), dense_at) is None
 
 
 def test_without_expert_parallelism_the_load_changes_nothing() -> None:
@@ -198,6 +200,6 @@ def test_the_fit_limit_of_a_plan_that_does_not_fit_is_the_load_it_would_fit_unde
     heavy = replace(TRAINING, moe_load_imbalance=3.0)
     assert not at(heavy).fits
     limit = moe_load_fit_limit(heavy, at(heavy), at)
-    assert limit == pytest.approx(moe_load_headroom(TRAINING, at(TRAINING), at))
+    assert limit == pytest.approx(moe_load_headroom(TRAINING, DIST_OPT, at(TRAINING), at))
     assert at(replace(TRAINING, moe_load_imbalance=limit - 1e-3)).fits
-    assert moe_load_headroom(heavy, at(heavy), at) is None  # no headroom to report for a plan that does not fit
+    assert moe_load_headroom(heavy, DIST_OPT, at(heavy), at) is None  # no headroom for a plan that does not fit

@@ -330,13 +330,14 @@ def estimate(
     )
 
 
-def moe_load_headroom(training: Training, result: Estimate,
+def moe_load_headroom(training: Training, config: ParallelConfig, result: Estimate,
                       estimate_at: Callable[[Training], Estimate]) -> float | None:
-    """The largest busiest-expert-rank load (`Training.moe_load_imbalance`, dropless) at which the plan estimated as
-    `result` still fits (`moe_load_fit_limit`). None where the question does not arise: a plan that does not fit, a
-    capacity factor capping the load, or memory the load leaves alone (no routed experts, no expert parallelism,
-    full recompute)."""
-    if not result.fits or training.moe_capacity_factor is not None:
+    """The largest busiest-expert-rank load (`Training.moe_load_imbalance`, dropless) at which the plan of `config`
+    estimated as `result` still fits (`moe_load_fit_limit`). None where the question does not arise: no expert
+    parallelism (a dense model has none; without it the load moves nothing, `Training.expert_rank_load`: no second
+    estimate is run), a plan that does not fit, a capacity factor capping the load, or memory the load leaves alone
+    (full recompute)."""
+    if config.ep == 1 or not result.fits or training.moe_capacity_factor is not None:
         return None
     return moe_load_fit_limit(training, result, estimate_at)
 

@@ -520,9 +520,14 @@ class RankMemoryModel:
         return (1 + self.fragmentation) * self.in_flight
 
     @property
+    def head_micro_batches(self) -> float:
+        """Micro-batches whose head activations the rank holds (`head_in_flight`, else `in_flight`)."""
+        return self.in_flight if self.head_in_flight is None else self.head_in_flight
+
+    @property
     def head_activation_factor(self) -> float:
         """Bytes held per byte of the head's activations per micro-batch."""
-        return (1 + self.fragmentation) * (self.in_flight if self.head_in_flight is None else self.head_in_flight)
+        return (1 + self.fragmentation) * self.head_micro_batches
 
     @cached_property
     def fixed_bytes(self) -> float:
@@ -541,8 +546,7 @@ class RankMemoryModel:
     def breakdown(self, params: float, activations: float, capacity: float,
                   head_activations: float = 0.0) -> MemoryBreakdown:
         """The named parts of `total(params, activations, head_activations=…)` on a GPU of `capacity` bytes."""
-        head = self.in_flight if self.head_in_flight is None else self.head_in_flight
-        held = self.in_flight * activations + head * head_activations + self.working_bytes
+        held = self.in_flight * activations + self.head_micro_batches * head_activations + self.working_bytes
         detail = dict(self.runtime) | dict(self.buffers)
         detail["allocator_fragmentation"] = self.fragmentation * (held + sum(value for _, value in self.buffers))
         return MemoryBreakdown(self.states.weights * params, self.states.gradients * params,

@@ -301,9 +301,11 @@ class _Context:
             self.per_config[key] = tuple(in_flight_microbatches(config, r, m) for r in range(config.pp))
         return self.per_config[key]
 
-    def head_in_flight(self, config: ParallelConfig, m: int) -> float:
-        """Micro-batches whose head activations the last stage's rank holds (`RankMemoryModel.head_in_flight`)."""
-        return schedule_of(config.schedule).head_in_flight(config.pp, config.vpp, m)
+    def head_activation_factor(self, config: ParallelConfig, m: int) -> float:
+        """Bytes the last stage's rank holds per byte of the head's activations per micro-batch
+        (`RankMemoryModel.head_activation_factor`)."""
+        return ((1 + self.calibration.allocator_fragmentation)
+                * schedule_of(config.schedule).head_in_flight(config.pp, config.vpp, m))
 
     def capacity_bytes(self, links: GroupLinks) -> float:
         """All pipeline ranks' memory together."""
@@ -527,7 +529,7 @@ def _pipeline_need_bytes(ctx: _Context, config: ParallelConfig, costs: tuple[dic
     of any rank (`_with_memory`), before any rank's fixed bytes."""
     param_bytes, activation_factor = ctx.least_memory_factors(config, m)
     head = costs[0][UnitKind.HEAD].activation_bytes
-    head_factor = (1 + ctx.calibration.allocator_fragmentation) * ctx.head_in_flight(config, m)
+    head_factor = ctx.head_activation_factor(config, m)
     return (param_bytes * _model_total(ctx, costs[0], "params")
             + activation_factor * (_model_total(ctx, costs[0], "activation_bytes") - head)
             + min(activation_factor, head_factor) * head)
@@ -628,7 +630,7 @@ def _most_blocks(ctx: _Context, candidate: _Candidate) -> tuple[tuple[tuple[floa
     in_flight = ctx.in_flight(config, m)
     most = [[0.0] * config.pp for _ in ctx.block_types]
     type_bytes, rooms = [[0.0] * config.pp for _ in ctx.block_types], [0.0] * config.pp
-    head_factor = (1 + ctx.calibration.allocator_fragmentation) * ctx.head_in_flight(config, m)
+    head_factor = ctx.head_activation_factor(config, m)
     for kind, first, last, ranks in _memory_groups(ctx, config, links, costs):
         memory, cost = models[kind], costs[ranks[0]]
         ends = [cost[unit] for unit, held in ((UnitKind.EMBEDDING, first), (UnitKind.HEAD, last)) if held]
