@@ -6,7 +6,8 @@ The CSVs in benchmarks/data/ are verbatim copies of ../shared/validation files (
 row does not state is a documented fact about the framework or the run family, written here once:
 
 * BLOOM topology sweep (bigscience tr11 chronicles, Megatron-DeepSpeed on Jean Zay A100-80GB):
-  seq 2048, vocab 250880, ALiBi, tied embeddings, no dropout (bigscience/bloom config.json), full
+  seq 2048, vocab 250880, ALiBi, tied embeddings, no dropout, a LayerNorm after the word embedding
+  (bigscience/bloom config.json; tr11's `--embed-layernorm`, applied in VocabParallelEmbedding on the first stage), full
   activation checkpointing (`--checkpoint-activations`; the logged TFLOPs use the 4·2 hardware
   factor), unfused attention, ZeRO-1 unless the `zs` column says 0, and DeepSpeed's pipeline
   engine: 1F1B order, whole activations sent between stages by every TP rank (no scatter/gather),
@@ -196,7 +197,7 @@ def bloom_model(hidden: int, layers: int, heads: int) -> ModelSpec:
         name=f"bloom-h{hidden}-l{layers}-a{heads}", num_layers=layers, hidden_size=hidden,
         num_attention_heads=heads, ffn_hidden_size=4 * hidden, vocab_size=BLOOM_VOCAB,
         max_position_embeddings=BLOOM_SEQ_LEN, activation="gelu", normalization="layernorm",
-        position_embedding="alibi", tie_embeddings=True, linear_bias=True, dropout=False,
+        position_embedding="alibi", tie_embeddings=True, linear_bias=True, dropout=False, embedding_norm=True,
         source="bigscience/bloom config.json with the sweep row's dimensions",
     )
 

@@ -551,6 +551,9 @@ class ModelSpec:
     # False: the model reads no tokens (a ViT: its first block is the patch-embedding stem); the embedding unit then
     # holds no parameters and does no work, and `vocab_size` is what the head predicts (a ViT's classes)
     token_embedding: bool = True
+    # a norm right after the token embedding (BLOOM's word_embeddings_layernorm; Megatron-DeepSpeed's
+    # --embed-layernorm): its parameters sit with the embedding, and it keeps its 16-bit input for backward
+    embedding_norm: bool = False
     layers: tuple[BlockSpec, ...] | None = None
     source: str = field(default="", compare=False)
 
@@ -752,12 +755,14 @@ class ModelSpec:
         return sum(self.head_tensor_sizes())
 
     def embedding_tensor_sizes(self) -> tuple[int, ...]:
-        """Elements of the embedding's parameter tensors (word, and learned positions; none without a token
-        embedding, e.g. a ViT's, whose stem is a block)."""
+        """Elements of the embedding's parameter tensors (word, learned positions, the embedding norm; none without
+        a token embedding, e.g. a ViT's, whose stem is a block)."""
         if not self.token_embedding:
             return ()
         positions = self.max_position_embeddings * self.hidden_size
-        return (self.vocab_size * self.hidden_size,) + ((positions,) if self.position_embedding == "learned" else ())
+        norm = norm_tensor_sizes(self.hidden_size, self.normalization) if self.embedding_norm else ()
+        return ((self.vocab_size * self.hidden_size,) + ((positions,) if self.position_embedding == "learned" else ())
+                + norm)
 
     def head_tensor_sizes(self) -> tuple[int, ...]:
         """Elements of the head's parameter tensors (final norm, untied output weight)."""

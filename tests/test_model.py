@@ -9,8 +9,10 @@ import pytest
 from planner.errors import PlannerError
 from planner.model import ModelSpec, UnitKind, catalog_model_names, load_model
 
-# Published counts: Meta's model cards / HF safetensors metadata, Mistral AI's Mixtral release.
+# Published counts: Meta's model cards / HF safetensors metadata, Mistral AI's Mixtral release, bigscience/bloom's
+# model card (its embedding LayerNorm included).
 PUBLISHED_PARAMETERS = {
+    "bloom-176b": 176_247_271_424,
     "llama3-8b": 8_030_261_248,
     "llama3-70b": 70_553_706_496,
     "llama3-405b": 405_853_388_800,

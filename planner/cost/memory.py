@@ -170,7 +170,8 @@ def activation_bytes(
             model, training.seq_len, b, t, config.sequence_parallel, config.recompute, training.attention, config.cp
         )
     if kind is UnitKind.EMBEDDING:
-        return (sbh if model.dropout else 0) / divisor  # embedding-output dropout mask
+        # the embedding-output dropout mask (1 byte) and the embedding norm's 16-bit input (2 bytes)
+        return ((sbh if model.dropout else 0) + (2 * sbh if model.embedding_norm else 0)) / divisor
     # head: final-norm input, output-layer input (2 bytes each; a column-parallel linear's, `column_input_shards`),
     # what the loss keeps of the logits, over the tokens it reads
     read = model.head_tokens(s) * b * model.hidden_size

@@ -94,6 +94,9 @@ def model_flags(model: ModelSpec, training: Training, dialect: Dialect) -> Model
         unsupported.append(f"{dialect.value} has no {model.activation} MLP activation; the model is built with GELU")
     norm = "RMSNorm" if model.normalization == "rmsnorm" else "LayerNorm"
     flags.append(("--normalization", norm if lm else norm.lower()))
+    if model.embedding_norm:
+        unsupported.append(f"{dialect.value} has no norm after the token embedding (BLOOM's; bigscience's fork of "
+                           "Megatron-DeepSpeed has --embed-layernorm); the model is built without it")
     rope = model.position_embedding == "rope"
     if lm:
         flags.append(("--position-embedding-type", "rope" if rope else "learned_absolute"))

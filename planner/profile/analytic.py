@@ -984,11 +984,14 @@ class AnalyticProfile:
             return UnitTimes(0.0, 0.0, weight_grad_s=0.0)
         tokens = setting.tokens
         width = m.hidden_size / setting.tp if setting.sequence_parallel else m.hidden_size
-        forward_bytes = tokens * (2 * m.hidden_size + 2 * width * (2 if m.position_embedding == "learned" else 1))
+        # the embedding norm reads and writes the output (4 bytes a value) forward, and twice that backward
+        norm_bytes = tokens * 4 * width if m.embedding_norm else 0.0
+        forward_bytes = (tokens * (2 * m.hidden_size + 2 * width * (2 if m.position_embedding == "learned" else 1))
+                         + norm_bytes)
         # backward accumulates row gradients into the (vocab-sharded) fp32 table gradient
-        backward_bytes = tokens * m.hidden_size * (2 + 8)
-        # lookup, position add, dropout; the vocab-parallel lookup's all-reduce under TP
-        kernels = (1 + (m.position_embedding == "learned") + m.dropout + (setting.tp > 1))
+        backward_bytes = tokens * m.hidden_size * (2 + 8) + 2 * norm_bytes
+        # lookup, position add, norm, dropout; the vocab-parallel lookup's all-reduce under TP
+        kernels = (1 + (m.position_embedding == "learned") + m.embedding_norm + m.dropout + (setting.tp > 1))
         launch = kernels * self.calibration.kernel_launch_s
         backward = self._host_bound(setting, self.memory_time(gpu, backward_bytes) + launch, kernels)
         # all weight gradient: the tokens need no gradient
