@@ -14,7 +14,7 @@ from dataclasses import MISSING, dataclass, fields, replace
 from enum import Enum
 from types import MappingProxyType
 
-from planner.cost.schedule import Schedule, schedule_of, stage_ranks
+from planner.cost.schedule import PIPELINE_ORDERS, PipelineSchedule, Schedule, schedule_of, stage_ranks
 from planner.errors import PlannerError
 
 __all__ = [
@@ -430,6 +430,14 @@ class ParallelConfig:
     # (DTensor's ColwiseParallel: the redistribute's output is what the matmul saves; torchtitan) rather than its own
     # sequence shard, gathered again in backward (Megatron-LM's linear_with_grad_accumulation_and_async_allreduce)
     sp_saves_gathered_input: bool = False
+    # whose implementation of the schedule's order runs (PIPELINE_ORDERS): Megatron-LM's, or
+    # torch.distributed.pipelining's (torchtitan), which differ for the interleaved schedule (`PyTorchInterleaved`)
+    pipeline_order: str = "megatron"
+
+    @property
+    def pipeline_schedule(self) -> PipelineSchedule:
+        """The schedule's behaviour in the framework's order (`schedule_of(schedule, pipeline_order)`)."""
+        return schedule_of(self.schedule, self.pipeline_order)
 
     def column_input_shards(self) -> int:
         """Ranks a column-parallel linear's saved input is split over: tp where it keeps its sequence shard
@@ -443,6 +451,8 @@ class ParallelConfig:
                 _positive("parallel config", name, value)
         if self.local_head not in LOCAL_HEADS:
             raise _not_one_of("parallel config", "local_head", self.local_head, LOCAL_HEADS)
+        if self.pipeline_order not in PIPELINE_ORDERS:
+            raise _not_one_of("parallel config", "pipeline_order", self.pipeline_order, PIPELINE_ORDERS)
         if self.cp_comm not in CP_COMMS:
             raise _not_one_of("parallel config", "cp_comm", self.cp_comm, CP_COMMS)
         if self.moe_dispatcher not in MOE_DISPATCHERS:

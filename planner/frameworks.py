@@ -5,8 +5,8 @@ questions. `why_not(config)`: None when the framework runs the configuration exa
 with or without pipeline parallelism, schedule, sequence parallelism, TP communication overlap,
 CP, EP, the MoE token dispatcher and EP communication overlap), else the reason in one line.
 `runs(config)`: the configuration with the framework's execution semantics, the ParallelConfig flags the
-cost model reads (`p2p_scatter_gather`, `overlap_grad_reduce`, `overlap_tp_backward`); a plan is estimated
-the way its engine runs.
+cost model reads (`p2p_scatter_gather`, `overlap_grad_reduce`, `overlap_tp_backward`, whose order the pipeline
+schedules run in: `pipeline_order`); a plan is estimated the way its engine runs.
 
 Versions and sources (../shared/REFERENCE.md): Megatron-LM core 0.16 (`megatron/training/arguments.py`;
 Megatron-FSDP: `--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads|optim_grads_params`),
@@ -132,6 +132,8 @@ class Framework:
     # block method, the first N of each chunk), "first without pp" (Megatron-DeepSpeed: its pipeline engine
     # recomputes every layer of a stage), "every k-th" (torchtitan's per-layer AC: N must divide a chunk's blocks)
     block_recompute: str = "first"
+    # whose order it runs the pipeline schedules in (ParallelConfig.pipeline_order, PIPELINE_ORDERS)
+    pipeline_order: str = "megatron"
 
     def for_model(self, model: ModelSpec) -> Framework:
         """This framework as it runs `model`: some targets run only part of their features for some models
@@ -284,7 +286,7 @@ class Framework:
 
     def runs(self, config: ParallelConfig) -> ParallelConfig:
         """`config` with this framework's execution semantics (what the cost model reads of the engine)."""
-        semantics = self.semantics(config)
+        semantics = self.semantics(config) | {"pipeline_order": self.pipeline_order}
         if semantics.items() <= vars(config).items():  # every one a field already so (one C-level test per layout)
             return config
         return replace(config, **semantics)
@@ -390,6 +392,7 @@ FRAMEWORKS: dict[str, Framework] = {
         no_adapters="0.2.2 has no LoRA model converter (pytorch/torchtitan#2484 adds one after the release)",
         fixed_selective_recompute='per-op SAC (activation_checkpoint.selective_ac_option "op") or every k-th block',
         loss_follows_compile=True, model_limits=_torchtitan_model_limits, block_recompute="every k-th",
+        pipeline_order="pytorch",  # torch.distributed.pipelining's schedules
         # torchao's float8 recipes ([quantize.linear.float8] recipe_name, tensorwise when unnamed) and MXFP8
         # ([quantize.linear.mx]); torchao dropped delayed scaling
         fp8_recipes=("tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8"), fp8_saved_input="bf16",

@@ -19,7 +19,7 @@ from typing import Any
 from xml.sax.saxutils import escape
 
 from planner.cost.estimate import Estimate
-from planner.cost.schedule import BACKWARD, FORWARD, WEIGHT, PassEvent, schedule_of, simulate
+from planner.cost.schedule import BACKWARD, FORWARD, WEIGHT, PassEvent, simulate
 from planner.cost.time import unit_costs
 from planner.errors import PlannerError
 from planner.gpu import GIB
@@ -143,16 +143,16 @@ def iteration_timeline(problem: PlanProblem, result: Estimate) -> IterationTimel
     """The simulated iteration of a plan whose estimate is `result` (PlannerError where the schedule
     cannot be simulated, e.g. interleaving with micro-batches not a multiple of pp)."""
     config, m = problem.config, result.num_microbatches
-    if not schedule_of(config.schedule).runnable(config.pp, m):
+    behaviour = config.pipeline_schedule
+    if not behaviour.runnable(config.pp, m):
         raise PlannerError(f"timeline: the {config.schedule.value} schedule with pp={config.pp} needs micro-batches "
                            f"divisible by pp, got {m}; there is no order to draw")
-    behaviour = schedule_of(config.schedule)
     share = behaviour.forward_p2p_share
     p2p = [(s.p2p_s * share, s.p2p_s * (1 - share)) for s in result.stages]
     forward = [s.forward_s + sent for s, (sent, _) in zip(result.stages, p2p, strict=True)]
     backward = [s.backward_s + sent for s, (_, sent) in zip(result.stages, p2p, strict=True)]
     weight = [s.weight_s if behaviour.splits_backward else 0.0 for s in result.stages]
-    simulated = simulate(forward, backward, [0.0] * len(forward), config.pp, m, config.schedule, record=True,
+    simulated = simulate(forward, backward, [0.0] * len(forward), config.pp, m, behaviour, record=True,
                          weight_s=weight, queue_depth=behaviour.queue_depth(config.local_queue_depth))
     events = list(simulated.events)
     if behaviour.tiles_iterations:  # one period of the tiled steady state: each rank's track from its first pass

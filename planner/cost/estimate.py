@@ -174,11 +174,11 @@ def _pipeline(sums: list[dict[str, float]], p2p: list[float], stage_times: list[
     """The schedule's iteration time from the event simulator (exact for the framework's order, see
     tests/test_schedule.py for how far the closed form can be off); the closed form where the
     simulator does not apply (pp = 1, or an interleaved schedule Megatron-LM cannot run)."""
-    behaviour = schedule_of(config.schedule)
+    behaviour = config.pipeline_schedule
     if config.pp == 1 or not behaviour.runnable(config.pp, m):
-        return pipeline_time(stage_times, config.pp, m, config.schedule)
+        return pipeline_time(stage_times, config.pp, m, behaviour)
     forward, backward = _pass_times(sums, p2p, config)
-    return simulated_pipeline_time(forward, backward, config.pp, m, config.schedule, [s["weight"] for s in sums],
+    return simulated_pipeline_time(forward, backward, config.pp, m, behaviour, [s["weight"] for s in sums],
                                    behaviour.queue_depth(config.local_queue_depth))
 
 

@@ -420,7 +420,7 @@ def in_flight_microbatches(config: ParallelConfig, pp_rank: int, num_microbatche
     schedule's own order implies (GPipe: m; 1F1B: min(p − r, m), Narayanan et al. 2021;
     interleaved: Megatron-LM's warm-up count plus one over v chunks, Korthikanti's 1 + (p − 1)/(p·v)
     on rank 0)."""
-    return schedule_of(config.schedule).in_flight(pp_rank, config.pp, config.vpp, num_microbatches)
+    return config.pipeline_schedule.in_flight(pp_rank, config.pp, config.vpp, num_microbatches)
 
 
 # ---- what a GPU holds besides model states and activations ------------------------------------------
@@ -688,7 +688,7 @@ def rank_memory_model(model: ModelSpec, training: Training, config: ParallelConf
     return RankMemoryModel(
         states=sharded_state_bytes(config, training.grad_bytes, states),
         in_flight=in_flight_microbatches(config, pp_rank, num_microbatches),
-        head_in_flight=(schedule_of(config.schedule).head_in_flight(config.pp, config.vpp, num_microbatches)
+        head_in_flight=(config.pipeline_schedule.head_in_flight(config.pp, config.vpp, num_microbatches)
                         if head else None),
         working_bytes=recompute_working_bytes(model, training, config),
         buffers=buffers, runtime=runtime, fragmentation=calibration.allocator_fragmentation,

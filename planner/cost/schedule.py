@@ -34,14 +34,17 @@ from planner.errors import PlannerError
 
 __all__ = [
     "JOINT_STATES",
+    "PIPELINE_ORDERS",
     "SCHEDULES",
     "JointTypes",
     "PassEvent",
     "PassTimes",
     "PipelineSchedule",
     "PipelineTime",
+    "PyTorchInterleaved",
     "RankTerms",
     "Schedule",
+    "ScheduleRef",
     "Timeline",
     "costlier_sets",
     "joint_fits",
@@ -291,6 +294,11 @@ class PipelineSchedule:
     splits_backward = False  # backward run as B (input gradient) and a later W (weight gradient) pass
     tiles_iterations = False  # no synchronisation before the optimizer step: iterations overlap rank by rank
     extrapolated = True  # the simulator may extrapolate long runs from short prefixes (`_periodic_iteration_s`)
+
+    def periodic(self, pp: int, num_microbatches: int) -> bool:
+        """Whether the orders for m₀ + i·pp micro-batches (m₀ ≡ m mod pp) are one order repeated, so that
+        `_periodic_iteration_s` may extrapolate m's from theirs (`extrapolated` schedules only)."""
+        return self.extrapolated
     # local learning (PPLL): each stage trains on its own auxiliary loss, no gradient crosses a stage boundary, only
     # forward activations travel (through a bounded queue); a different training algorithm, never searched unasked
     local_losses = False
@@ -363,7 +371,7 @@ class PipelineSchedule:
         last virtual stage holds at its peak: its forwards whose backward has not run yet, in its rank's order,
         where a backward is the head's whole gradient. The last stage backs each micro-batch through at once in
         1F1B and in Megatron-LM's interleaved order (1), where the rank's chunks hold `in_flight` on average."""
-        return _head_peak(self.kind, pp, vpp, num_microbatches)
+        return _head_peak(self, pp, vpp, num_microbatches)
 
     def linear_form(self, num_microbatches: int, vpp: int) -> tuple[float, float]:
         """(a, b) with the closed form = a·max_r R_r + b·Σ_r R_r (the ILP's objective)."""
@@ -445,12 +453,12 @@ def _check_chunked(kind: Schedule, pp: int, vpp: int) -> None:
             f"parallel config: the {kind.value} schedule needs pp >= 2 and vpp >= 2, got pp={pp} vpp={vpp}")
 
 
-def _grouped_forward_table(pp: int, vpp: int, num_microbatches: int) -> list[tuple[int, int]]:
-    """Groups of pp micro-batches run through chunk 0, then chunk 1, … before the next group; the last
-    group takes whatever micro-batches remain (Megatron-LM; PyTorch's rounds when pp divides m)."""
+def _grouped_forward_table(group: int, vpp: int, num_microbatches: int) -> list[tuple[int, int]]:
+    """Groups of `group` micro-batches (Megatron-LM: pp; PyTorch: a round's) run through chunk 0, then chunk 1, …
+    before the next group; the last group takes whatever micro-batches remain."""
     table = []
-    for first in range(0, num_microbatches, pp):
-        members = range(first, min(first + pp, num_microbatches))
+    for first in range(0, num_microbatches, group):
+        members = range(first, min(first + group, num_microbatches))
         table += [(mb, chunk) for chunk in range(vpp) for mb in members]
     return table
 
@@ -486,6 +494,33 @@ class Interleaved(PipelineSchedule):
         prefix = np.concatenate(([0.0], np.cumsum(terms.least_stage_s)[:-1]))
         fixed = tuple(f + p / m for f, p in zip(terms.fixed_s, prefix, strict=True))
         return least_linear(fixed, terms, blocks, m, 0.0)[0]
+
+
+def _rounds(pp: int, num_microbatches: int) -> int:
+    """The rounds PyTorch's interleaved schedule splits the micro-batches into: max(1, m // p)."""
+    return max(1, num_microbatches // pp)
+
+
+class PyTorchInterleaved(Interleaved):
+    """Interleaved 1F1B as torch.distributed.pipelining runs it (`ScheduleInterleaved1F1B`, torchtitan's
+    "Interleaved1F1B"): max(1, m // p) rounds of m / rounds micro-batches each go through chunk 0, then chunk 1, …
+    (Megatron-LM's groups of p when p divides m), and rank r warms up with (v − 1)·(m / rounds) + 2(p − 1 − r)
+    forwards: no all-forwards case when m = p, and any m the rounds divide runs (fewer than p, or not a
+    multiple of it). `ParallelConfig.pipeline_order` "pytorch" selects it."""
+
+    def runnable(self, pp: int, num_microbatches: int) -> bool:
+        return num_microbatches % _rounds(pp, num_microbatches) == 0
+
+    def forward_table(self, pp: int, vpp: int, num_microbatches: int) -> list[tuple[int, int]]:
+        return _grouped_forward_table(num_microbatches // _rounds(pp, num_microbatches), vpp, num_microbatches)
+
+    def warmup(self, pp_rank: int, pp: int, vpp: int, num_microbatches: int) -> int:
+        per_round = num_microbatches // _rounds(pp, num_microbatches)
+        return min((vpp - 1) * per_round + 2 * (pp - 1 - pp_rank), num_microbatches * vpp)
+
+    def periodic(self, pp: int, num_microbatches: int) -> bool:
+        """Rounds of p micro-batches (Megatron-LM's groups) when p divides m; other m round differently."""
+        return num_microbatches % pp == 0
 
 
 class ZeroBubble(PipelineSchedule):
@@ -1119,15 +1154,28 @@ SCHEDULES: dict[Schedule, PipelineSchedule] = {s.kind: s for s in (
     InterleavedZeroBubble(), ZeroBubbleV(), DualPipeV(), LocalLearning())}
 
 
-def schedule_of(kind: Schedule | str) -> PipelineSchedule:
-    """The behaviour of a schedule name."""
-    return SCHEDULES[kind if isinstance(kind, Schedule) else Schedule(kind)]
+ScheduleRef = Schedule | PipelineSchedule  # a schedule's name, or its behaviour in one framework's order
+
+PIPELINE_ORDERS = ("megatron", "pytorch")
+"""Whose implementation of a schedule's order a framework runs (`ParallelConfig.pipeline_order`): Megatron-LM's
+(also DeepSpeed's 1F1B) or torch.distributed.pipelining's (torchtitan). They differ for the interleaved schedule
+(`PyTorchInterleaved`); every other schedule has one order."""
+
+_PYTORCH_ORDERS: dict[Schedule, PipelineSchedule] = {Schedule.INTERLEAVED: PyTorchInterleaved()}
+
+
+def schedule_of(kind: Schedule | str | PipelineSchedule, order: str = "megatron") -> PipelineSchedule:
+    """The behaviour of a schedule name in `order`'s implementation (PIPELINE_ORDERS); a behaviour is itself."""
+    if isinstance(kind, PipelineSchedule):
+        return kind
+    kind = kind if isinstance(kind, Schedule) else Schedule(kind)
+    return _PYTORCH_ORDERS.get(kind, SCHEDULES[kind]) if order == "pytorch" else SCHEDULES[kind]
 
 
 @functools.cache
-def _head_peak(kind: Schedule, pp: int, vpp: int, num_microbatches: int) -> float:
+def _head_peak(behaviour: PipelineSchedule, pp: int, vpp: int, num_microbatches: int) -> float:
     """`PipelineSchedule.head_in_flight` from the order of the rank holding the last virtual stage."""
-    schedule, last = schedule_of(kind), pp * vpp - 1
+    schedule, last = behaviour, pp * vpp - 1
     rank = schedule.stage_rank(last, pp)
     chunk = next(c for c in range(vpp) if schedule.rank_stage(rank, c, pp) == last)
     live = peak = 0
@@ -1139,14 +1187,14 @@ def _head_peak(kind: Schedule, pp: int, vpp: int, num_microbatches: int) -> floa
 
 
 @functools.cache
-def stage_ranks(schedule: Schedule, pp: int, num_stages: int) -> tuple[int, ...]:
+def stage_ranks(schedule: ScheduleRef, pp: int, num_stages: int) -> tuple[int, ...]:
     """The pipeline rank of each virtual stage under `schedule` (`PipelineSchedule.stage_rank`): the one rule
     the estimate, the partitioner, the search bounds, the simulator and the exports use."""
     behaviour = schedule_of(schedule)
     return tuple(behaviour.stage_rank(k, pp) for k in range(num_stages))
 
 
-def rank_times(stage_times: Sequence[float], pp: int, schedule: Schedule = Schedule.ONE_F_ONE_B) -> list[float]:
+def rank_times(stage_times: Sequence[float], pp: int, schedule: ScheduleRef = Schedule.ONE_F_ONE_B) -> list[float]:
     """Per-micro-batch work of each pipeline rank: the sum of its virtual stages' (`stage_ranks`)."""
     ranks = [0.0] * pp
     for value, rank in zip(stage_times, stage_ranks(schedule, pp, len(stage_times)), strict=True):
@@ -1154,14 +1202,14 @@ def rank_times(stage_times: Sequence[float], pp: int, schedule: Schedule = Sched
     return ranks
 
 
-def pipeline_time(stage_times: Sequence[float], pp: int, num_microbatches: int, schedule: Schedule) -> PipelineTime:
+def pipeline_time(stage_times: Sequence[float], pp: int, num_microbatches: int, schedule: ScheduleRef) -> PipelineTime:
     """Closed-form iteration time of the pipeline part (no DP/optimizer) for non-uniform stages."""
     return schedule_of(schedule).closed_form(rank_times(stage_times, pp, schedule), num_microbatches,
                                              len(stage_times) // pp)
 
 
 def rank_order(pp_rank: int, pp: int, vpp: int, num_microbatches: int,
-               schedule: Schedule) -> list[tuple[str, int, int]]:
+               schedule: ScheduleRef) -> list[tuple[str, int, int]]:
     """The (kind, chunk, micro-batch) passes a rank runs, in the framework's order."""
     return schedule_of(schedule).order(pp_rank, pp, vpp, num_microbatches)
 
@@ -1267,7 +1315,7 @@ class Timeline:
 
 def simulate(
     forward_s: Sequence[float], backward_s: Sequence[float], p2p_s: Sequence[float], pp: int,
-    num_microbatches: int, schedule: Schedule, record: bool = True, weight_s: Sequence[float] | None = None,
+    num_microbatches: int, schedule: ScheduleRef, record: bool = True, weight_s: Sequence[float] | None = None,
     queue_depth: int = 0,
 ) -> Timeline:
     """Event simulation of one iteration's pipeline part, every pass of every micro-batch.
@@ -1292,8 +1340,8 @@ def simulate(
     behaviour = schedule_of(schedule)
     if not behaviour.runnable(pp, num_microbatches):
         raise PlannerError(
-            f"simulate: the {schedule.value} schedule needs micro-batches ({num_microbatches}) divisible by pp "
-            f"({pp}); Megatron-LM's order deadlocks otherwise"
+            f"simulate: the {behaviour.kind.value} schedule needs micro-batches ({num_microbatches}) divisible by pp "
+            f"({pp}) in Megatron-LM's order, which deadlocks otherwise (PyTorch's: divisible by max(1, m // pp))"
         )
     weight = [0.0] * stages if weight_s is None or not behaviour.splits_backward else weight_s
     times = PassTimes(tuple(forward_s), tuple(b - w for b, w in zip(backward_s, weight, strict=True)),
@@ -1379,7 +1427,7 @@ def _input_ready(ends: dict[str, list[list[float]]], kind: str, k: int, mb: int,
 
 @lru_cache(maxsize=4096)
 def _periodic_iteration_s(forward_s: tuple[float, ...], backward_s: tuple[float, ...], pp: int,
-                          num_microbatches: int, schedule: Schedule,
+                          num_microbatches: int, schedule: ScheduleRef,
                           weight_s: tuple[float, ...] | None = None, queue_depth: int = 0) -> float:
     """The simulated iteration time at a cost that does not grow with m. Cached: configurations that
     differ only in what the pipeline does not see (ZeRO stage, optimizer sharding) share one simulation.
@@ -1404,7 +1452,7 @@ def _periodic_iteration_s(forward_s: tuple[float, ...], backward_s: tuple[float,
                         weight_s=weight_s, queue_depth=queue_depth).iteration_s
 
     # the prefix simulations cost about 5·m₀ + 14pp micro-batches: worth it only when m is larger
-    extrapolated = schedule_of(schedule).extrapolated
+    extrapolated = schedule_of(schedule).periodic(pp, num_microbatches)
     while extrapolated and 5 * (start := base + num_microbatches % pp) + 14 * pp < num_microbatches:
         times = [simulated(start + i * pp) for i in range(4)]
         steps = [b - a for a, b in itertools.pairwise(times)]
@@ -1417,7 +1465,7 @@ def _periodic_iteration_s(forward_s: tuple[float, ...], backward_s: tuple[float,
 
 
 def simulated_pipeline_time(forward_s: Sequence[float], backward_s: Sequence[float], pp: int,
-                            num_microbatches: int, schedule: Schedule,
+                            num_microbatches: int, schedule: ScheduleRef,
                             weight_s: Sequence[float] | None = None, queue_depth: int = 0) -> PipelineTime:
     """`pipeline_time` from the event simulator: pass times include the stage's blocking p2p sends,
     so no separate transfer delay is added; the bottleneck is the busiest rank. `weight_s`: the

@@ -296,7 +296,7 @@ class _Context:
 
     def in_flight(self, config: ParallelConfig, m: int) -> tuple[float, ...]:
         """Each pipeline rank's in-flight micro-batches."""
-        key = ("in flight", config.schedule, config.pp, config.vpp, m)
+        key = ("in flight", config.schedule, config.pipeline_order, config.pp, config.vpp, m)
         if key not in self.per_config:
             self.per_config[key] = tuple(in_flight_microbatches(config, r, m) for r in range(config.pp))
         return self.per_config[key]
@@ -305,7 +305,7 @@ class _Context:
         """Bytes the last stage's rank holds per byte of the head's activations per micro-batch
         (`RankMemoryModel.head_activation_factor`)."""
         return ((1 + self.calibration.allocator_fragmentation)
-                * schedule_of(config.schedule).head_in_flight(config.pp, config.vpp, m))
+                * config.pipeline_schedule.head_in_flight(config.pp, config.vpp, m))
 
     def capacity_bytes(self, links: GroupLinks) -> float:
         """All pipeline ranks' memory together."""

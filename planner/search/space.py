@@ -291,7 +291,7 @@ def _schedules(pp: int, m: int, num_layers: int, fixed: FixedOptions) -> list[tu
     for schedule in Schedule:
         if fixed.schedule not in (None, schedule) or (fixed.schedule is None and not framework.searches(schedule)):
             continue
-        behaviour = schedule_of(schedule)
+        behaviour = schedule_of(schedule, framework.pipeline_order)
         if (behaviour.splits_backward or behaviour.chunked or behaviour.local_losses) and pp < 2:
             continue  # without a pipeline a split backward, chunks or local losses change nothing
         if not behaviour.runnable(pp, m):
