@@ -28,9 +28,10 @@ __all__ = ["BLOCK_RECOMPUTE_CANDIDATES", "MEMORY_SAVING_OPTIMIZER_STATES", "PLAC
 PLACEMENT_EVALUATIONS = 300  # annealing budget beyond exact placement (cost-model calls, ~ seconds)
 # Full-recompute layouts refined to a block recompute when memory is tight (a plan found recomputes in full): with 30
 # the refinement reaches the best layout an exhaustive check over every full-recompute layout finds in the README's
-# and tests/test_block_recompute.py's cases (llama3-70b on 2x8 A100: the 1F1B layout recomputing 24 blocks per stage,
-# 23rd of the 40 full-recompute layouts that fit since the last stage holds the head's activations for the
-# micro-batches its schedule keeps, not its rank's mean, which lets more interleaved layouts fit; 20 sufficed before)
+# and tests/test_block_recompute.py's cases (llama3-70b on 2x8 A100: the 1F1B layout recomputing 28 blocks per stage,
+# 17th of the 27 full-recompute layouts that fit in the 79.15 GiB CUDA lets a process allocate; 23rd of 40 at the
+# datasheet's 80 GiB, after the last stage came to hold the head's activations for the micro-batches its schedule keeps,
+# not its rank's mean, which let more interleaved layouts fit; 20 sufficed before that)
 BLOCK_RECOMPUTE_CANDIDATES = 30
 # Optimizer states tried when nothing fits with fp32 Adam on the GPU and the caller lets the search choose them:
 # 8-bit states first change the numerics a little, offload none but costs host-link and CPU time; the faster wins.
