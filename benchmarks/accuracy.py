@@ -190,7 +190,8 @@ def _print_outcomes(title: str, results: Sequence[Outcome], calibration: Calibra
     table = []
     for o in results:
         flip = verdict_load(o.run, calibration)
-        table.append([o.run.label, f"{o.run.training.moe_load_imbalance:.2f}", "–" if flip is None else f"{flip:.2f}",
+        load = f"{o.run.training.moe_load_imbalance:.2f}" if o.run.model.is_moe else "–"
+        table.append([o.run.label, load, "–" if flip is None else f"{flip:.2f}",
                       f"{o.run.cluster.gpu.memory_bytes / GIB:.1f}", f"{o.peak_memory_bytes / GIB:.1f}",
                       "yes" if o.fits == ran else "NO"])
     print(format_table(["run", "router load", "verdict flips at load", "capacity GiB", "predicted peak GiB",

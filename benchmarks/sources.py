@@ -31,6 +31,7 @@ from benchmarks.validation_runs import (
     llmfoundry_runs,
     long_context_runs,
     narayanan_ptdp_skipped,
+    narayanan_zero3_ooms,
     narayanan_zero3_runs,
 )
 
@@ -75,12 +76,13 @@ def sources() -> tuple[Source, ...]:
     nemo, bridge = _h100(NEMO_FILE), _h100(BRIDGE_FILE)
     titan = {file: titan_runs(file) for file in TITAN_FILES}
     return (
-        Source("BLOOM-176B sweep (Megatron-DeepSpeed, A100)", BLOOM_FILE, bloom_runs(), bloom_skipped()),
+        Source("BLOOM-176B sweep (Megatron-DeepSpeed, A100)", BLOOM_FILE, bloom_runs(), bloom_skipped(),
+               ooms=bloom_runs(ooms=True)),
         Source("Korthikanti 2022 Table 4 (22B layer, A100)", TABLE4_FILE, (), (), 0.05, korthikanti_layer_rows()),
         Source("NeMo 24.07 (H100, FP8)", NEMO_FILE, *nemo),
         Source("Megatron-Bridge 25.11 (H100, FP8)", BRIDGE_FILE, *bridge),
         Source("Narayanan 2021 Table 2 (DeepSpeed ZeRO-3, A100)", NARAYANAN_FILE, narayanan_zero3_runs(),
-               narayanan_ptdp_skipped(), 0.15),
+               narayanan_ptdp_skipped(), 0.15, ooms=narayanan_zero3_ooms()),
         Source("llm-foundry MPT (PyTorch FSDP, A100)", LLMFOUNDRY_FILE, llmfoundry_runs(), ()),
         Source("NeMo / Megatron-Bridge long context CP (H100/B200/GB300, FP8)", LONG_CONTEXT_FILE,
                *long_context_runs()),

@@ -52,6 +52,7 @@ row does not state is a documented fact about the framework or the run family, w
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import cache
@@ -89,6 +90,7 @@ __all__ = [
     "llmfoundry_runs",
     "long_context_runs",
     "narayanan_ptdp_skipped",
+    "narayanan_zero3_ooms",
     "narayanan_zero3_runs",
     "predict",
     "predict_layer",
@@ -214,9 +216,17 @@ def _with_nic_ratio(cluster: Cluster, ratio: float) -> Cluster:
                               for node in cluster.nodes)
 
 
+def _bloom_oom(row: pd.Series) -> bool:
+    """Whether the row documents a run that ran out of memory (its `mem` cell says "OOM")."""
+    return str(row["mem"]).strip() == "OOM"
+
+
 def _bloom_row(row: pd.Series, cluster: Cluster) -> Run | None:
+    """The row as a run: a documented OOM states no time (NaN, never scored for time)."""
     values = {k: _number(row[k]) for k in ("nhidden", "nlayers", "nheads", "tp", "pp", "mbs", "gbs", "sec/it",
                                            "gpus", "dp", "zs")}
+    if _bloom_oom(row):
+        values["sec/it"] = math.nan
     required = ("nhidden", "nlayers", "nheads", "tp", "pp", "mbs", "gbs", "sec/it", "gpus")
     if any(values[k] is None for k in required) or "context line says" in str(row["dims_note"]):
         return None
@@ -241,19 +251,21 @@ def _bloom_row(row: pd.Series, cluster: Cluster) -> Run | None:
 
 
 @cache
-def bloom_runs(before_fix_nic_ratio: float | None = None) -> tuple[Run, ...]:
+def bloom_runs(before_fix_nic_ratio: float | None = None, ooms: bool = False) -> tuple[Run, ...]:
     """BLOOM sweep rows with fully known configuration, one per distinct (config, result); rows logged
-    before the PCIe/NUMA fix run with the given (default: shipped) inter-node bandwidth ratio."""
+    before the PCIe/NUMA fix run with the given (default: shipped) inter-node bandwidth ratio. `ooms`: the rows
+    documented as out of memory instead (no time)."""
     ratio = shipped_before_fix_nic_ratio() if before_fix_nic_ratio is None else before_fix_nic_ratio
     after = load_cluster("jean-zay-a100-48")
     before = _with_nic_ratio(after, ratio)
     frame = pd.read_csv(DATA / BLOOM_FILE)
     runs, seen = [], set()
     for _, row in frame.iterrows():
-        run = _bloom_row(row, before if str(row["pcie_numa_fix_applied"]).strip() == "no" else after)
+        run = None if _bloom_oom(row) != ooms else _bloom_row(
+            row, before if str(row["pcie_numa_fix_applied"]).strip() == "no" else after)
         if run is None:
             continue
-        key = (run.model, run.training, run.config, run.iteration_s)
+        key = (run.model, run.training, run.config, None if ooms else run.iteration_s)
         if key not in seen:
             seen.add(key)
             runs.append(run)
@@ -261,8 +273,9 @@ def bloom_runs(before_fix_nic_ratio: float | None = None) -> tuple[Run, ...]:
 
 
 def bloom_skipped() -> tuple[Skipped, ...]:
-    """BLOOM rows outside `bloom_runs`: incomplete or conflicting configurations and repeats of a run."""
-    used = {run.source.split()[-1] for run in bloom_runs()}
+    """BLOOM rows outside `bloom_runs` and its documented OOMs: incomplete or conflicting configurations and repeats
+    of a run."""
+    used = {run.source.split()[-1] for run in (*bloom_runs(), *bloom_runs(ooms=True))}
     lines = pd.read_csv(DATA / BLOOM_FILE)["source_line"].astype(str)
     return tuple(Skipped(BLOOM_FILE, f"source_line {line}", "configuration incomplete or conflicting, or a repeat")
                  for line in lines if line not in used)
@@ -455,28 +468,43 @@ def narayanan_ptdp_skipped() -> tuple[Skipped, ...]:
                  for _, row in frame.iterrows() if not str(row["scheme"]).startswith("ZeRO-3"))
 
 
+def _narayanan_zero3_run(row: pd.Series, gpus: int, micro_batch: int, tflops: float | None) -> Run:
+    """A ZeRO-3 row of Narayanan et al. 2021 Table 2 on `gpus` GPUs at `micro_batch`: every row runs one micro-batch
+    per GPU (batch = GPUs × micro-batch); `tflops` per GPU gives the time (None: a run that did not fit, NaN)."""
+    layers, hidden, heads = _NARAYANAN_MODELS[float(row["params_billion"])]
+    model = ModelSpec(name=f"gpt-{row['params_billion']}b", num_layers=layers, hidden_size=hidden,
+                      num_attention_heads=heads, ffn_hidden_size=4 * hidden, vocab_size=NARAYANAN_VOCAB,
+                      activation="gelu", normalization="layernorm", position_embedding="learned",
+                      tie_embeddings=True, linear_bias=True, dropout=True, source="Narayanan et al. 2021 Table 1")
+    batch = gpus * micro_batch
+    training = Training(global_batch=batch, seq_len=NARAYANAN_SEQ_LEN, dtype="fp16", attention="unfused")
+    config = ParallelConfig(dp=gpus, tp=1, pp=1, micro_batch=micro_batch, zero_stage=3, recompute=Recompute.FULL,
+                            zero3_collectives=deepspeed_zero3_collectives(NARAYANAN_DEEPSPEED))
+    iteration = (math.nan if tflops is None
+                 else narayanan_eq3_flops(model, batch, NARAYANAN_SEQ_LEN) / (tflops * 1e12 * gpus))
+    return Run(NARAYANAN_FILE, f"{model.name} {gpus}xA100 {config.describe()}", model,
+               load_cluster(f"{gpus // 8}x8xA100-80GB"), training, config, iteration, None,
+               f"{NARAYANAN_FILE}: {row['source'][:40]}…")
+
+
+def _narayanan_zero3_rows() -> list[pd.Series]:
+    return [row for _, row in pd.read_csv(DATA / NARAYANAN_FILE).iterrows() if str(row["scheme"]).startswith("ZeRO-3")]
+
+
 def narayanan_zero3_runs() -> tuple[Run, ...]:
     """Narayanan et al. 2021 Table 2, ZeRO-3 rows: DeepSpeed ZeRO-3 data parallelism over every GPU."""
-    runs = []
-    for _, row in pd.read_csv(DATA / NARAYANAN_FILE).iterrows():
-        if not str(row["scheme"]).startswith("ZeRO-3"):
-            continue
-        layers, hidden, heads = _NARAYANAN_MODELS[float(row["params_billion"])]
-        model = ModelSpec(name=f"gpt-{row['params_billion']}b", num_layers=layers, hidden_size=hidden,
-                          num_attention_heads=heads, ffn_hidden_size=4 * hidden, vocab_size=NARAYANAN_VOCAB,
-                          activation="gelu", normalization="layernorm", position_embedding="learned",
-                          tie_embeddings=True, linear_bias=True, dropout=True, source="Narayanan et al. 2021 Table 1")
-        gpus, batch = int(row["num_gpus"]), int(row["batch_size"])
-        training = Training(global_batch=batch, seq_len=NARAYANAN_SEQ_LEN, dtype="fp16", attention="unfused")
-        config = ParallelConfig(dp=gpus, tp=1, pp=1, micro_batch=int(row["microbatch_size"]), zero_stage=3,
-                                recompute=Recompute.FULL,
-                                zero3_collectives=deepspeed_zero3_collectives(NARAYANAN_DEEPSPEED))
-        iteration = narayanan_eq3_flops(model, batch, NARAYANAN_SEQ_LEN) / (float(row["achieved_tflops_per_gpu"])
-                                                                           * 1e12 * gpus)
-        runs.append(Run(NARAYANAN_FILE, f"{model.name} {gpus}xA100 {config.describe()}", model,
-                        load_cluster(f"{gpus // 8}x8xA100-80GB"), training, config, iteration, None,
-                        f"{NARAYANAN_FILE}: {row['source'][:40]}…"))
-    return tuple(runs)
+    return tuple(_narayanan_zero3_run(row, int(row["num_gpus"]), int(row["microbatch_size"]),
+                                      float(row["achieved_tflops_per_gpu"])) for row in _narayanan_zero3_rows())
+
+
+_NARAYANAN_DID_NOT_FIT = re.compile(r"did not fit on (\d+) GPUs with microbatch (\d+)")
+
+
+def narayanan_zero3_ooms() -> tuple[Run, ...]:
+    """The ZeRO-3 configurations Table 2's notes document as not fitting: the 529.6B row's "* did not fit on 560 GPUs
+    with microbatch 4; GPUs raised to 640 and batch to 2560" is that model on 560 GPUs at micro-batch 4."""
+    return tuple(_narayanan_zero3_run(row, int(found[1]), int(found[2]), None) for row in _narayanan_zero3_rows()
+                 if (found := _NARAYANAN_DID_NOT_FIT.search(str(row["note"]))))
 
 
 LLMFOUNDRY_VOCAB = 50368

@@ -79,8 +79,11 @@ RECORDED = {
 }
 # source: documented OOM runs predicted not to fit (2026-12-02: the Nemotron-3-Nano sweep's MBS-012 and MBS-013 under a
 # balanced router; all four once its rows run at the router load the sweep's hot-rank reading implies, thirteenth
-# session, README "Accuracy")
-OOMS_RECORDED = {"Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (4, 4)}
+# session, README "Accuracy"; fourteenth: the BLOOM sweep's six OOM rows, three caught, and Narayanan's 530B on 560
+# GPUs, not caught: predicted 2-4 % under the capacity)
+OOMS_RECORDED = {"Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (4, 4),
+                 "BLOOM-176B sweep (Megatron-DeepSpeed, A100)": (6, 3),
+                 "Narayanan 2021 Table 2 (DeepSpeed ZeRO-3, A100)": (1, 0)}
 # sweep: (median Spearman, mean regret) of benchmarks/ranking.py, measured 2026-12-01 (host-bound passes modelled;
 # 2026-12-02: the autotuning runs' ZeRO-3 per tensor, as DeepSpeed before v0.6.0 ran it; eleventh session:
 # host_kernel_s fitted on vTrain's sweep, benchmarks/fit_host_overhead.py; twelfth: with host_overlap_softness)
