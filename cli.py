@@ -573,6 +573,10 @@ def echo_heterogeneity(record: dict[str, Any]) -> None:
               help="With --recompute full: each model chunk recomputes only its first N blocks and keeps the "
                    "others' activations (Megatron-LM --recompute-method block --recompute-num-layers N)  "
                    "[default: every block]")
+@click.option("--cpu-offload-layers", type=click.IntRange(min=0), metavar="N",
+              help="Move the first N blocks' activations to host memory in the forward and back in the backward, "
+                   "over the GPU's host link (Megatron-LM --cpu-offloading-num-layers N; pp 1, no recompute)  "
+                   "[default: 0]")
 @profile_option
 @calibration_option
 @cluster_condition_options

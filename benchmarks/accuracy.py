@@ -29,8 +29,8 @@ from planner.gpu import GIB
 from planner.profile.calibration import Calibration, default_calibration
 from planner.render import format_table
 
-__all__ = ["Outcome", "Score", "SourceScore", "held_out_errors", "held_out_line", "oom_outcomes", "outcomes", "score",
-           "score_source", "summary_lines", "time_errors"]
+__all__ = ["Outcome", "Score", "SourceScore", "held_out_errors", "held_out_fit_lines", "held_out_line", "oom_outcomes",
+           "outcomes", "score", "score_source", "summary_lines", "time_errors"]
 
 
 @dataclass(frozen=True)
@@ -109,16 +109,27 @@ def _pct(value: float) -> str:
     return f"{100 * value:.1f} %"
 
 
-def held_out_errors(runs: Sequence[Run], calibration: Calibration) -> tuple[list[tuple[Run, float]], list[str]]:
-    """(run, time error) of each run from outside the validation files (the held-out checks), and why the cost model
-    refuses the others (a layout it cannot split, say)."""
-    errors, refused = [], []
+def held_out_errors(runs: Sequence[Run], calibration: Calibration,
+                    ) -> tuple[list[tuple[Run, float]], list[str], list[Run]]:
+    """(run, time error) of each run from outside the validation files (the held-out checks), why the cost model
+    refuses the others (a layout it cannot split, say), and the runs it predicts not to fit: each of them ran."""
+    errors, refused, unfit = [], [], []
     for run in runs:
         try:
-            errors.append((run, predict(run, calibration).iteration_time_s / run.iteration_s - 1))
+            result = predict(run, calibration)
         except PlannerError as exc:
             refused.append(f"{run.label}: {exc}")
-    return errors, refused
+            continue
+        errors.append((run, result.iteration_time_s / run.iteration_s - 1))
+        if not result.fits:
+            unfit.append(run)
+    return errors, refused, unfit
+
+
+def held_out_fit_lines(errors: Sequence[tuple[Run, float]], unfit: Sequence[Run]) -> list[str]:
+    """How many of the held-out runs, all of which ran, are predicted to fit, and which are not."""
+    return ([f"ran, predicted to fit: {len(errors) - len(unfit)} of {len(errors)}"]
+            + [f"  predicted not to fit: {run.label}" for run in unfit])
 
 
 def held_out_pages(description: str, pages_help: str,

@@ -20,10 +20,10 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from benchmarks.accuracy import held_out_errors, held_out_line, held_out_pages
-from benchmarks.bridge_systems import bridge_cluster, bridge_gpu, bridge_precision
+from benchmarks.accuracy import held_out_errors, held_out_fit_lines, held_out_line, held_out_pages
+from benchmarks.bridge_systems import bridge_cluster, bridge_gpu, bridge_precision, bridge_preset
 from benchmarks.validation_runs import BRIDGE_PERF_GRAD_BYTES, Run
-from planner.config import ParallelConfig, Schedule, Training
+from planner.config import ParallelConfig, Recompute, Schedule, Training
 from planner.errors import PlannerError
 from planner.model import load_model
 from planner.profile.calibration import default_calibration
@@ -107,11 +107,15 @@ def dense_runs(text: str) -> tuple[list[Run], list[str]]:
             continue
         seen.add(key)
         dp = row.gpus // (row.tp * row.pp * row.cp)
+        preset = bridge_preset(row.model, gpu, row.precision)
         config = ParallelConfig(dp=dp, tp=row.tp, pp=row.pp, cp=row.cp, vpp=row.vp, micro_batch=row.micro_batch,
                                 sequence_parallel=row.tp > 1, tp_comm_overlap=row.tp > 1,
                                 zero_stage=3 if row.fsdp else 0, distributed_optimizer=not row.fsdp,
                                 overlap_param_gather=True,
-                                schedule=Schedule.INTERLEAVED if row.vp > 1 else Schedule.ONE_F_ONE_B)
+                                schedule=Schedule.INTERLEAVED if row.vp > 1 else Schedule.ONE_F_ONE_B,
+                                recompute=Recompute.FULL if preset.recompute_blocks else Recompute.NONE,
+                                recompute_num_layers=preset.recompute_blocks,
+                                cpu_offload_layers=preset.cpu_offload_layers)
         training = Training(global_batch=row.global_batch, seq_len=row.seq_len, attention="flash",
                             grad_bytes=BRIDGE_PERF_GRAD_BYTES, **bridge_precision(row.precision))
         iteration = training.tokens_per_iteration / (row.tokens_per_s_per_gpu * row.gpus)
@@ -130,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     runs, skipped = dense_runs("\n".join(texts))
     if not runs:
         parser.error("the pages hold no dense Llama pre-training rows planner runs")
-    errors, refused = held_out_errors(runs, default_calibration())
+    errors, refused, unfit = held_out_errors(runs, default_calibration())
     by_system: dict[str, dict[str, list[float]]] = {}
     for run, error in errors:
         _, system, model, *_ = run.label.split()
@@ -143,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(held_out_line(f"  {model:13s}", values))
     print(held_out_line(f"{'all':10s}", [error for _, error in errors])
           + f"  ({len(skipped) + len(refused)} rows not estimated)")
+    print("\n".join(held_out_fit_lines(errors, unfit)))
 
 if __name__ == "__main__":
     main()

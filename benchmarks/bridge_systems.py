@@ -4,11 +4,14 @@ precision the same way."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from planner.cluster import Cluster, load_cluster
 from planner.errors import PlannerError
 from planner.gpu import lookup_gpu
 
-__all__ = ["BRIDGE_DTYPES", "bridge_cluster", "bridge_gpu", "bridge_precision", "rack_segment_gpus"]
+__all__ = ["BRIDGE_DTYPES", "BridgePreset", "bridge_cluster", "bridge_gpu", "bridge_precision", "bridge_preset",
+           "rack_segment_gpus"]
 
 # the files' hardware label (its first word) → catalog GPU; GPUs missing from profiles/gpus.yaml are skipped
 _GPUS = {"H100": "H100-80GB", "H800": "H800", "B200": "B200", "B300": "B300", "GB200": "GB200", "GB300": "GB300"}
@@ -57,3 +60,27 @@ def bridge_cluster(gpus: int, gpu: str) -> Cluster:
         per_node = min(gpus, spec.gpus_per_node)
         return load_cluster(f"{gpus // per_node}x{per_node}x{gpu}")
     return load_cluster(f"{gpus // host}x{host}x{gpu}:nvl{rack_segment_gpus(gpus, gpu)}")
+
+
+@dataclass(frozen=True)
+class BridgePreset:
+    """What a Megatron-Bridge performance preset sets for activations that its summary's rows do not state."""
+
+    recompute_blocks: int | None = None  # recompute_num_layers: full recompute of each chunk's first N blocks
+    cpu_offload_layers: int = 0  # cpu_offloading_num_layers: the first N blocks' activations in host memory
+
+
+# The presets (scripts/performance/configs/llama3/workload_base_configs.py at v0.2.0, the 25.11 container's release;
+# configs/llama/llama3_workload_base_configs.py from v0.3.0, the same values through v0.5.0) by (model, catalog GPU,
+# FP8 label): LLAMA3_8B_H100_FP8_CS sets recompute_num_layers=5 (utils/helpers.py `set_recompute_overrides`: full,
+# method block); LLAMA3_70B_GB200_FP8_CS and _GB300_FP8_CS run Megatron-FSDP at micro-batch 2 with
+# cpu_offloading_num_layers 40 and 20. FP8 without a suffix is current scaling (FP8-CS) on every page.
+_PRESETS = {("LLAMA3_8B", "H100-80GB", "FP8-CS"): BridgePreset(recompute_blocks=5),
+            ("LLAMA3_70B", "GB200", "FP8-CS"): BridgePreset(cpu_offload_layers=40),
+            ("LLAMA3_70B", "GB300", "FP8-CS"): BridgePreset(cpu_offload_layers=20)}
+
+
+def bridge_preset(model: str, gpu: str, precision: str) -> BridgePreset:
+    """The activation settings of the preset a row of `model` on catalog GPU `gpu` at `precision` ran (none
+    unless `_PRESETS` names them)."""
+    return _PRESETS.get((model, gpu, "FP8-CS" if precision == "FP8" else precision), BridgePreset())

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from benchmarks.accuracy import held_out_errors, held_out_line, held_out_pages
+from benchmarks.accuracy import held_out_errors, held_out_fit_lines, held_out_line, held_out_pages
 from benchmarks.validation_runs import (
     DATA,
     LLMFOUNDRY_FILE,
@@ -92,12 +92,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     runs = h100_runs(text)
     if not runs:
         parser.error("the page has no H100 table rows of the MPT models the A100 file shapes")
-    errors, refused = held_out_errors(runs, default_calibration())
+    errors, refused, unfit = held_out_errors(runs, default_calibration())
     if print_runs:
         for run, error in errors:
             print(f"{run.label}  {100 * error:+6.1f} %")
     print(held_out_line("llm-foundry H100", [error for _, error in errors])
           + (f"  ({len(refused)} runs the cost model refuses: {'; '.join(refused)})" if refused else ""))
+    print("\n".join(held_out_fit_lines(errors, unfit)))
 
 if __name__ == "__main__":
     main()

@@ -24,7 +24,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
-from benchmarks.accuracy import held_out_errors, held_out_line, held_out_pages, predict
+from benchmarks.accuracy import held_out_errors, held_out_fit_lines, held_out_line, held_out_pages, predict
 from benchmarks.titan_runs import common_schema_run
 from benchmarks.validation_runs import Run
 from planner.errors import PlannerError
@@ -124,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not runs:
         parser.error("the pages hold no torchtitan benchmark runs planner reads (async TP or Trainy tables)")
     calibration = default_calibration()
-    errors, refused_now = held_out_errors(runs, calibration)
+    errors, refused_now, unfit = held_out_errors(runs, calibration)
     groups: dict[str, list[float]] = {}
     for run, error in errors:
         groups.setdefault(" ".join(run.label.split("-")[:2]), []).append(error)
@@ -137,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     refusals = refused + refused_now
     print(held_out_line(f"{'all':18s}", [error for _, error in errors])
           + (f"  ({len(refusals)} not estimated: {'; '.join(refusals)})" if refusals else ""))
+    print("\n".join(held_out_fit_lines(errors, unfit)))
 
 
 if __name__ == "__main__":

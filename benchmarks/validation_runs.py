@@ -29,7 +29,7 @@ row does not state is a documented fact about the framework or the run family, w
   stack (`JEAN_ZAY_CUDA_CONTEXT_BYTES`).
 * NeMo 24.07 / Megatron-Bridge 25.11 H100 FP8 runs: FlashAttention (cuDNN fused attention), the
   distributed optimizer with overlapped gradient reduce and parameter gather, sequence parallelism
-  whenever tp > 1, no activation recompute but where the release's preset sets one (`BRIDGE_RECOMPUTED_BLOCKS`),
+  whenever tp > 1, no activation recompute but where the release's preset sets one (`bridge_preset`),
   interleaved 1F1B when vp > 1. Iteration time =
   gbs · seq / (tokens/s/GPU · GPUs). Rows with cp > 1 (not modelled) or model architectures
   planner cannot express (Nemotron's squared-ReLU MLP) are reported as skipped.
@@ -60,7 +60,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmarks.bridge_systems import BRIDGE_DTYPES, bridge_cluster, bridge_gpu, bridge_precision
+from benchmarks.bridge_systems import BRIDGE_DTYPES, bridge_cluster, bridge_gpu, bridge_precision, bridge_preset
 from planner.cluster import Cluster, load_cluster
 from planner.config import ParallelConfig, Recompute, Schedule, Training, deepspeed_zero3_collectives
 from planner.cost.estimate import Estimate, estimate, model_flops_per_iteration
@@ -106,11 +106,6 @@ NEMO_FILE = "nemo_2407_h100_fp8_pretraining.csv"
 # buffers: `_benchmark_common` sets ddp.grad_reduce_in_fp32 = False (src/megatron/bridge/perf_recipes/_common.py).
 BRIDGE_PERF_GRAD_BYTES = 2
 BRIDGE_FILE = "megatron_bridge_2511_h100_dense.csv"
-# Blocks per model chunk Megatron-Bridge 25.11's H100 FP8-CS presets recompute in full (recompute_method "block"):
-# LLAMA3_8B_H100_FP8_CS_BASE_CONFIG sets recompute_num_layers=5 (v0.2.0, the 25.11 container's release:
-# scripts/performance/configs/llama3/workload_base_configs.py), which utils/helpers.py `set_recompute_overrides`
-# turns into recompute_granularity "full", recompute_method "block"; the 70B and 405B presets set none.
-BRIDGE_RECOMPUTED_BLOCKS = {"LLAMA3_8B": 5}
 TABLE4_FILE = "korthikanti2022_table4_layer_time_22b.csv"
 NARAYANAN_FILE = "narayanan2021_table2_zero3_vs_ptdp.csv"
 LLMFOUNDRY_FILE = "llmfoundry_mpt_fsdp_a100.csv"
@@ -344,7 +339,7 @@ def h100_runs() -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
         # NeMo's H100 performance recipes run Transformer Engine's userbuffer TP overlap
         # (ub_tp_comm_overlap: True in gpt3/175b_fp8_performance.yaml, 20b_fp8_performance.yaml);
         # assumed for every TP row of these files, whose rows do not state it.
-        blocks = BRIDGE_RECOMPUTED_BLOCKS.get(name) if file == BRIDGE_FILE else None
+        blocks = bridge_preset(name, "H100-80GB", "FP8-CS").recompute_blocks if file == BRIDGE_FILE else None
         config = ParallelConfig(
             dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=int(row["mbs"]), vpp=vp, sequence_parallel=tp > 1,
             tp_comm_overlap=tp > 1,

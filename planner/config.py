@@ -406,6 +406,9 @@ class ParallelConfig:
     # under full recompute, the blocks of each model chunk recomputed: its first N (Megatron-LM's
     # --recompute-method block --recompute-num-layers N), the rest keep their activations; None: every block
     recompute_num_layers: int | None = None
+    # activations of this many blocks moved to host memory during the forward and back for their backward
+    # (Megatron-Core's --cpu-offloading-num-layers; `offloaded_activation_bytes`, `activation_offload_s`)
+    cpu_offload_layers: int = 0
     zero_stage: int = 0
     distributed_optimizer: bool = False
     deepspeed_optimizer: str = "zero"
@@ -489,6 +492,7 @@ class ParallelConfig:
                                f"with pp={self.pp}")
         self._normalise()
         self._check_recompute_num_layers()
+        self._check_cpu_offload()
         if self.zero_stage not in (0, 1, 2, 3):
             raise PlannerError(f"parallel config: zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.distributed_optimizer and self.zero_stage > 1:
@@ -510,6 +514,30 @@ class ParallelConfig:
         if self.replicas % self.hsdp_replicas:
             raise PlannerError(f"parallel config: hsdp_replicas {self.hsdp_replicas} must divide dp·cp = "
                                f"{self.replicas}")
+
+    def _check_cpu_offload(self) -> None:
+        """Megatron-Core 0.16 offloads activations only without pipelining and without recompute
+        (TransformerConfig.__post_init__)."""
+        layers = self.cpu_offload_layers
+        if type(layers) is not int or layers < 0:
+            raise PlannerError(f"parallel config: cpu_offload_layers must be a whole number >= 0 (blocks whose "
+                               f"activations go to host memory), got {layers!r}")
+        if layers and self.pp > 1:
+            raise PlannerError(f"parallel config: cpu_offload_layers {layers} needs pp 1 (Megatron-Core has no CPU "
+                               f"offloading with pipeline parallelism), got pp={self.pp}")
+        if layers and self.recompute is not Recompute.NONE:
+            raise PlannerError(f"parallel config: cpu_offload_layers {layers} needs recompute none (Megatron-Core's "
+                               f"CPU offloading does not run with activation recompute), got {self.recompute.value}")
+
+    def check_cpu_offload(self, num_layers: int, cuda_graphs: str) -> None:
+        """Megatron-Core offloads fewer blocks than the model has, and not under CUDA graphs."""
+        layers = self.cpu_offload_layers
+        if layers >= num_layers:
+            raise PlannerError(f"parallel config: cpu_offload_layers {layers} must be below the model's {num_layers} "
+                               f"blocks (Megatron-Core offloads fewer layers than it has)")
+        if layers and cuda_graphs != "none":
+            raise PlannerError(f"parallel config: cpu_offload_layers {layers} does not run under CUDA graphs "
+                               f"(Megatron-Core refuses them with CPU offloading), got cuda_graphs {cuda_graphs!r}")
 
     def _check_recompute_num_layers(self) -> None:
         """`recompute_num_layers` is a positive block count (`_normalise` has dropped it without full recompute)."""
@@ -668,6 +696,8 @@ class ParallelConfig:
         modules = "" if self.recompute_modules == DEFAULT_RECOMPUTE_MODULES else f"[{','.join(self.recompute_modules)}]"
         layers = "" if self.recompute_num_layers is None else f":{self.recompute_num_layers}"
         parts += [f"mb={self.micro_batch}", f"recompute={self.recompute.value}{layers}{modules}"]
+        if self.cpu_offload_layers:
+            parts.append(f"offload={self.cpu_offload_layers}")
         if self.sequence_parallel:
             parts.append("sp")
         if self.tp_comm_overlap:

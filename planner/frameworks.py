@@ -134,6 +134,8 @@ class Framework:
     block_recompute: str = "first"
     # whose order it runs the pipeline schedules in (ParallelConfig.pipeline_order, PIPELINE_ORDERS)
     pipeline_order: str = "megatron"
+    # it moves blocks' activations to host memory and back (ParallelConfig.cpu_offload_layers)
+    activation_offload: bool = False
 
     def for_model(self, model: ModelSpec) -> Framework:
         """This framework as it runs `model`: some targets run only part of their features for some models
@@ -249,6 +251,9 @@ class Framework:
             return f"{self.version} has no HSDP (hsdp_replicas={config.hsdp_replicas})"
         if config.zero_stage == 3 and not config.reshard_after_forward and not self.keeps_gathered_weights:
             return f"{self.version} re-shards ZeRO-3 weights after every forward"
+        if config.cpu_offload_layers and not self.activation_offload:
+            return (f"{self.version} cannot move activations to host memory (cpu_offload_layers "
+                    f"{config.cpu_offload_layers}: Megatron-LM's --cpu-offloading-num-layers)")
         return self.block_recompute_why_not(config) or self.recompute_modules_why_not(config.recompute_modules)
 
     def block_recompute_why_not(self, config: ParallelConfig,
@@ -342,7 +347,8 @@ FRAMEWORKS: dict[str, Framework] = {
     "any": Framework(
         "any", "any framework", _ALL_SCHEDULES, _ANY_SHARDING, _ANY_SHARDING, True, True, _CP_COMMS, True, True,
         _DISPATCHERS, True, True, True, _megatron_semantics, (0, True), searched_schedules=_UNSPLIT_SCHEDULES,
-        optimizer_states=tuple((states, None) for states in OPTIMIZER_STATES), full_iteration_graphs=True),
+        optimizer_states=tuple((states, None) for states in OPTIMIZER_STATES), full_iteration_graphs=True,
+        activation_offload=True),
     # ZeRO-2/3 through Megatron-FSDP (optim_grads / optim_grads_params), which it does not claim with PP; no
     # zero-bubble schedule (core_v0.16.1's delay_wgrad_compute only overlaps MoE all-to-all in its 1F1B)
     "megatron": Framework(
@@ -356,7 +362,8 @@ FRAMEWORKS: dict[str, Framework] = {
         optimizer_states=(("fp32", None), ("cpu", frozenset({(0, True)}))),
         # --fp8-recipe's choices (TransformerConfig.fp8_recipe), delayed its default; full-iteration CUDA graphs
         # as --cuda-graph-impl local --cuda-graph-scope full_iteration (core 0.16)
-        fp8_recipes=("delayed", "tensorwise", "blockwise", "mxfp8"), full_iteration_graphs=True),
+        fp8_recipes=("delayed", "tensorwise", "blockwise", "mxfp8"), full_iteration_graphs=True,
+        activation_offload=True),  # --cpu-offloading-num-layers (Transformer Engine's offload handler)
     # ZeRO-2/3 only without PP (PipelineEngine asserts stage < 2); CP only as Ulysses, which planner's cp is not
     "deepspeed": Framework(
         "deepspeed", "DeepSpeed 0.19 (Megatron-DeepSpeed)", frozenset({Schedule.ONE_F_ONE_B}),

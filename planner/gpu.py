@@ -9,10 +9,15 @@ from typing import Any
 from planner.errors import PlannerError
 from planner.resources import load_structured_file, profiles_dir
 
-__all__ = ["GIB", "GPUSpec", "catalog_gpu_names", "gpu_from_dict", "lookup_gpu"]
+__all__ = ["GIB", "PCIE4_HOST_LINK_BYTES_PER_S", "GPUSpec", "catalog_gpu_names", "gpu_from_dict", "lookup_gpu"]
 
 GIB = 1024**3
 _GB = 1e9
+
+PCIE4_HOST_LINK_BYTES_PER_S = 25e9
+"""GPU ↔ host bandwidth one GPU reaches over PCIe 4.0 x16 (A100 SXM hosts: 32 GB/s per direction on the wire,
+~25 GB/s in pinned-memory cudaMemcpy, NVIDIA's bandwidthTest on DGX A100): `GPUSpec.host_link_bytes_per_s` where
+the catalog states none (`host_link_gbps` in profiles/gpus.yaml)."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,9 @@ class GPUSpec:
     # the board power its datasheet peaks and measured matmul efficiency hold at, where it runs under a lower limit
     # (`tdp_w`); None: at its limit
     rated_power_w: float | None = None
+    # what one GPU moves to or from host memory per direction (ZeRO-Offload's states, offloaded activations): PCIe,
+    # or NVLink-C2C to a Grace CPU
+    host_link_bytes_per_s: float = PCIE4_HOST_LINK_BYTES_PER_S
 
     @property
     def gemm_clock_ratio(self) -> float:
@@ -91,6 +99,7 @@ def gpu_from_dict(name: str, data: dict[str, Any], origin: str) -> GPUSpec:
             gpus_per_host=None if data.get("gpus_per_host") is None else int(data["gpus_per_host"]),
             flash_attention_2_share=float(data.get("flash_attention_2_share", 1.0)),
             rated_power_w=None if data.get("rated_power_w") is None else float(data["rated_power_w"]),
+            host_link_bytes_per_s=float(data.get("host_link_gbps", PCIE4_HOST_LINK_BYTES_PER_S / _GB)) * _GB,
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise PlannerError(f"{origin}: GPU {name!r} is missing or has a bad field ({exc})") from None

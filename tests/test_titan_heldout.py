@@ -77,7 +77,8 @@ def test_command_line_summarises_and_refuses_bad_pages(tmp_path: Path, capsys: p
     page = tmp_path / "async.md"
     page.write_text(ASYNC_TP)
     main([str(page)])
-    assert "all" in capsys.readouterr().out.splitlines()[-1]
+    *_, summary, fits = capsys.readouterr().out.splitlines()
+    assert "all" in summary and fits == "ran, predicted to fit: 6 of 6"
     for argv in ([str(tmp_path / "missing.md")], [str(tmp_path)]):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)

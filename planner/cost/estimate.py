@@ -19,6 +19,7 @@ from planner.cost.time import (
     CostKey,
     UnitCost,
     UnitTimer,
+    activation_offload_s,
     boundary_times,
     data_parallel_time,
     embedding_sync_time,
@@ -232,6 +233,7 @@ def estimate(
             raise PlannerError(f"{training.dtype} is not supported by {gpu.name} (pipeline rank {rank})")
 
     config.check_experts(model.num_experts)
+    config.check_cpu_offload(model.num_layers, training.cuda_graphs)
     if config.fp8_param_gather and (why := fp8_param_gather_why_not(training)):
         raise PlannerError(f"parallel config: fp8_param_gather {why}")
     rank_costs = rank_costs or [unit_costs(model, training, config, links.gpu[r], links.tp[r], timer, calibration,
@@ -252,8 +254,14 @@ def estimate(
     sums, stage_times = [], []
     stage_units = [_stage_units(keys, rank_costs[ranks[k]], kept_costs[ranks[k]], start, end, config)
                    for k, (start, end) in enumerate(bounds)]
+    offload_s = (0.0, 0.0)
     for k in range(len(bounds)):
         totals = _sum_costs(stage_units[k])
+        if config.cpu_offload_layers:  # pp 1: one stage, the embedding first, the head last
+            blocks = stage_units[k][1:-1]
+            offload_s = activation_offload_s(blocks[:config.cpu_offload_layers], blocks, links.gpu[ranks[k]])
+            totals["forward"] += offload_s[0]
+            totals["backward"] += offload_s[1]
         if local and k < len(bounds) - 1:  # every stage but the last trains its own auxiliary head
             _add_cost(totals, aux_heads[ranks[k]])
         if local and k:  # the queue of boundary tensors received ahead of use
@@ -304,6 +312,8 @@ def estimate(
         "pipeline_closed_form": _closed_form(sums, p2p, stage_times, config, m),
         "pipeline_simulated": pipeline.total_s,
         "fixed_per_iteration": calibration.iteration_overhead_s,
+        # inside compute: the CPU-offloading copies the compute waits for (`activation_offload_s`)
+        "activation_offload_exposed": m * sum(offload_s),
     }
     flops = model_flops_per_iteration(model, training)
     gpus_used = config.num_gpus

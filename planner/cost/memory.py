@@ -40,6 +40,7 @@ __all__ = [
     "model_state_bytes",
     "nccl_communicators",
     "normed_input_tensors",
+    "offloaded_activation_bytes",
     "op_sac_applies",
     "op_sac_kept_matmuls",
     "optimizer_held_gradient_bytes",
@@ -415,6 +416,20 @@ def recompute_working_bytes(model: ModelSpec, training: Training, config: Parall
                for block in model.block_types())
 
 
+def offloaded_activation_bytes(model: ModelSpec, training: Training, config: ParallelConfig) -> float:
+    """Activation bytes per micro-batch in host memory at the forward's end under CPU offloading
+    (`ParallelConfig.cpu_offload_layers` N, pp 1): Megatron-Core hands Transformer Engine's offload handler the first
+    N blocks (transformer_block.py, te.pytorch.cpu_offload AsyncDoubleBufferGroupOffloadHandler, v2.8), which copies
+    each to the host while the blocks of its window run and frees it only at the window's end, one block at a time:
+    N − 1 blocks' activations are off the GPU at the peak (the first N blocks' less the largest of them), the last
+    in transit. They come back one at a time in the backward, when the later blocks' activations are gone."""
+    if not config.cpu_offload_layers:
+        return 0.0
+    first = [block_type_activation_bytes(model, block, training, config)
+             for block in model.blocks[:config.cpu_offload_layers]]
+    return sum(first) - max(first)
+
+
 def in_flight_microbatches(config: ParallelConfig, pp_rank: int, num_microbatches: int) -> float:
     """Micro-batches whose activations a pipeline rank holds at its peak, per model chunk, as the
     schedule's own order implies (GPipe: m; 1F1B: min(p − r, m), Narayanan et al. 2021;
@@ -511,6 +526,7 @@ class RankMemoryModel:
     fragmentation: float
     step_segments: float = 0.0  # per parameter (`step_segment_bytes`): the reserved high-water's, not the total's
     head_in_flight: float | None = None
+    offloaded_bytes: float = 0.0  # activations in host memory at the peak (`offloaded_activation_bytes`)
 
     @property
     def param_bytes(self) -> float:
@@ -532,7 +548,7 @@ class RankMemoryModel:
 
     @cached_property
     def fixed_bytes(self) -> float:
-        transient = self.working_bytes + sum(value for _, value in self.buffers)
+        transient = self.working_bytes - self.offloaded_bytes + sum(value for _, value in self.buffers)
         return (1 + self.fragmentation) * transient + sum(value for _, value in self.runtime)
 
     def total(self, params: float, activations: float, in_flight: float | None = None,
@@ -547,7 +563,8 @@ class RankMemoryModel:
     def breakdown(self, params: float, activations: float, capacity: float,
                   head_activations: float = 0.0) -> MemoryBreakdown:
         """The named parts of `total(params, activations, head_activations=…)` on a GPU of `capacity` bytes."""
-        held = self.in_flight * activations + self.head_micro_batches * head_activations + self.working_bytes
+        held = (self.in_flight * activations + self.head_micro_batches * head_activations + self.working_bytes
+                - self.offloaded_bytes)
         detail = dict(self.runtime) | dict(self.buffers)
         detail["allocator_fragmentation"] = self.fragmentation * (held + sum(value for _, value in self.buffers))
         return MemoryBreakdown(self.states.weights * params, self.states.gradients * params,
@@ -693,4 +710,5 @@ def rank_memory_model(model: ModelSpec, training: Training, config: ParallelConf
         working_bytes=recompute_working_bytes(model, training, config),
         buffers=buffers, runtime=runtime, fragmentation=calibration.allocator_fragmentation,
         step_segments=step_segment_bytes(training, config, states),
+        offloaded_bytes=offloaded_activation_bytes(model, training, config),
     )

@@ -40,7 +40,6 @@ from planner.profile.calibration import Calibration
 __all__ = [
     "CPU_ADAM_S_PER_PARAM",
     "CP_COMM_BYTES",
-    "HOST_LINK_BYTES_PER_S",
     "OPTIMIZER_BYTES_PER_PARAM",
     "PARAM_BYTES",
     "ActivationSource",
@@ -50,6 +49,7 @@ __all__ = [
     "UnitCost",
     "UnitRun",
     "UnitTimer",
+    "activation_offload_s",
     "alltoall_fabric_bytes",
     "boundary_tensor_bytes",
     "boundary_times",
@@ -78,11 +78,6 @@ OPTIMIZER_BYTES_PER_PARAM = 30
 # 8-bit Adam (bitsandbytes): read fp32 param and grad, 1-byte m and v (10 B), write param, m, v (6 B) and the
 # 16-bit copy (2 B); the block statistics (8 B per 2048 values) are noise.
 OPTIMIZER_8BIT_BYTES_PER_PARAM = 18
-HOST_LINK_BYTES_PER_S = 25e9
-"""GPU ↔ host bandwidth one GPU reaches over PCIe 4.0 x16 (A100/H100 SXM hosts: 32 GB/s per direction on the
-wire, ~25 GB/s in pinned-memory cudaMemcpy, NVIDIA's bandwidthTest on DGX A100); ZeRO-Offload moves each step's
-gradients down and the updated 16-bit weights up over it (Ren et al. 2021 §4.1). Gen5 hosts (H100 PCIe, GH200's
-C2C) are faster; planner does not model the host link per machine."""
 CPU_ADAM_S_PER_PARAM = 0.22 / 1e9
 """Seconds per parameter of DeepSpeed's vectorised CPU-Adam: 0.22 s for 1 billion parameters on the host CPU of a
 DGX-2 node (Ren et al. 2021, ZeRO-Offload, Table 3: CPU-Adam vs PyTorch's 1.39 s), run once per iteration on each
@@ -961,17 +956,33 @@ def _exposed(comm_s: float, hiding_s: float, overlapped: bool) -> float:
     return _positive(comm_s - hiding_s) if overlapped else comm_s
 
 
+def activation_offload_s(offloaded: Sequence[UnitCost], blocks: Sequence[UnitCost],
+                         gpu: GPUSpec) -> tuple[float, float]:
+    """Forward and backward seconds per micro-batch that CPU offloading adds where its copies outlast the compute
+    they overlap. `offloaded`: the costs of the blocks whose activations go to the host (the rank's first N),
+    `blocks`: all the rank's blocks. Transformer Engine's offload handler copies one block at a time over the GPU's
+    host link, each due when the blocks of its window (len(blocks) // N of them) have run forward, where the compute
+    stream waits for it; the backward reloads them window by window the same way (te.pytorch.cpu_offload, v2.8)."""
+    if not offloaded:
+        return 0.0, 0.0
+    window = len(blocks) // len(offloaded)
+    forward = window * sum(b.forward_s + b.tp_forward_s + b.cp_forward_s for b in blocks) / len(blocks)
+    backward = window * sum(b.backward_s + b.tp_backward_s + b.cp_backward_s for b in blocks) / len(blocks)
+    copies = [cost.activation_bytes / gpu.host_link_bytes_per_s for cost in offloaded]
+    return (sum(max(copy - forward, 0.0) for copy in copies), sum(max(copy - backward, 0.0) for copy in copies))
+
+
 def optimizer_step_time(params: float, config: ParallelConfig, gpu: GPUSpec, calibration: Calibration,
                         states: ParameterStates | None = None, grad_bytes: int = 4) -> float:
     """The Adam step over the trainable parameters this GPU updates (sharded over its shard group under ZeRO):
     memory-bound on the GPU (fp32 or 8-bit states), or offloaded (`states.offload`, ZeRO-Offload): the gradients
-    (`grad_bytes` each) down and the 16-bit weights up over the host link, and CPU-Adam on the host, not
+    (`grad_bytes` each) down and the 16-bit weights up over the GPU's host link, and CPU-Adam on the host, not
     overlapped with the next iteration (DeepSpeed's delayed parameter update is off by default)."""
     local = params / (config.shard_group if config.optimizer_sharding >= 1 else 1)
     if states is not None:
         local = local * states.trainable
         if states.offload:
-            return local * (grad_bytes + PARAM_BYTES) / HOST_LINK_BYTES_PER_S + local * CPU_ADAM_S_PER_PARAM
+            return local * (grad_bytes + PARAM_BYTES) / gpu.host_link_bytes_per_s + local * CPU_ADAM_S_PER_PARAM
     bandwidth = gpu.hbm_bandwidth_bytes_per_s * calibration.memory_bound_efficiency
     per_param = OPTIMIZER_8BIT_BYTES_PER_PARAM if states is not None and states.optimizer == "8bit" else (
         OPTIMIZER_BYTES_PER_PARAM)

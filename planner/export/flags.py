@@ -341,6 +341,8 @@ def parallel_flags(config: ParallelConfig, global_batch: int, split: tuple[Flag,
     elif config.recompute is Recompute.FULL:
         flags += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                   ("--recompute-num-layers", str(FULL_RECOMPUTE_LAYERS))]
+    if config.cpu_offload_layers:  # Megatron-LM only (the other targets refuse the plan); it sets --cpu-offloading
+        flags.append(("--cpu-offloading-num-layers", str(config.cpu_offload_layers)))
     return tuple(flags)
 
 

@@ -82,6 +82,7 @@ class FixedOptions:
     zero3_collectives: str | None = None  # estimate only: the search keeps the default
     fsdp_backward_prefetch: str | None = None  # estimate only: the search keeps the default ("pre")
     recompute_num_layers: int | None = None  # estimate only: blocks per model chunk a full recompute re-runs
+    cpu_offload_layers: int | None = None  # estimate only: blocks whose activations go to host memory
     fp8_param_gather: bool | None = None  # FP8 weight all-gathers wherever weights are sharded
     framework: str | None = None  # planner.frameworks name; None: any (every layout, Megatron-LM's semantics)
     local_queue_depth: int | None = None  # the local schedule's (config.DEFAULT_LOCAL_QUEUE_DEPTH when None)
@@ -105,6 +106,7 @@ class FixedOptions:
             moe_ep_overlap=options.get("moe_ep_overlap"), zero3_collectives=options.get("zero3_collectives"),
             fsdp_backward_prefetch=options.get("fsdp_backward_prefetch"),
             recompute_num_layers=options.get("recompute_num_layers"),
+            cpu_offload_layers=options.get("cpu_offload_layers"),
             local_queue_depth=options.get("local_queue_depth"), local_head=options.get("local_head"),
             fp8_param_gather=options.get("fp8_param_gather"),
         )
@@ -425,7 +427,7 @@ def complete_config(fixed: FixedOptions, model: ModelSpec, cluster: Cluster, tra
         fp8_param_gather=bool(fixed.fp8_param_gather), micro_batch=fixed.micro_batch or 1,
         sequence_parallel=_sequence_parallel(fixed, tp), recompute=recompute, recompute_modules=modules,
         recompute_num_layers=fixed.recompute_num_layers, tp_comm_overlap=bool(fixed.tp_comm_overlap),
-        zero_stage=fixed.zero_stage or (3 if hsdp > 1 else 0),
+        cpu_offload_layers=fixed.cpu_offload_layers or 0, zero_stage=fixed.zero_stage or (3 if hsdp > 1 else 0),
         distributed_optimizer=bool(fixed.distributed_optimizer),
         schedule=fixed.schedule or (Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B),
         **fixed.local_options(),
