@@ -174,6 +174,10 @@ def parallel_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Model chunks per pipeline rank (interleaved and interleaved-zb schedules; zb-v and "
                           "dualpipe-v: 2)."),
         click.option("--recompute", type=click.Choice(["none", "selective", "full"])),
+        click.option("--cpu-offload-layers", type=click.IntRange(min=0), metavar="N",
+                     help="Move the first N blocks' activations to host memory in the forward and back in the "
+                          "backward, over the GPU's host link (Megatron-LM --cpu-offloading-num-layers N; pp 1, no "
+                          "recompute; on plan, only such layouts are searched)  [default: 0]"),
         click.option("--recompute-modules", metavar="M[,M...]",
                      help=f"Megatron-LM's selective recompute targets, any of {', '.join(RECOMPUTE_MODULES)} "
                           "(--recompute-modules; implies --recompute selective)  [default: core_attn]"),
@@ -573,10 +577,6 @@ def echo_heterogeneity(record: dict[str, Any]) -> None:
               help="With --recompute full: each model chunk recomputes only its first N blocks and keeps the "
                    "others' activations (Megatron-LM --recompute-method block --recompute-num-layers N)  "
                    "[default: every block]")
-@click.option("--cpu-offload-layers", type=click.IntRange(min=0), metavar="N",
-              help="Move the first N blocks' activations to host memory in the forward and back in the backward, "
-                   "over the GPU's host link (Megatron-LM --cpu-offloading-num-layers N; pp 1, no recompute)  "
-                   "[default: 0]")
 @profile_option
 @calibration_option
 @cluster_condition_options

@@ -127,3 +127,27 @@ def test_cli_estimate_plan_file_and_megatron_flag(tmp_path) -> None:
 def test_cli_bad_values_exit_2(extra: list[str], message: str) -> None:
     run = CliRunner().invoke(main, [*ESTIMATE, *extra])
     assert run.exit_code == 2 and message in run.output and "Traceback" not in run.output
+
+
+PLAN = ["plan", "--model", "llama3-70b", "--cluster", "16x4xGB200:nvl64", "--global-batch", "256", "--seq-len", "8192",
+        "--dtype", "fp8", "--fp8-recipe", "tensorwise", "--top", "3", "--json"]
+
+
+def test_plan_searches_only_layouts_that_can_offload() -> None:
+    run = CliRunner().invoke(main, [*PLAN, "--cpu-offload-layers", "40"])
+    assert run.exit_code == 0, run.output
+    document = json.loads(run.stdout)
+    plans = [document, *document["alternatives"]]
+    assert all(p["parallelism"]["cpu_offload_layers"] == 40 and p["parallelism"]["pp"] == 1
+               and p["parallelism"]["recompute"] == "none" for p in plans)
+    assert all(p["estimate"]["fits"] for p in plans)
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--pp", "2"], "needs pp 1"),
+    (["--recompute", "selective"], "needs recompute none"),
+    (["--cpu-offload-layers", "80"], "below the model's 80 blocks"),
+])
+def test_plan_refuses_what_cannot_offload(extra: list[str], message: str) -> None:
+    run = CliRunner().invoke(main, [*PLAN, "--cpu-offload-layers", "40", *extra])
+    assert run.exit_code == 2 and message in run.output and "Traceback" not in run.output

@@ -82,7 +82,7 @@ class FixedOptions:
     zero3_collectives: str | None = None  # estimate only: the search keeps the default
     fsdp_backward_prefetch: str | None = None  # estimate only: the search keeps the default ("pre")
     recompute_num_layers: int | None = None  # estimate only: blocks per model chunk a full recompute re-runs
-    cpu_offload_layers: int | None = None  # estimate only: blocks whose activations go to host memory
+    cpu_offload_layers: int | None = None  # blocks whose activations go to host memory (pp 1, no recompute)
     fp8_param_gather: bool | None = None  # FP8 weight all-gathers wherever weights are sharded
     framework: str | None = None  # planner.frameworks name; None: any (every layout, Megatron-LM's semantics)
     local_queue_depth: int | None = None  # the local schedule's (config.DEFAULT_LOCAL_QUEUE_DEPTH when None)
@@ -175,6 +175,11 @@ def _check_fixed(model: ModelSpec, cluster: Cluster, training: Training, fixed: 
             raise PlannerError(f"--{flag} must be a positive integer, got {value}")
     if fixed.fp8_param_gather and (why := fp8_param_gather_why_not(training)):
         raise PlannerError(f"--fp8-param-gather {why}")
+    if fixed.cpu_offload_layers:  # what Megatron-Core allows with CPU offloading, checked as a configuration would be
+        (recompute, _), *_ = fixed.recompute_options()
+        ParallelConfig(dp=1, tp=1, pp=fixed.pp or 1, recompute=recompute,
+                       cpu_offload_layers=fixed.cpu_offload_layers).check_cpu_offload(model.num_layers,
+                                                                                       training.cuda_graphs)
     if fixed.cp_comm is not None and fixed.cp_comm not in CP_COMMS:
         raise PlannerError(f"--cp-comm must be one of {', '.join(CP_COMMS)}, got {fixed.cp_comm!r}")
     if fixed.cp is not None and (why := _cp_allowed(fixed.cp, fixed.cp_comm, fixed.tp or 1, model, training)):
@@ -479,7 +484,10 @@ def _layouts(model: ModelSpec, cluster: Cluster, training: Training, fixed: Fixe
     """Every valid configuration in a fixed, deterministic order, whichever framework runs it."""
     recomputes, local = fixed.recompute_options(), fixed.local_options()
     _check_fixed_experts(model, cluster, fixed)
+    offload = fixed.cpu_offload_layers or 0
     for dp, tp, pp, cp in degree_triples(model, cluster, training, fixed):
+        if offload and pp > 1:
+            continue  # Megatron-Core offloads activations only without pipelining
         sp = _sequence_parallel(fixed, tp)
         experts = _expert_options(model, tp, tp * cp * dp, fixed)
         comms = _cp_comms(cp, tp, model, training, fixed)
@@ -492,11 +500,12 @@ def _layouts(model: ModelSpec, cluster: Cluster, training: Training, fixed: Fixe
                     continue
                 # the innermost options, the same under every sharding
                 inner = [{"cp_comm": comm, "ep": ep, "etp": etp, "recompute": recompute, "recompute_modules": modules,
-                          "tp_comm_overlap": overlap, "moe_ep_overlap": ep_overlap,
+                          "tp_comm_overlap": overlap, "moe_ep_overlap": ep_overlap, "cpu_offload_layers": offload,
                           "moe_dispatcher": fixed.moe_dispatcher or ("flex" if ep > 1 else "alltoall")}
                          for (recompute, modules), overlap, comm, (ep, etp) in product(
                              recomputes, _tp_comm_overlaps(fixed, sp), comms, experts)
-                         if (ep_overlap := _ep_overlap(ep, recompute, pp, vpp, fixed)) is not None]
+                         if (ep_overlap := _ep_overlap(ep, recompute, pp, vpp, fixed)) is not None
+                         and not (offload and recompute is not Recompute.NONE)]
                 for zero_stage, dist_opt, hsdp in _sharding_options(dp * cp, fixed):
                     common = {**PARALLEL_DEFAULTS, "dp": dp, "tp": tp, "pp": pp, "micro_batch": micro_batch,
                               "vpp": vpp, "cp": cp, "hsdp_replicas": hsdp, "sequence_parallel": sp,
