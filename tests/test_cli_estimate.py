@@ -104,6 +104,10 @@ def test_a_plan_that_does_not_fit_is_told_only_options_that_would_help() -> None
     assert activations.exit_code == 1
     assert "activations need" in activations.stderr and "--recompute full" in activations.stderr
     assert "--distributed-optimizer" not in activations.stderr.split("try", 1)[1]
+    assert "--cpu-offload-layers" in activations.stderr  # pp 1 without recompute: it can offload
+    piped = run("estimate", "--model", "llama3-8b", "--cluster", "1x8xH100-80GB", "--tp", "2", "--pp", "2",
+                "--distributed-optimizer", "--micro-batch", "16", "--global-batch", "32", "--seq-len", "8192")
+    assert piped.exit_code == 1 and "--cpu-offload-layers" not in piped.stderr
 
 
 def _zero3_dp_comm_without_and_with(base: tuple[str, ...], option: tuple[str, ...], out) -> list[float]:

@@ -294,11 +294,6 @@ class PipelineSchedule:
     splits_backward = False  # backward run as B (input gradient) and a later W (weight gradient) pass
     tiles_iterations = False  # no synchronisation before the optimizer step: iterations overlap rank by rank
     extrapolated = True  # the simulator may extrapolate long runs from short prefixes (`_periodic_iteration_s`)
-
-    def periodic(self, pp: int, num_microbatches: int) -> bool:
-        """Whether the orders for m₀ + i·pp micro-batches (m₀ ≡ m mod pp) are one order repeated, so that
-        `_periodic_iteration_s` may extrapolate m's from theirs (`extrapolated` schedules only)."""
-        return self.extrapolated
     # local learning (PPLL): each stage trains on its own auxiliary loss, no gradient crosses a stage boundary, only
     # forward activations travel (through a bounded queue); a different training algorithm, never searched unasked
     local_losses = False
@@ -310,6 +305,11 @@ class PipelineSchedule:
         """The share of a stage's p2p time its forward pass carries (the backward the rest): each pass carries its
         own transfers, the activation's and the gradient's, so half each, or all where only activations cross."""
         return 1 / self.boundary_legs
+
+    def periodic(self, pp: int, num_microbatches: int) -> bool:
+        """Whether the orders for m₀ + i·pp micro-batches (m₀ ≡ m mod pp) are one order repeated, so that
+        `_periodic_iteration_s` may extrapolate m's from theirs (`extrapolated` schedules only)."""
+        return self.extrapolated
 
     def queue_depth(self, config_queue_depth: int) -> int:
         """The simulator's `queue_depth` for a configuration's queue (0: no queue bounds a send)."""
