@@ -390,7 +390,8 @@ def fit_advice(config: ParallelConfig, result: Estimate, training: Training | No
     if config.recompute is not Recompute.FULL:
         options.append("--recompute full")
     if config.pp == 1 and config.recompute is Recompute.NONE:
-        options.append("--cpu-offload-layers N (Megatron-LM: activations in host memory)")
+        options.append("a larger --cpu-offload-layers" if config.cpu_offload_layers
+                       else "--cpu-offload-layers N (Megatron-LM: activations in host memory)")
     if config.micro_batch > 1:
         options.append("a smaller --micro-batch")
     if config.tp > 1 and not config.sequence_parallel:

@@ -417,17 +417,23 @@ def recompute_working_bytes(model: ModelSpec, training: Training, config: Parall
 
 
 def offloaded_activation_bytes(model: ModelSpec, training: Training, config: ParallelConfig) -> float:
-    """Activation bytes per micro-batch in host memory at the forward's end under CPU offloading
-    (`ParallelConfig.cpu_offload_layers` N, pp 1): Megatron-Core hands Transformer Engine's offload handler the first
-    N blocks (transformer_block.py, te.pytorch.cpu_offload AsyncDoubleBufferGroupOffloadHandler, v2.8), which copies
-    each to the host while the blocks of its window run and frees it only at the window's end, one block at a time:
-    N − 1 blocks' activations are off the GPU at the peak (the first N blocks' less the largest of them), the last
-    in transit. They come back one at a time in the backward, when the later blocks' activations are gone."""
+    """Activation bytes per micro-batch in host memory at the peak under CPU offloading
+    (`ParallelConfig.cpu_offload_layers` N, pp 1), as `RankMemoryModel` counts the peak: every kept block with the
+    head's activations and the loss's transient. Megatron-Core hands Transformer Engine's offload handler the first
+    N blocks (transformer_block.py; te.pytorch.cpu_offload AsyncDoubleBufferGroupOffloadHandler, v2.8), which copies
+    each to the host while the blocks of its window run and frees it at the window's end; the last window ends with
+    the last block, so the GPU holds at most one of them while the later blocks run forward, and none when the loss
+    runs. The peak is the larger of the two moments, one offloaded block resident without the loss's tensors or all
+    N on the host with them: N blocks less what the resident one holds beyond the loss's (nothing where the loss
+    holds more, as a large vocabulary's logits do). They come back one at a time in the backward, as the later
+    blocks' activations go."""
     if not config.cpu_offload_layers:
         return 0.0
     first = [block_type_activation_bytes(model, block, training, config)
              for block in model.blocks[:config.cpu_offload_layers]]
-    return sum(first) - max(first)
+    loss = (activation_bytes(model, UnitKind.HEAD, training, config)
+            + largest_transient_bytes(model, training, config, config.stage_ranks[-1]))
+    return sum(first) - max(max(first) - loss, 0.0)
 
 
 def in_flight_microbatches(config: ParallelConfig, pp_rank: int, num_microbatches: int) -> float:
