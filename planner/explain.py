@@ -14,6 +14,7 @@ from typing import Any
 
 from planner.config import ParallelConfig, Recompute, Schedule
 from planner.cost.estimate import BREAKDOWN_KEYS, Estimate, moe_load_headroom
+from planner.cost.memory import offloaded_activation_bytes
 from planner.cost.schedule import schedule_of
 from planner.errors import InfeasibleError, PlannerError
 from planner.frameworks import framework_named
@@ -84,6 +85,9 @@ class Explanation:
     alternatives: tuple[Alternative, ...]
     best_change: Alternative | None
     moe_load_headroom: float | None = None  # `cost.estimate.moe_load_headroom` of the plan
+    # CPU offloading: activation bytes in host memory at the peak and the iteration's copy stalls (none: 0, 0)
+    offloaded_bytes: float = 0.0
+    offload_exposed_s: float = 0.0
 
     @property
     def memory_note(self) -> str:
@@ -92,20 +96,23 @@ class Explanation:
         share = self.headroom_bytes / self.capacity_bytes
         text = (f"memory headroom {self.headroom_bytes / GIB:.1f} GiB ({100 * share:.0f} % of "
                 f"{self.capacity_bytes / GIB:.0f} GiB)")
+        offload = (f"; {self.offloaded_bytes / GIB:.1f} GiB of activations in host memory at the peak, their copies "
+                   f"stalling the GPU {self.offload_exposed_s:.3f} s per iteration" if self.offloaded_bytes else "")
         if self.headroom_bytes < 0:
-            return text + ": it does NOT fit; only changes that save memory help"
+            return text + ": it does NOT fit; only changes that save memory help" + offload
         text += "; tight: a change that needs more memory will not fit" if share < TIGHT_HEADROOM_SHARE else ""
         if self.moe_load_headroom is not None:
             text += (f"; a router sending its busiest expert rank more than {self.moe_load_headroom:.2f}x the mean "
                      f"routed tokens would not fit")
-        return text
+        return text + offload
 
     def as_dict(self) -> dict[str, Any]:
         return {"parallelism": self.describe, "iteration_time_s": self.iteration_time_s,
                 "breakdown_s": self.breakdown_s, "bottleneck": self.bottleneck, "verdict": self.verdict,
                 "host_launch_s": self.host_launch_s,
                 "memory": {"headroom_bytes": self.headroom_bytes, "capacity_bytes": self.capacity_bytes,
-                           "moe_load_headroom": self.moe_load_headroom, "note": self.memory_note},
+                           "moe_load_headroom": self.moe_load_headroom, "offloaded_bytes": self.offloaded_bytes,
+                           "note": self.memory_note},
                 "what_ifs": [w.as_dict() for w in self.what_ifs],
                 "alternatives": [a.as_dict() for a in self.alternatives],
                 "best_change": self.best_change.as_dict() if self.best_change else None}
@@ -257,4 +264,6 @@ def explain(problem: PlanProblem, result: Estimate, top_k: int = 5, time_limit_s
     return Explanation(
         problem.config.describe(), base, dict(result.breakdown_s), key, verdict, host,
         tightest.capacity - tightest.total, tightest.capacity, tuple(what_ifs), alternatives,
-        what_ifs[min(gains)[1]] if gains else None, router)
+        what_ifs[min(gains)[1]] if gains else None, router,
+        offloaded_activation_bytes(problem.model, problem.training, problem.config),
+        result.breakdown_detail_s.get("activation_offload_exposed", 0.0))

@@ -124,6 +124,10 @@ def test_cli_estimate_plan_file_and_megatron_flag(tmp_path) -> None:
     assert document["parallelism"]["cpu_offload_layers"] == 40 and document["runs_on"] == ["megatron"]
     again = json.loads(CliRunner().invoke(main, ["estimate", "--plan", str(out), "--json"]).stdout)
     assert again["estimate"]["peak_memory_bytes"] == pytest.approx(document["estimate"]["peak_memory_bytes"])
+    explained = json.loads(CliRunner().invoke(main, ["explain", str(out), "--json"]).stdout)["memory"]
+    assert explained["offloaded_bytes"] == pytest.approx(offloaded_activation_bytes(
+        LLAMA, Training(global_batch=256, seq_len=8192, dtype="fp8"), replace(FSDP, cpu_offload_layers=40)))
+    assert "in host memory at the peak" in explained["note"]
     exported = CliRunner().invoke(main, ["export", str(out), "--to", "megatron", "--out", str(tmp_path / "mlm")])
     assert exported.exit_code == 0, exported.output
     assert parse_flags((tmp_path / "mlm" / "megatron_args.txt").read_text())["--cpu-offloading-num-layers"] == ["40"]
