@@ -21,9 +21,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from benchmarks.accuracy import held_out_errors, held_out_fit_lines, held_out_line, held_out_pages
-from benchmarks.bridge_systems import bridge_cluster, bridge_gpu, bridge_precision, bridge_preset
+from benchmarks.bridge_systems import bridge_cluster, bridge_config, bridge_gpu, bridge_precision, bridge_preset
 from benchmarks.validation_runs import BRIDGE_PERF_GRAD_BYTES, Run
-from planner.config import ParallelConfig, Recompute, Schedule, Training
+from planner.config import Training
 from planner.errors import PlannerError
 from planner.model import load_model
 from planner.profile.calibration import default_calibration
@@ -107,15 +107,8 @@ def dense_runs(text: str) -> tuple[list[Run], list[str]]:
             continue
         seen.add(key)
         dp = row.gpus // (row.tp * row.pp * row.cp)
-        preset = bridge_preset(row.model, gpu, row.precision)
-        config = ParallelConfig(dp=dp, tp=row.tp, pp=row.pp, cp=row.cp, vpp=row.vp, micro_batch=row.micro_batch,
-                                sequence_parallel=row.tp > 1, tp_comm_overlap=row.tp > 1,
-                                zero_stage=3 if row.fsdp else 0, distributed_optimizer=not row.fsdp,
-                                overlap_param_gather=True,
-                                schedule=Schedule.INTERLEAVED if row.vp > 1 else Schedule.ONE_F_ONE_B,
-                                recompute=Recompute.FULL if preset.recompute_blocks else Recompute.NONE,
-                                recompute_num_layers=preset.recompute_blocks,
-                                cpu_offload_layers=preset.cpu_offload_layers)
+        config = bridge_config(dp, row.tp, row.pp, row.cp, row.vp, row.micro_batch, row.fsdp,
+                               bridge_preset(row.model, gpu, row.precision))
         training = Training(global_batch=row.global_batch, seq_len=row.seq_len, attention="flash",
                             grad_bytes=BRIDGE_PERF_GRAD_BYTES, **bridge_precision(row.precision))
         iteration = training.tokens_per_iteration / (row.tokens_per_s_per_gpu * row.gpus)

@@ -7,11 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cluster import Cluster, load_cluster
+from planner.config import ParallelConfig, Recompute, Schedule
 from planner.errors import PlannerError
 from planner.gpu import lookup_gpu
 
-__all__ = ["BRIDGE_DTYPES", "BridgePreset", "bridge_cluster", "bridge_gpu", "bridge_precision", "bridge_preset",
-           "rack_segment_gpus"]
+__all__ = ["BRIDGE_DTYPES", "BridgePreset", "bridge_cluster", "bridge_config", "bridge_gpu", "bridge_precision",
+           "bridge_preset", "rack_segment_gpus"]
 
 # the files' hardware label (its first word) → catalog GPU; GPUs missing from profiles/gpus.yaml are skipped
 _GPUS = {"H100": "H100-80GB", "H800": "H800", "B200": "B200", "B300": "B300", "GB200": "GB200", "GB300": "GB300"}
@@ -84,3 +85,17 @@ def bridge_preset(model: str, gpu: str, precision: str) -> BridgePreset:
     """The activation settings of the preset a row of `model` on catalog GPU `gpu` at `precision` ran (none
     unless `_PRESETS` names them)."""
     return _PRESETS.get((model, gpu, "FP8-CS" if precision == "FP8" else precision), BridgePreset())
+
+
+def bridge_config(dp: int, tp: int, pp: int, cp: int, vp: int, micro_batch: int, fsdp: bool,
+                  preset: BridgePreset = BridgePreset()) -> ParallelConfig:
+    """The layout a NeMo / Megatron-Bridge performance recipe runs for a dense row: sequence parallelism and Transformer
+    Engine's userbuffer TP overlap whenever tp > 1 (NeMo's H100 recipes set ub_tp_comm_overlap: True,
+    gpt3/175b_fp8_performance.yaml, 20b_fp8_performance.yaml; assumed for every TP row, whose tables do not state it),
+    Megatron-FSDP (ZeRO-3) or the distributed optimizer with overlapped parameter gathers, interleaved 1F1B when
+    vp > 1, and the preset's activation settings (`bridge_preset`)."""
+    return ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vp, micro_batch=micro_batch, sequence_parallel=tp > 1,
+                          tp_comm_overlap=tp > 1, zero_stage=3 if fsdp else 0, distributed_optimizer=not fsdp,
+                          overlap_param_gather=True, schedule=Schedule.INTERLEAVED if vp > 1 else Schedule.ONE_F_ONE_B,
+                          recompute=Recompute.FULL if preset.recompute_blocks else Recompute.NONE,
+                          recompute_num_layers=preset.recompute_blocks, cpu_offload_layers=preset.cpu_offload_layers)

@@ -60,7 +60,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmarks.bridge_systems import BRIDGE_DTYPES, bridge_cluster, bridge_gpu, bridge_precision, bridge_preset
+from benchmarks.bridge_systems import (
+    BRIDGE_DTYPES,
+    BridgePreset,
+    bridge_cluster,
+    bridge_config,
+    bridge_gpu,
+    bridge_precision,
+    bridge_preset,
+)
 from planner.cluster import Cluster, load_cluster
 from planner.config import ParallelConfig, Recompute, Schedule, Training, deepspeed_zero3_collectives
 from planner.cost.estimate import Estimate, estimate, model_flops_per_iteration
@@ -336,17 +344,8 @@ def h100_runs() -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
             continue
         dp = gpus // (tp * pp * cp)
         fsdp = str(row.get("fsdp", "0")).startswith("1")
-        # NeMo's H100 performance recipes run Transformer Engine's userbuffer TP overlap
-        # (ub_tp_comm_overlap: True in gpt3/175b_fp8_performance.yaml, 20b_fp8_performance.yaml);
-        # assumed for every TP row of these files, whose rows do not state it.
-        blocks = bridge_preset(name, "H100-80GB", "FP8-CS").recompute_blocks if file == BRIDGE_FILE else None
-        config = ParallelConfig(
-            dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=int(row["mbs"]), vpp=vp, sequence_parallel=tp > 1,
-            tp_comm_overlap=tp > 1,
-            zero_stage=3 if fsdp else 0, distributed_optimizer=not fsdp, overlap_param_gather=True,
-            schedule=Schedule.INTERLEAVED if vp > 1 else Schedule.ONE_F_ONE_B,
-            recompute=Recompute.FULL if blocks else Recompute.NONE, recompute_num_layers=blocks,
-        )
+        preset = bridge_preset(name, "H100-80GB", "FP8-CS") if file == BRIDGE_FILE else BridgePreset()
+        config = bridge_config(dp, tp, pp, cp, vp, int(row["mbs"]), fsdp, preset)
         grad_bytes = BRIDGE_PERF_GRAD_BYTES if file == BRIDGE_FILE else _NEMO_GRAD_BYTES.get(name)
         # NeMo 24.07's recipes scale FP8 from the amax history (Transformer Engine's DelayedScaling, NeMo's
         # default); Megatron-Bridge's rows say FP8-CS, current scaling

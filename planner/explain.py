@@ -14,7 +14,6 @@ from typing import Any
 
 from planner.config import ParallelConfig, Recompute, Schedule
 from planner.cost.estimate import BREAKDOWN_KEYS, Estimate, moe_load_headroom
-from planner.cost.memory import offloaded_activation_bytes
 from planner.cost.schedule import schedule_of
 from planner.errors import InfeasibleError, PlannerError
 from planner.frameworks import framework_named
@@ -265,5 +264,4 @@ def explain(problem: PlanProblem, result: Estimate, top_k: int = 5, time_limit_s
         problem.config.describe(), base, dict(result.breakdown_s), key, verdict, host,
         tightest.capacity - tightest.total, tightest.capacity, tuple(what_ifs), alternatives,
         what_ifs[min(gains)[1]] if gains else None, router,
-        offloaded_activation_bytes(problem.model, problem.training, problem.config),
-        result.breakdown_detail_s.get("activation_offload_exposed", 0.0))
+        tightest.offloaded, result.breakdown_detail_s["activation_offload_exposed"])

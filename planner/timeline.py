@@ -145,8 +145,8 @@ def iteration_timeline(problem: PlanProblem, result: Estimate) -> IterationTimel
     config, m = problem.config, result.num_microbatches
     behaviour = config.pipeline_schedule
     if not behaviour.runnable(config.pp, m):
-        raise PlannerError(f"timeline: the {config.schedule.value} schedule with pp={config.pp} needs micro-batches "
-                           f"divisible by pp, got {m}; there is no order to draw")
+        raise PlannerError(f"timeline: the {config.schedule.value} schedule with pp={config.pp} needs "
+                           f"{behaviour.runnable_rule}, got {m}; there is no order to draw")
     share = behaviour.forward_p2p_share
     p2p = [(s.p2p_s * share, s.p2p_s * (1 - share)) for s in result.stages]
     forward = [s.forward_s + sent for s, (sent, _) in zip(result.stages, p2p, strict=True)]

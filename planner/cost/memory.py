@@ -482,6 +482,7 @@ class MemoryBreakdown:
     frozen_weights: float = 0.0  # the frozen base weights inside `weights` (fine-tuning); the rest train
     outside_allocator: float = 0.0  # the part of `other` PyTorch's caching allocator does not hand out
     step_segments: float = 0.0  # segments the optimizer step maps after the peak (`step_segment_bytes`), not in total
+    offloaded: float = 0.0  # activations in host memory at the peak (`offloaded_activation_bytes`), not held here
 
     @property
     def total(self) -> float:
@@ -576,7 +577,7 @@ class RankMemoryModel:
         return MemoryBreakdown(self.states.weights * params, self.states.gradients * params,
                                self.states.optimizer * params, held, sum(detail.values()), capacity, detail,
                                self.states.frozen_weights * params, sum(value for _, value in self.runtime),
-                               self.step_segments * params)
+                               self.step_segments * params, self.offloaded_bytes)
 
 
 def nccl_communicators(model: ModelSpec, config: ParallelConfig, pp_rank: int) -> int:

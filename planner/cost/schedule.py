@@ -329,8 +329,10 @@ class PipelineSchedule:
             raise PlannerError(f"parallel config: vpp={vpp} needs --schedule interleaved")
 
     def runnable(self, pp: int, num_microbatches: int) -> bool:
-        """Whether the framework's order exists for this pipeline depth and micro-batch count."""
+        """Whether the framework's order exists for this pipeline depth and micro-batch count (`runnable_rule`)."""
         return True
+
+    runnable_rule = ""  # what `runnable` asks of the micro-batch count, in words, where it asks anything
 
     def chunk_counts(self, most: int) -> range:
         """The model chunks per rank (vpp) it runs, up to `most` where it runs any number."""
@@ -472,8 +474,10 @@ class Interleaved(PipelineSchedule):
     def check(self, pp: int, vpp: int) -> None:
         _check_chunked(self.kind, pp, vpp)
 
+    runnable_rule = "micro-batches divisible by pp (Megatron-LM's order deadlocks otherwise)"
+
     def runnable(self, pp: int, num_microbatches: int) -> bool:
-        return num_microbatches % pp == 0  # Megatron-LM's order deadlocks otherwise
+        return num_microbatches % pp == 0
 
     def forward_table(self, pp: int, vpp: int, num_microbatches: int) -> list[tuple[int, int]]:
         return _grouped_forward_table(pp, vpp, num_microbatches)
@@ -507,6 +511,8 @@ class PyTorchInterleaved(Interleaved):
     (Megatron-LM's groups of p when p divides m), and rank r warms up with (v − 1)·(m / rounds) + 2(p − 1 − r)
     forwards: no all-forwards case when m = p, and any m the rounds divide runs (fewer than p, or not a
     multiple of it). `ParallelConfig.pipeline_order` "pytorch" selects it."""
+
+    runnable_rule = "micro-batches divisible by its rounds, max(1, m // pp) (PyTorch's order)"
 
     def runnable(self, pp: int, num_microbatches: int) -> bool:
         return num_microbatches % _rounds(pp, num_microbatches) == 0
@@ -923,6 +929,8 @@ class InterleavedZeroBubble(ZeroBubble):
     def check(self, pp: int, vpp: int) -> None:
         _check_chunked(self.kind, pp, vpp)
 
+    runnable_rule = "micro-batches divisible by pp (rounds of other sizes are not modelled)"
+
     def runnable(self, pp: int, num_microbatches: int) -> bool:
         """Micro-batches a multiple of pp, where PyTorch's rounds hold p micro-batches each (it also runs
         m % ⌊m / p⌋ = 0, rounds of more than p, which the planner does not model)."""
@@ -1009,6 +1017,8 @@ class DualPipeV(ZeroBubbleV):
 
     kind = Schedule.DUALPIPE_V  # ZB-V's closed form too: at F = B = W the same (p − 1)·F bubble (tests)
     # simulated whole like ZB-V (its critical path changes late too: pp 4, at m = 56)
+
+    runnable_rule = "at least 2·pp micro-batches"
 
     def runnable(self, pp: int, num_microbatches: int) -> bool:
         return num_microbatches >= 2 * pp
@@ -1340,8 +1350,8 @@ def simulate(
     behaviour = schedule_of(schedule)
     if not behaviour.runnable(pp, num_microbatches):
         raise PlannerError(
-            f"simulate: the {behaviour.kind.value} schedule needs micro-batches ({num_microbatches}) divisible by pp "
-            f"({pp}) in Megatron-LM's order, which deadlocks otherwise (PyTorch's: divisible by max(1, m // pp))"
+            f"simulate: the {behaviour.kind.value} schedule with pp={pp} needs {behaviour.runnable_rule}, got "
+            f"{num_microbatches}"
         )
     weight = [0.0] * stages if weight_s is None or not behaviour.splits_backward else weight_s
     times = PassTimes(tuple(forward_s), tuple(b - w for b, w in zip(backward_s, weight, strict=True)),
