@@ -21,7 +21,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from benchmarks.sources import Source, skipped_files, sources
-from benchmarks.validation_runs import Run, predict, predict_layer, shipped_before_fix_nic_ratio, split_fit_hold
+from benchmarks.validation_runs import (
+    Run,
+    predict,
+    predict_layer,
+    shipped_before_fix_nic_ratio,
+    shipped_jean_zay_p2p_ratio,
+    split_fit_hold,
+)
 from planner.config import Training
 from planner.cost.estimate import Estimate, moe_load_fit_limit
 from planner.errors import PlannerError
@@ -222,6 +229,7 @@ def _print_details(scores: Sequence[SourceScore], calibration: Calibration) -> N
         result = score([o.time_error for o in outcomes(half, calibration)])
         print(f"BLOOM {name}: MAPE {_pct(result.mape)}, worst {_pct(result.worst)} over {result.count} runs")
     print(f"BLOOM rows before Jean Zay's PCIe/NUMA fix: inter-node bandwidth × {shipped_before_fix_nic_ratio():.3f}")
+    print(f"BLOOM rows' pipeline transfers (Jean Zay's Omni-Path): p2p bandwidth × {shipped_jean_zay_p2p_ratio():.3f}")
     print("\n## Rows not estimated")
     skipped = Counter((k.file, k.reason) for s in scores for k in s.source.skipped) + Counter(
         (k.file, k.reason) for k in skipped_files())

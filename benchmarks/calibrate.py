@@ -10,8 +10,10 @@ Korthikanti et al. 2022 Table 4 layer times, the H100 FP8 NeMo / Megatron-Bridge
 long-sequence runs (4K to 1M tokens: the only group in which the fused attention's share of the time, and so its
 rate, varies enough to be told apart from the GEMMs'; the long-context file's other rows stay held out).
 
-One cluster-state constant is fitted with them: the inter-node bandwidth ratio of Jean Zay before its
-PCIe/NUMA fix (the BLOOM rows whose `pcie_numa_fix_applied` is "no"), written to `cluster_states`.
+Two cluster-state constants are fitted with them, written to `cluster_states`: the inter-node bandwidth ratio of
+Jean Zay before its PCIe/NUMA fix (the BLOOM rows whose `pcie_numa_fix_applied` is "no"), and the pipeline
+send/receive rate of Jean Zay's Omni-Path fabric relative to the p2p_efficiency_inter every other cluster is costed
+at (all BLOOM rows). `--only` refits any of them, or both, with the cost-model constants as shipped.
 
 Objective: the mean over those four groups of each group's mean absolute relative error, so a
 group with many rows does not drown the others. Memory constants are sourced, not fitted
@@ -34,6 +36,7 @@ import yaml
 from benchmarks.validation_runs import (
     BLOOM_FILE,
     JEAN_ZAY_BEFORE_FIX,
+    JEAN_ZAY_PIPELINE,
     Run,
     bloom_runs,
     h100_runs,
@@ -43,14 +46,15 @@ from benchmarks.validation_runs import (
     predict,
     predict_layer,
     shipped_before_fix_nic_ratio,
+    shipped_jean_zay_p2p_ratio,
     split_fit_hold,
 )
 from planner.plan import write_atomic
 from planner.profile.calibration import Calibration, default_calibration
 from planner.resources import load_structured_file, profiles_dir
 
-__all__ = ["BEFORE_FIX_NIC_RATIO", "FITTED", "MEMORY_FITTED", "coordinate_descent", "destination", "fit",
-           "golden_section", "memory_objective", "objective"]
+__all__ = ["BEFORE_FIX_NIC_RATIO", "CLUSTER_STATES", "FITTED", "JEAN_ZAY_P2P_RATIO", "MEMORY_FITTED",
+           "coordinate_descent", "destination", "fit", "golden_section", "memory_objective", "objective"]
 
 
 @dataclass(frozen=True)
@@ -81,9 +85,14 @@ FITTED = (
 # physical terms (profiles/calibration.yaml, planner/cost/memory.py); refitting the fragmentation on the BLOOM
 # memory rows alone would drive it past its bound and call runs that ran infeasible (README "Accuracy").
 MEMORY_FITTED: tuple[Fitted, ...] = ()
-# Cluster state, not a cost-model constant: it scales the pre-fix BLOOM rows' cluster (benchmarks/validation_runs.py).
+# Cluster states, not cost-model constants: they scale the BLOOM rows' cluster (benchmarks/validation_runs.py).
 BEFORE_FIX_NIC_RATIO = Fitted("nic_bandwidth_ratio", 1.0, 0.3, 1.0,
                               "inter-node bandwidth before Jean Zay's PCIe/NUMA fix relative to after it")
+JEAN_ZAY_P2P_RATIO = Fitted("p2p_bandwidth_ratio", 1.0, 0.1, 1.0,
+                            "pipeline send/receive bandwidth on Jean Zay's Omni-Path fabric relative to the "
+                            "p2p_efficiency_inter other clusters are costed at")
+CLUSTER_STATES = {JEAN_ZAY_BEFORE_FIX: BEFORE_FIX_NIC_RATIO, JEAN_ZAY_PIPELINE: JEAN_ZAY_P2P_RATIO}
+States = dict[str, float]  # cluster-state ratios by their Fitted name
 _GOLDEN = (math.sqrt(5) - 1) / 2
 _SECTION_STEPS = 10
 _SWEEPS = 2
@@ -160,32 +169,48 @@ def coordinate_descent(start: Calibration, constants: tuple[Fitted, ...], loss: 
     return current
 
 
-def fit_half_runs(before_fix_nic_ratio: float) -> tuple[Run, ...]:
-    """The BLOOM fit half with the pre-fix rows at a given inter-node bandwidth ratio."""
-    return split_fit_hold(bloom_runs(before_fix_nic_ratio))[0]
+def fit_half_runs(states: States) -> tuple[Run, ...]:
+    """The BLOOM fit half with the given cluster-state ratios."""
+    return split_fit_hold(bloom_runs(states[BEFORE_FIX_NIC_RATIO.name], states[JEAN_ZAY_P2P_RATIO.name]))[0]
 
 
-def fit(start: Calibration, bloom: Callable[[float], tuple[Run, ...]], h100: tuple[Run, ...],
-        verbose: bool = True) -> tuple[Calibration, float]:
-    """Time constants on all three groups, alternating each sweep with the pre-fix bandwidth ratio
-    (BLOOM rows from `bloom(ratio)`), then memory constants on the BLOOM memory rows."""
-    current, ratio = start, BEFORE_FIX_NIC_RATIO.prior
-    for _ in range(_SWEEPS):
-        runs = bloom(ratio)
-        current = coordinate_descent(current, FITTED, lambda c, runs=runs: objective(c, runs, h100), verbose, 1)
-        ratio = golden_section(lambda x, base=current: objective(base, bloom(x), h100), BEFORE_FIX_NIC_RATIO.low,
-                                BEFORE_FIX_NIC_RATIO.high, ratio)
+def shipped_states() -> States:
+    """The cluster-state ratios profiles/calibration.yaml ships."""
+    return {BEFORE_FIX_NIC_RATIO.name: shipped_before_fix_nic_ratio(),
+            JEAN_ZAY_P2P_RATIO.name: shipped_jean_zay_p2p_ratio()}
+
+
+def fit_states(calibration: Calibration, states: States, which: Sequence[Fitted],
+               bloom: Callable[[States], tuple[Run, ...]], h100: tuple[Run, ...], verbose: bool = True) -> States:
+    """A golden-section search of each named cluster-state ratio in turn, the cost-model constants held."""
+    for state in which:
+        value = golden_section(
+            lambda x, name=state.name, held=states: objective(calibration, bloom(held | {name: x}), h100),
+            state.low, state.high, states[state.name])
+        states = states | {state.name: value}
         if verbose:
-            print(f"{BEFORE_FIX_NIC_RATIO.name:37s} {ratio:12.4g}  objective "
-                  f"{100 * objective(current, bloom(ratio), h100):6.2f} %", flush=True)
-    runs = bloom(ratio)
-    return coordinate_descent(current, MEMORY_FITTED, lambda c: memory_objective(c, runs), verbose), ratio
+            loss = objective(calibration, bloom(states), h100)
+            print(f"{state.name:37s} {value:12.4g}  objective {100 * loss:6.2f} %", flush=True)
+    return states
 
 
-def _document(calibration: Calibration, ratio: float, previous: dict[str, str], source: str,
+def fit(start: Calibration, bloom: Callable[[States], tuple[Run, ...]], h100: tuple[Run, ...],
+        verbose: bool = True) -> tuple[Calibration, States]:
+    """Time constants on all groups, alternating each sweep with the cluster-state ratios (BLOOM rows from
+    `bloom(states)`), then memory constants on the BLOOM memory rows."""
+    current, states = start, {state.name: state.prior for state in CLUSTER_STATES.values()}
+    for _ in range(_SWEEPS):
+        runs = bloom(states)
+        current = coordinate_descent(current, FITTED, lambda c, runs=runs: objective(c, runs, h100), verbose, 1)
+        states = fit_states(current, states, tuple(CLUSTER_STATES.values()), bloom, h100, verbose)
+    runs = bloom(states)
+    return coordinate_descent(current, MEMORY_FITTED, lambda c: memory_objective(c, runs), verbose), states
+
+
+def _document(calibration: Calibration, states: States, previous: dict[str, str], source: str,
               refitted: frozenset[str] | None = None) -> dict:
-    """The calibration file's document: the fitted constants (only `refitted` ones, when given) and the cluster
-    state with `source`, every other constant with its previous source."""
+    """The calibration file's document: the fitted constants and cluster states (only `refitted` ones, when given)
+    with `source`, every other one with its previous source."""
     fitted = {c.name: c for c in FITTED + MEMORY_FITTED if refitted is None or c.name in refitted}
     constants = {}
     for key, value in calibration.__dict__.items():
@@ -193,17 +218,20 @@ def _document(calibration: Calibration, ratio: float, previous: dict[str, str], 
             constants[key] = {"value": round(value, 4), "source": f"{fitted[key].meaning}; {source}"}
         else:
             constants[key] = {"value": value, "source": previous.get(key, "default")}
-    ratio_source = (f"{BEFORE_FIX_NIC_RATIO.meaning}; {source}" if refitted is None
-                    else previous.get(BEFORE_FIX_NIC_RATIO.name, BEFORE_FIX_NIC_RATIO.meaning))
-    state = {BEFORE_FIX_NIC_RATIO.name: round(ratio, 4), "source": ratio_source}
-    return {"schema_version": 1, "constants": constants, "cluster_states": {JEAN_ZAY_BEFORE_FIX: state}}
+    cluster_states = {
+        key: {state.name: round(states[state.name], 4),
+              "source": (f"{state.meaning}; {source}" if refitted is None or state.name in refitted
+                         else previous.get(state.name, state.meaning))}
+        for key, state in CLUSTER_STATES.items()}
+    return {"schema_version": 1, "constants": constants, "cluster_states": cluster_states}
 
 
 def _previous_sources() -> dict[str, str]:
     document = load_structured_file(profiles_dir() / "calibration.yaml")
     sources = {k: v.get("source", "") for k, v in document["constants"].items() if isinstance(v, dict)}
-    state = (document.get("cluster_states") or {}).get(JEAN_ZAY_BEFORE_FIX, {})
-    return sources | ({BEFORE_FIX_NIC_RATIO.name: state["source"]} if "source" in state else {})
+    states = document.get("cluster_states") or {}
+    return sources | {fitted.name: states[key]["source"] for key, fitted in CLUSTER_STATES.items()
+                      if "source" in states.get(key, {})}
 
 
 def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -212,14 +240,16 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     target.add_argument("--out", type=Path, help="write the fitted calibration here")
     target.add_argument("--write", action="store_true", help="rewrite the tracked profiles/calibration.yaml")
     parser.add_argument("--only", metavar="NAME[,NAME]", type=_fitted_named,
-                        help="refit only these constants, from their shipped values, the others kept as shipped "
-                             f"(one of {', '.join(c.name for c in FITTED)})")
+                        help="refit only these constants or cluster-state ratios, from their shipped values, the "
+                             "others kept as shipped "
+                             f"(one of {', '.join(c.name for c in (*FITTED, *CLUSTER_STATES.values()))})")
     return parser.parse_args(argv)
 
 
 def _fitted_named(text: str) -> tuple[Fitted, ...]:
-    """`--only gemm_efficiency,...`: the named fitted constants (argparse's error for any other name)."""
-    fitted = {c.name: c for c in FITTED}
+    """`--only gemm_efficiency,...`: the named fitted constants or cluster states (argparse's error for any other
+    name)."""
+    fitted = {c.name: c for c in (*FITTED, *CLUSTER_STATES.values())}
     unknown = [name for name in text.split(",") if name not in fitted]
     if unknown:
         raise argparse.ArgumentTypeError(f"{unknown[0]!r} is not a fitted constant; one of {', '.join(fitted)}")
@@ -239,8 +269,8 @@ def _destination(args: argparse.Namespace) -> Path | None:
 def main(argv: Sequence[str] | None = None) -> None:
     args = _arguments(argv)
     path, only = _destination(args), args.only
-    ratio = shipped_before_fix_nic_ratio() if only else BEFORE_FIX_NIC_RATIO.prior
-    fit_half = fit_half_runs(ratio)
+    states = shipped_states() if only else {state.name: state.prior for state in CLUSTER_STATES.values()}
+    fit_half = fit_half_runs(states)
     h100 = calibration_h100_runs()
     start = (default_calibration() if only
              else default_calibration().updated(**{c.name: c.prior for c in FITTED + MEMORY_FITTED}))
@@ -249,9 +279,13 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"Table 4 rows, {len(h100) - long} H100 runs and {long} H100 long-sequence runs; start objective "
           f"{100 * objective(start, fit_half, h100):.2f} %")
     if only:
-        result = coordinate_descent(start, only, lambda c: objective(c, fit_half, h100))
+        result = coordinate_descent(start, tuple(c for c in only if c in FITTED),
+                                    lambda c: objective(c, fit_half, h100))
+        named_states = tuple(c for c in only if c in CLUSTER_STATES.values())
+        for _ in range(_SWEEPS if len(named_states) > 1 else 1):
+            states = fit_states(result, states, named_states, fit_half_runs, h100)
     else:
-        result, ratio = fit(start, fit_half_runs, h100)
+        result, states = fit(start, fit_half_runs, h100)
     today = datetime.date.today().isoformat()
     how = (f"refitted {today} alone (the others as shipped) by benchmarks/calibrate.py --only "
            f"{','.join(c.name for c in only)}" if only else f"fitted {today} by benchmarks/calibrate.py")
@@ -259,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"korthikanti2022_table4_layer_time_22b.csv, nemo_2407_h100_fp8_pretraining.csv and "
               f"megatron_bridge_2511_h100_dense.csv ({len(h100) - long} runs), long_context_cp_throughput.csv's "
               f"NeMo H100 long-sequence rows ({long} runs, 4K-1M tokens)")
-    document = _document(result, ratio, _previous_sources(), source,
+    document = _document(result, states, _previous_sources(), source,
                          frozenset(c.name for c in only) if only else None)
     text = ("# Efficiencies and latencies of the analytic cost model. Every constant is physical (a fraction\n"
             "# of a peak, a latency in seconds) and names the data it came from. The fitted ones are rewritten\n"

@@ -11,8 +11,8 @@ targets: median Spearman ≥ 0.9, mean regret ≤ 1.05.
 Settings the sweeps do not state, as the studies ran them:
 * vTrain single-node (Megatron-DeepSpeed on one 8×A100 node): GPT-2 BPE vocabulary (50257, padded as
   Megatron pads it), learned positions, fp16, unfused attention, full activation checkpointing
-  (`use_checkpoint=true`), no ZeRO, DeepSpeed's pipeline engine as for BLOOM (whole activations between
-  stages, gradients reduced after the flush: `use_gradient_bucket=false`).
+  (`use_checkpoint=true`), no ZeRO, DeepSpeed's pipeline engine as for BLOOM (each TP rank sends its 1/tp
+  slice of a stage boundary's tensor, gradients reduced after the flush: `use_gradient_bucket=false`).
 * DeepSpeed autotuning (HF transformers on one 16×V100-32GB node): GPT-2 family only (the BERT/DeBERTa
   encoders are skipped), sequence 1024 (run_clm's block size), fp16, unfused attention, no checkpointing;
   the metric is samples/s, so time per sample = 1 / throughput and planner's is iteration time / batch.
@@ -78,12 +78,12 @@ class VTrainRun:
 
 def vtrain_time(run: VTrainRun, cluster: Cluster, calibration: Calibration) -> float:
     """Predicted seconds per iteration of one vTrain run on `cluster`, as its configs ran it: fp16, unfused
-    attention, full activation checkpointing, no ZeRO, DeepSpeed's pipeline engine (whole activations between
-    stages), gradients all-reduced after the flush (`use_gradient_bucket=false`)."""
+    attention, full activation checkpointing, no ZeRO, DeepSpeed's pipeline engine (1/tp of a boundary tensor per
+    TP rank), gradients all-reduced after the flush (`use_gradient_bucket=false`)."""
     model = _gpt(run.name, run.layers, run.hidden, run.heads, run.seq_len)
     training = Training(global_batch=run.global_batch, seq_len=run.seq_len, dtype="fp16", attention="unfused")
     config = ParallelConfig(dp=run.dp, tp=run.tp, pp=run.pp, micro_batch=run.micro_batch, recompute=Recompute.FULL,
-                            overlap_grad_reduce=False, p2p_scatter_gather=False, overlap_tp_backward=False)
+                            overlap_grad_reduce=False, overlap_tp_backward=False)
     return estimate(model, cluster, training, config, calibration=calibration).iteration_time_s
 
 

@@ -10,17 +10,18 @@ row does not state is a documented fact about the framework or the run family, w
   (bigscience/bloom config.json; tr11's `--embed-layernorm`, applied in VocabParallelEmbedding on the first stage), full
   activation checkpointing (`--checkpoint-activations`; the logged TFLOPs use the 4·2 hardware
   factor), unfused attention, ZeRO-1 unless the `zs` column says 0, and DeepSpeed's pipeline
-  engine: 1F1B order, whole activations sent between stages by every TP rank (no scatter/gather),
-  gradients reduced after the pipeline flush (no overlap with backward), and TP all-reduces in
-  backward that wait for completion (the bigscience fork's ColumnParallelLinear predates Megatron-LM's
-  asynchronous all-reduce behind the weight-gradient GEMM).
+  engine: 1F1B order, each TP rank sending its 1/tp slice of a stage's activation and gradient, gathered on the
+  receiver (`PipelineEngine.is_pipe_partitioned`), gradients reduced after the pipeline flush (no overlap with
+  backward), and TP all-reduces in backward that wait for completion (the bigscience fork's
+  ColumnParallelLinear predates Megatron-LM's asynchronous all-reduce behind the weight-gradient GEMM).
   fp16 rows (the pre-BF16Optimizer majority) keep 16-bit gradients and run ZeRO's FP16_DeepSpeedZeroOptimizer;
   bf16 rows run DeepSpeed's BF16_Optimizer (`deepspeed_optimizer` "bf16", its own ZeRO-1 sharding at zero
   stage 0: tr11-176B-ml.slurm), which accumulates in fp32 and keeps the bf16 gradients besides.
   Rows whose `pcie_numa_fix_applied` column says "no" ran before Jean Zay's PCIe/NUMA fix, when the
   GPU-to-NIC path was slower: they run on the same cluster with its inter-node bandwidth scaled by
-  one fitted cluster-state ratio (`cluster_states` in profiles/calibration.yaml, fitted by
-  benchmarks/calibrate.py on fit-half rows only).
+  one fitted cluster-state ratio; every row's pipeline transfers run at a second one, Jean Zay's Omni-Path
+  send/receive rate relative to the p2p_efficiency_inter other fabrics are costed at (`cluster_states` in
+  profiles/calibration.yaml, both fitted by benchmarks/calibrate.py on fit-half rows only).
   "Fully known" rows state hidden size, layers, heads, tp, pp, micro-batch, global batch and sec/it
   (dp from the GPU count where blank), and their `dims_note` records no conflict between the
   table and the text. The `mem` column is nvidia-smi's reading on the first (last) nodes, those with the
@@ -86,6 +87,7 @@ __all__ = [
     "BRIDGE_PERF_GRAD_BYTES",
     "JEAN_ZAY_BEFORE_FIX",
     "JEAN_ZAY_CUDA_CONTEXT_BYTES",
+    "JEAN_ZAY_PIPELINE",
     "LayerRow",
     "Run",
     "Skipped",
@@ -103,6 +105,7 @@ __all__ = [
     "predict",
     "predict_layer",
     "shipped_before_fix_nic_ratio",
+    "shipped_jean_zay_p2p_ratio",
     "split_fit_hold",
 ]
 
@@ -122,6 +125,8 @@ LONG_CONTEXT_FILE = "long_context_cp_throughput.csv"
 BLOOM_SEQ_LEN = 2048
 # cluster state of the BLOOM rows logged before Jean Zay's PCIe/NUMA fix (key in calibration.yaml)
 JEAN_ZAY_BEFORE_FIX = "jean-zay-a100-48 before the PCIe/NUMA fix"
+# cluster state of every BLOOM row: the pipeline send/receive rate of Jean Zay's Omni-Path fabric
+JEAN_ZAY_PIPELINE = "jean-zay-a100-48 pipeline transfers"
 BLOOM_VOCAB = 250880
 JEAN_ZAY_CUDA_CONTEXT_BYTES = 1573 * 2**20
 """The CUDA context on Jean Zay's A100s under the BLOOM runs' software, as the chronicles measured it
@@ -149,6 +154,7 @@ class Run:
     source: str
     memory_in_allocator: bool = False
     cuda_context_bytes: float | None = None  # the CUDA context measured on the run's stack (stack reserve included)
+    p2p_bandwidth_ratio: float = 1.0  # its cluster's pipeline-transfer rate relative to p2p_efficiency_inter's
 
     def memory_error(self, result: Estimate) -> float | None:
         """Predicted over published peak memory − 1, the prediction counted as the publication counts (None: the
@@ -207,11 +213,20 @@ def bloom_model(hidden: int, layers: int, heads: int) -> ModelSpec:
     )
 
 
+def _shipped_cluster_state(state: str, key: str) -> float:
+    """One ratio of a cluster state as profiles/calibration.yaml ships it (1 if absent)."""
+    document = load_structured_file(profiles_dir() / "calibration.yaml")
+    return float(((document.get("cluster_states") or {}).get(state) or {}).get(key, 1.0))
+
+
 def shipped_before_fix_nic_ratio() -> float:
     """Inter-node bandwidth before Jean Zay's PCIe/NUMA fix relative to after it, as shipped (1 if absent)."""
-    document = load_structured_file(profiles_dir() / "calibration.yaml")
-    state = (document.get("cluster_states") or {}).get(JEAN_ZAY_BEFORE_FIX, {})
-    return float(state.get("nic_bandwidth_ratio", 1.0))
+    return _shipped_cluster_state(JEAN_ZAY_BEFORE_FIX, "nic_bandwidth_ratio")
+
+
+def shipped_jean_zay_p2p_ratio() -> float:
+    """Jean Zay's pipeline send/receive bandwidth relative to p2p_efficiency_inter's, as shipped (1 if absent)."""
+    return _shipped_cluster_state(JEAN_ZAY_PIPELINE, "p2p_bandwidth_ratio")
 
 
 def _with_nic_ratio(cluster: Cluster, ratio: float) -> Cluster:
@@ -224,7 +239,7 @@ def _bloom_oom(row: pd.Series) -> bool:
     return str(row["mem"]).strip() == "OOM"
 
 
-def _bloom_row(row: pd.Series, cluster: Cluster) -> Run | None:
+def _bloom_row(row: pd.Series, cluster: Cluster, p2p_ratio: float) -> Run | None:
     """The row as a run: a documented OOM states no time (NaN, never scored for time)."""
     values = {k: _number(row[k]) for k in ("nhidden", "nlayers", "nheads", "tp", "pp", "mbs", "gbs", "sec/it",
                                            "gpus", "dp", "zs")}
@@ -243,29 +258,32 @@ def _bloom_row(row: pd.Series, cluster: Cluster) -> Run | None:
     zero = 1 if values["zs"] is None else int(values["zs"])
     config = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=int(values["mbs"]), recompute=Recompute.FULL,
                             zero_stage=zero, schedule=Schedule.ONE_F_ONE_B, overlap_grad_reduce=False,
-                            p2p_scatter_gather=False, overlap_tp_backward=False,
+                            overlap_tp_backward=False,
                             deepspeed_optimizer="bf16" if bf16 and zero == 1 else "zero")
     model = bloom_model(int(values["nhidden"]), int(values["nlayers"]), int(values["nheads"]))
     label = (f"L{row['source_line']} h{model.hidden_size} l{model.num_layers} a{model.num_attention_heads} "
              f"{config.describe()} gbs{training.global_batch}")
     return Run(BLOOM_FILE, label, model, cluster, training, config, float(values["sec/it"]),
                _memory_bytes(row["mem"]), f"{BLOOM_FILE} source_line {row['source_line']}",
-               cuda_context_bytes=JEAN_ZAY_CUDA_CONTEXT_BYTES)
+               cuda_context_bytes=JEAN_ZAY_CUDA_CONTEXT_BYTES, p2p_bandwidth_ratio=p2p_ratio)
 
 
 @cache
-def bloom_runs(before_fix_nic_ratio: float | None = None, ooms: bool = False) -> tuple[Run, ...]:
+def bloom_runs(before_fix_nic_ratio: float | None = None, p2p_ratio: float | None = None,
+               ooms: bool = False) -> tuple[Run, ...]:
     """BLOOM sweep rows with fully known configuration, one per distinct (config, result); rows logged
-    before the PCIe/NUMA fix run with the given (default: shipped) inter-node bandwidth ratio. `ooms`: the rows
-    documented as out of memory instead (no time)."""
+    before the PCIe/NUMA fix run with the given (default: shipped) inter-node bandwidth ratio, every row's pipeline
+    transfers with the given (default: shipped) Jean Zay p2p ratio. `ooms`: the rows documented as out of memory
+    instead (no time)."""
     ratio = shipped_before_fix_nic_ratio() if before_fix_nic_ratio is None else before_fix_nic_ratio
+    p2p_ratio = shipped_jean_zay_p2p_ratio() if p2p_ratio is None else p2p_ratio
     after = load_cluster("jean-zay-a100-48")
     before = _with_nic_ratio(after, ratio)
     frame = pd.read_csv(DATA / BLOOM_FILE)
     runs, seen = [], set()
     for _, row in frame.iterrows():
         run = None if _bloom_oom(row) != ooms else _bloom_row(
-            row, before if str(row["pcie_numa_fix_applied"]).strip() == "no" else after)
+            row, before if str(row["pcie_numa_fix_applied"]).strip() == "no" else after, p2p_ratio)
         if run is None:
             continue
         key = (run.model, run.training, run.config, None if ooms else run.iteration_s)
@@ -573,10 +591,14 @@ def korthikanti_layer_rows() -> tuple[LayerRow, ...]:
 # ---- predictions: the code path a user's `planner estimate` takes ---------------------------------
 def predict(run: Run, calibration: Calibration) -> Estimate:
     """`estimate` of the run, with its own measured CUDA context where it has one (a calibration file's
-    cuda_context_bytes is what a user would set: the context less the GPU's thread-stack reserve)."""
+    cuda_context_bytes is what a user would set: the context less the GPU's thread-stack reserve) and its
+    cluster's pipeline-transfer rate."""
     if run.cuda_context_bytes is not None:
         stack = run.cluster.nodes[0].gpu.sm_count * STACK_BYTES_PER_SM
         calibration = calibration.updated(cuda_context_bytes=run.cuda_context_bytes - stack)
+    if run.p2p_bandwidth_ratio != 1.0:
+        calibration = calibration.updated(
+            p2p_efficiency_inter=calibration.p2p_efficiency_inter * run.p2p_bandwidth_ratio)
     return estimate(run.model, run.cluster, run.training, run.config, calibration=calibration)
 
 

@@ -5,7 +5,7 @@ VIA-Research/vTrain's data/ground_truth_multi.csv (f8dda84) holds 109 Megatron-D
 global batch and sequence 2048. It is not in ../shared/validation, so nothing is calibrated on it; the single-node
 sweep that `host_kernel_s` and `host_overlap_softness` are fitted on comes from the same study and codebase. The
 runs are costed as `benchmarks.ranking.vtrain_time` costs the single-node ones (fp16, unfused attention, full
-activation checkpointing, no ZeRO, whole activations between stages, gradients all-reduced after the flush), on
+activation checkpointing, no ZeRO, 1/tp of a boundary tensor per TP rank, gradients all-reduced after the flush), on
 nodes of 8 A100 with the inter-node bandwidth the study's validation configs state (`inter_node_bandwidth` 800
 Gbps per node: 12.5 GB/s per GPU). Per model: the Spearman correlation of predicted with measured time over its
 layouts, the regret of planner's first pick (its measured time ÷ the best measured) and the time MAPE.

@@ -417,7 +417,9 @@ class ParallelConfig:
     local_head: str = "linear"  # the local schedule's auxiliary head, one of LOCAL_HEADS
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = False
-    p2p_scatter_gather: bool = True  # Megatron-LM sends 1/tp of a boundary tensor; DeepSpeed's pipeline all
+    # each TP rank sends 1/tp of a boundary tensor (Megatron-LM's scatter/gather, DeepSpeed's partitioned
+    # pipeline transfers); off: every TP rank sends it whole
+    p2p_scatter_gather: bool = True
     overlap_tp_backward: bool = True  # backward TP all-reduce overlapped with wgrad GEMMs (Megatron-LM ≥ 2021-11)
     # SP all-gathers / reduce-scatters chunked and pipelined with their GEMMs: Megatron-LM's
     # --tp-comm-overlap (Transformer Engine userbuffers), torchtitan's async TP

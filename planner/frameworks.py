@@ -11,7 +11,8 @@ schedules run in: `pipeline_order`); a plan is estimated the way its engine runs
 Versions and sources (../shared/REFERENCE.md): Megatron-LM core 0.16 (`megatron/training/arguments.py`;
 Megatron-FSDP: `--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads|optim_grads_params`),
 DeepSpeed 0.19 driven by Megatron-DeepSpeed (`PipelineEngine` asserts ZeRO < 2 with PP, reduces
-gradients after the pipeline flush, sends whole activations from every TP rank; no interleaving),
+gradients after the pipeline flush, sends each TP rank's 1/tp slice of a boundary tensor and gathers it on the
+receiver: `is_pipe_partitioned`; no interleaving),
 torchtitan 0.2.2 (FSDP2/HSDP, TP always with sequence parallelism, async TP under torch.compile;
 pipeline schedules from torch.distributed.pipelining, `torchtitan/distributed/pipeline_parallel.py`).
 MoE token dispatch: Megatron-Core's --moe-token-dispatcher-type alltoall or flex (DeepEP / HybridEP) and
@@ -57,11 +58,14 @@ def _megatron_semantics(_config: ParallelConfig) -> dict[str, bool | str]:
 
 
 def _deepspeed_semantics(config: ParallelConfig) -> dict[str, bool | str]:
-    """DeepSpeed: the pipeline engine sends whole activations from every TP rank and reduces gradients after
+    """DeepSpeed: with model parallelism the pipeline engine partitions a boundary's activation and gradient over
+    the TP ranks, each sending its 1/tp slice, gathered on the receiver (`PipelineEngine.is_pipe_partitioned` and
+    `is_grad_partitioned`, the `pipeline` config's pipe_partitioned / grad_partitioned, on by default; releases
+    before v0.6.0 sent the gradient whole), and reduces gradients after
     the flush; without PP only ZeRO's overlap_comm hides the reduction (ZeRO-0 all-reduces after backward);
     Megatron-DeepSpeed's TP backward all-reduces are not overlapped; ZeRO-3 gathers a module's parameters
     together, prefetched (since v0.6.0; the per-tensor gathers before it are `zero3_collectives` "per-tensor")."""
-    return {"p2p_scatter_gather": False, "overlap_grad_reduce": config.pp == 1 and config.zero_stage >= 1,
+    return {"p2p_scatter_gather": True, "overlap_grad_reduce": config.pp == 1 and config.zero_stage >= 1,
             "overlap_tp_backward": False, "selective_recompute": "attention", "zero3_collectives": "per-unit",
             "fsdp_backward_prefetch": "pre", "sp_saves_gathered_input": False}
 

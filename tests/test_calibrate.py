@@ -172,7 +172,8 @@ def test_benchmark_calibrate_default_run_prints_and_leaves_the_tracked_file(monk
     """The 5-minute fit is replaced by its start point; everything around it runs."""
     tracked = profiles_dir() / "calibration.yaml"
     before = tracked.read_bytes()
-    monkeypatch.setattr(benchmark_calibrate, "fit", lambda start, bloom, h100: (start, 1.0))
+    priors = {state.name: state.prior for state in benchmark_calibrate.CLUSTER_STATES.values()}
+    monkeypatch.setattr(benchmark_calibrate, "fit", lambda start, bloom, h100: (start, priors))
     benchmark_calibrate.main([])
     assert "constants:" in capsys.readouterr().out and tracked.read_bytes() == before
     benchmark_calibrate.main(["--out", str(tmp_path / "trial.yaml")])
@@ -193,6 +194,21 @@ def test_benchmark_calibrate_only_refits_the_named_constant_from_its_shipped_val
     with pytest.raises(SystemExit) as exit_info:
         benchmark_calibrate.destination(["--only", "warp_speed"])
     assert exit_info.value.code == 2
+
+
+def test_benchmark_calibrate_only_refits_a_named_cluster_state_and_keeps_the_rest(monkeypatch, tmp_path) -> None:
+    """`--only p2p_bandwidth_ratio` moves Jean Zay's pipeline ratio alone (a stubbed search sets it): the cost-model
+    constants, the pre-fix NIC ratio and its source stay as shipped."""
+    monkeypatch.setattr(benchmark_calibrate, "golden_section", lambda loss, low, high, start, steps=10: 0.5)
+    out = tmp_path / "state.yaml"
+    benchmark_calibrate.main(["--only", "p2p_bandwidth_ratio", "--out", str(out)])
+    assert load_calibration(out) == default_calibration()
+    written = yaml.safe_load(out.read_text())["cluster_states"]
+    shipped = yaml.safe_load((profiles_dir() / "calibration.yaml").read_text())["cluster_states"]
+    assert written["jean-zay-a100-48 pipeline transfers"]["p2p_bandwidth_ratio"] == 0.5
+    assert "--only p2p_bandwidth_ratio" in written["jean-zay-a100-48 pipeline transfers"]["source"]
+    before_fix = "jean-zay-a100-48 before the PCIe/NUMA fix"
+    assert written[before_fix] == shipped[before_fix]
 
 
 def test_benchmark_calibration_set_holds_nemos_h100_long_sequence_rows_as_a_group_of_their_own() -> None:

@@ -50,12 +50,13 @@ def test_runs_on_lists_the_targets_that_run_the_configuration_exactly(fields, ta
 
 
 def test_execution_semantics_are_each_engines():
-    """DeepSpeed's PipelineEngine: whole activations from every TP rank, gradients reduced after the flush,
-    no overlapped TP backward; torchtitan: synchronous DTensor TP backward; Megatron-LM: the defaults."""
+    """DeepSpeed's PipelineEngine: 1/tp of a boundary tensor per TP rank (is_pipe_partitioned), gradients reduced
+    after the flush, no overlapped TP backward; torchtitan: synchronous DTensor TP backward; Megatron-LM: the
+    defaults."""
     config = ParallelConfig(dp=2, tp=2, pp=2, zero_stage=1, **SP)
     deepspeed = FRAMEWORKS["deepspeed"].runs(config)
     assert (deepspeed.p2p_scatter_gather, deepspeed.overlap_grad_reduce, deepspeed.overlap_tp_backward) == (
-        False, False, False)
+        True, False, False)
     without_pp = ParallelConfig(dp=8, tp=1, pp=1, zero_stage=1)
     assert FRAMEWORKS["deepspeed"].runs(without_pp).overlap_grad_reduce  # ZeRO's overlap_comm
     titan = FRAMEWORKS["torchtitan"].runs(ParallelConfig(dp=2, tp=2, pp=2, **SP))
@@ -85,7 +86,7 @@ def test_any_keeps_the_whole_space_with_megatron_semantics():
 
 
 def test_the_framework_is_a_cost_model_input():
-    """The same layout is slower as DeepSpeed's engine runs it: exposed gradient reduction, whole activations."""
+    """The same layout is slower as DeepSpeed's engine runs it: exposed gradient reduction and TP backward."""
     config = FRAMEWORKS["deepspeed"].runs(ParallelConfig(dp=2, tp=2, pp=4, zero_stage=1, **SP))
     as_megatron = FRAMEWORKS["megatron"].runs(config)
     slow = estimate(MODEL, CLUSTER, TRAINING, config).iteration_time_s

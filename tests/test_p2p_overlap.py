@@ -97,3 +97,14 @@ def test_a_plan_file_with_a_non_boolean_overlap_is_refused() -> None:
     document["parallelism"]["overlap_p2p_comm"] = "yes"
     with pytest.raises(PlannerError, match=r"parallelism\.overlap_p2p_comm must be true or false"):
         parse_plan_document(document)
+
+
+def test_deepspeed_sends_each_tp_ranks_slice_and_whole_tensors_cost_tp_times_the_bytes() -> None:
+    """DeepSpeed's PipelineEngine partitions a boundary tensor over the TP ranks (is_pipe_partitioned): each sends
+    s·b·h·2 / tp bytes, as Megatron-LM's scatter/gather does; with `p2p_scatter_gather` off each sends it whole."""
+    config = ParallelConfig(dp=2, tp=4, pp=4, zero_stage=1)
+    deepspeed = FRAMEWORKS["deepspeed"].runs(config)
+    slice_bytes = 2 * TRAINING.seq_len * config.micro_batch * MODEL.hidden_size / config.tp
+    assert boundary_tensor_bytes(MODEL, TRAINING, deepspeed) == pytest.approx(slice_bytes)
+    whole = ParallelConfig(dp=2, tp=4, pp=4, zero_stage=1, p2p_scatter_gather=False)
+    assert boundary_tensor_bytes(MODEL, TRAINING, whole) == pytest.approx(config.tp * slice_bytes)

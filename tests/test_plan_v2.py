@@ -73,7 +73,7 @@ def test_a_heterogeneous_cluster_with_pair_links_and_a_slowdown_is_reproduced_by
     assert made.exit_code in (0, 1), made.output
     document = json.loads(plan_file.read_text())
     assert document["cluster"]["pair_links"] and document["cluster"]["gpu_overrides"]
-    assert document["framework"] == "deepspeed" and document["parallelism"]["p2p_scatter_gather"] is False
+    assert document["framework"] == "deepspeed" and document["parallelism"]["overlap_tp_backward"] is False
     cluster_file.unlink()  # the plan file alone must do
     calibration.unlink()
     again = run("estimate", "--plan", str(plan_file), "--json")

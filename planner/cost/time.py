@@ -613,9 +613,9 @@ def p2p_boundary_time(model: ModelSpec, training: Training, config: ParallelConf
                       calibration: Calibration, hidden_s: float = 0.0) -> float:
     """Forward activation plus backward gradient across one stage boundary, per micro-batch.
 
-    With TP > 1 Megatron-LM sends 1/tp of the tensor (sequence-parallel shards, or the
-    scatter/gather optimisation of Narayanan et al. §4.1) and re-gathers it over NVLink;
-    DeepSpeed's pipeline engine (`p2p_scatter_gather=False`) sends the whole tensor from every TP rank.
+    With TP > 1 each rank sends 1/tp of the tensor (sequence-parallel shards, Megatron-LM's scatter/gather
+    optimisation of Narayanan et al. §4.1, DeepSpeed's partitioned pipeline transfers) and the receiver re-gathers
+    it over NVLink; with `p2p_scatter_gather` off every TP rank sends the whole tensor.
     A context-parallel rank sends its seq_len / cp tokens. Under local learning only the activation crosses
     (`PipelineSchedule.boundary_legs`). Overlapped (`ParallelConfig.p2p_overlapped`) the latency and what of the
     transfer `hidden_s` of compute does not cover show.
