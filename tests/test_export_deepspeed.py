@@ -47,12 +47,17 @@ def check_deepspeed_rules(plan, files: dict[str, str]) -> dict:
     if args.get("--recompute-granularity") == ["full"]:
         assert args["--recompute-method"] == ["uniform"], "DeepSpeed's pipeline has no block recompute"
         assert config["pipeline"]["activation_checkpoint_interval"] == int(args["--recompute-num-layers"][0])
+    if plan.parallel.pp > 1:  # boundary tensors partitioned over the TP ranks exactly when the plan was so costed
+        partitioned = plan.parallel.p2p_scatter_gather
+        assert (config["pipeline"]["pipe_partitioned"], config["pipeline"]["grad_partitioned"]) == (
+            partitioned, partitioned)
     return config
 
 
 PLANS = {
     "uneven 1f1b": dict(blocks=(7, 8, 9, 8)),
     "uniform": dict(blocks=(8, 8, 8, 8), recompute="selective"),
+    "whole boundary tensors": dict(blocks=(8, 8, 8, 8), p2p_scatter_gather=False),
     "interleaved, dist-opt, full recompute": dict(blocks=(3, 4, 4, 4, 4, 4, 5, 4), vpp=2, recompute="full",
                                                   distributed_optimizer=True),
     "no pipeline, ZeRO-3, fp16": dict(blocks=(32,), tp=8, pp=1, zero_stage=3, dtype="fp16"),

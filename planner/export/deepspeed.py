@@ -178,7 +178,10 @@ def deepspeed_config(plan: Plan) -> dict:
         if why := FRAMEWORKS["deepspeed"].block_recompute_why_not(config):  # activation_checkpoint_interval: all
             raise PlannerError(why)
         interval = FULL_RECOMPUTE_LAYERS if config.recompute is Recompute.FULL else 0
-        document["pipeline"] = {"activation_checkpoint_interval": interval}
+        # the pipeline engine partitions boundary tensors over the TP ranks as the plan was costed (its default)
+        document["pipeline"] = {"activation_checkpoint_interval": interval,
+                                "pipe_partitioned": config.p2p_scatter_gather,
+                                "grad_partitioned": config.p2p_scatter_gather}
     return document
 
 
