@@ -1,8 +1,9 @@
 """README figures: every block marked `<!-- check: COMMAND [;; COMMAND …] -->` is output of those
 commands. `tests/test_readme.py` reruns them and fails when a quoted number drifts beyond
-CHECK_TOLERANCE; this script prints the drift, and with `--write` requotes the numbers in place.
+CHECK_TOLERANCE; this script prints the drift, and with `--write` requotes the numbers in place. `--exact`
+reports (and requotes) every number that differs at all, the small drifts the tolerance lets through too.
 
-    PYTHONPATH=. python -m benchmarks.readme_figures [--write]
+    PYTHONPATH=. python -m benchmarks.readme_figures [--exact] [--write]
 
 A line whose text (numbers aside) is no longer printed is reported, never rewritten: a changed
 layout or a different winning plan needs a person to reread the prose around it.
@@ -95,7 +96,10 @@ def shape(line: str) -> str:
     return " ".join(NUMBER.sub("#", line).split())
 
 
-def close(quoted: str, actual: str) -> bool:
+def close(quoted: str, actual: str, exact: bool = False) -> bool:
+    """Whether a quoted number still stands: within CHECK_TOLERANCE, or (`exact`) printed the same."""
+    if exact:
+        return quoted == actual
     a, b = float(quoted.replace(",", "")), float(actual.replace(",", ""))
     decimals = len(quoted.split(".")[1]) if "." in quoted else 0
     return abs(a - b) <= max(CHECK_TOLERANCE * abs(b), 10.0 ** -decimals)
@@ -117,9 +121,10 @@ def block_output(block: Block) -> str:
         return "\n".join(run(command, Path(scratch)) for command in block.commands)
 
 
-def drift(quoted: str, actual: str) -> list[tuple[str, str]]:
-    """(quoted, now) of every number of a line that moved beyond the tolerance."""
-    return [(q, a) for q, a in zip(NUMBER.findall(quoted), NUMBER.findall(actual), strict=True) if not close(q, a)]
+def drift(quoted: str, actual: str, exact: bool = False) -> list[tuple[str, str]]:
+    """(quoted, now) of every number of a line that moved beyond the tolerance (`exact`: that moved at all)."""
+    return [(q, a) for q, a in zip(NUMBER.findall(quoted), NUMBER.findall(actual), strict=True)
+            if not close(q, a, exact)]
 
 
 def requote(quoted: str, actual: str) -> str:
@@ -131,6 +136,7 @@ def requote(quoted: str, actual: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="requote drifted numbers in README.md")
+    parser.add_argument("--exact", action="store_true", help="count any change of a quoted number as drift")
     args = parser.parse_args()
     lines = README.read_text().splitlines()
     stale = 0
@@ -139,8 +145,8 @@ def main() -> None:
             if actual is None:
                 stale += 1
                 print(f"README.md:{index + 1}: no longer printed by {' ;; '.join(block.commands)}: {lines[index]}")
-            elif drift(lines[index], actual):
-                print(f"README.md:{index + 1}: {drift(lines[index], actual)}")
+            elif moved := drift(lines[index], actual, args.exact):
+                print(f"README.md:{index + 1}: {moved}")
                 if args.write:
                     lines[index] = requote(lines[index], actual)
     if args.write:

@@ -35,3 +35,11 @@ PATH = re.compile(r"(?<![\w/.])((?:planner|benchmarks|tests|profiles|\.ci)/[\w./
 def test_every_path_the_readme_names_exists() -> None:
     missing = sorted({p for p in PATH.findall(README.read_text()) if not any(ROOT.glob(p))})
     assert not missing, f"README names files that do not exist: {missing}"
+
+
+def test_exact_drift_reports_what_the_tolerance_lets_through() -> None:
+    """8.248 → 8.270 s is within the test's 1 %: only `--exact` (drift(..., exact=True)) reports and requotes it."""
+    quoted, now = "iteration time  8.248 s, 12 GPUs", "iteration time  8.270 s, 12 GPUs"
+    assert drift(quoted, now) == []
+    assert drift(quoted, now, exact=True) == [("8.248", "8.270")]
+    assert drift(now, now, exact=True) == []
