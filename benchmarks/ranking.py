@@ -41,6 +41,7 @@ from benchmarks.validation_runs import DATA
 from planner.cluster import Cluster, load_cluster
 from planner.config import ParallelConfig, Recompute, Training, deepspeed_zero3_collectives
 from planner.cost.estimate import estimate
+from planner.frameworks import FRAMEWORKS
 from planner.model import ModelSpec
 from planner.profile.calibration import Calibration, default_calibration
 
@@ -82,8 +83,8 @@ def vtrain_time(run: VTrainRun, cluster: Cluster, calibration: Calibration) -> f
     TP rank), gradients all-reduced after the flush (`use_gradient_bucket=false`)."""
     model = _gpt(run.name, run.layers, run.hidden, run.heads, run.seq_len)
     training = Training(global_batch=run.global_batch, seq_len=run.seq_len, dtype="fp16", attention="unfused")
-    config = ParallelConfig(dp=run.dp, tp=run.tp, pp=run.pp, micro_batch=run.micro_batch, recompute=Recompute.FULL,
-                            overlap_grad_reduce=False, overlap_tp_backward=False)
+    config = FRAMEWORKS["deepspeed"].runs(ParallelConfig(dp=run.dp, tp=run.tp, pp=run.pp, micro_batch=run.micro_batch,
+                                                         recompute=Recompute.FULL))
     return estimate(model, cluster, training, config, calibration=calibration).iteration_time_s
 
 

@@ -75,6 +75,7 @@ from planner.config import ParallelConfig, Recompute, Schedule, Training, deepsp
 from planner.cost.estimate import Estimate, estimate, model_flops_per_iteration
 from planner.cost.memory import STACK_BYTES_PER_SM
 from planner.cost.time import unit_costs
+from planner.frameworks import FRAMEWORKS
 from planner.gpu import GIB
 from planner.model import ModelSpec, UnitKind, load_model
 from planner.placement import GroupLinks, default_placement
@@ -256,10 +257,9 @@ def _bloom_row(row: pd.Series, cluster: Cluster, p2p_ratio: float) -> Run | None
     training = Training(global_batch=int(values["gbs"]), seq_len=BLOOM_SEQ_LEN, dtype="bf16" if bf16 else "fp16",
                         attention="unfused", grad_bytes=4 if bf16 else 2)
     zero = 1 if values["zs"] is None else int(values["zs"])
-    config = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=int(values["mbs"]), recompute=Recompute.FULL,
-                            zero_stage=zero, schedule=Schedule.ONE_F_ONE_B, overlap_grad_reduce=False,
-                            overlap_tp_backward=False,
-                            deepspeed_optimizer="bf16" if bf16 and zero == 1 else "zero")
+    config = FRAMEWORKS["deepspeed"].runs(ParallelConfig(
+        dp=dp, tp=tp, pp=pp, micro_batch=int(values["mbs"]), recompute=Recompute.FULL, zero_stage=zero,
+        schedule=Schedule.ONE_F_ONE_B, deepspeed_optimizer="bf16" if bf16 and zero == 1 else "zero"))
     model = bloom_model(int(values["nhidden"]), int(values["nlayers"]), int(values["nheads"]))
     label = (f"L{row['source_line']} h{model.hidden_size} l{model.num_layers} a{model.num_attention_heads} "
              f"{config.describe()} gbs{training.global_batch}")
