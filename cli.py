@@ -367,6 +367,7 @@ class TuningOptions:
     cross_entropy: str = "fused"  # set by the target framework (`for_framework`), not an option of its own
     fp8_default: str = FP8_RECIPES[0]  # likewise
     fp8_saved_input: str = "fp8"  # likewise
+    target: str = "any"  # the framework that runs it, which decides the FP8 all-gathers (Training.fp8_tp_gather)
 
     @classmethod
     def pop_from(cls, options: dict[str, Any]) -> TuningOptions:
@@ -377,10 +378,10 @@ class TuningOptions:
 
     def for_framework(self, framework: str | None) -> TuningOptions:
         """These options with the loss kernel `framework` runs at their element-wise setting, its default FP8 recipe
-        and what its FP8 linears keep for backward."""
+        and what its FP8 linears keep for backward (and gather in FP8)."""
         target = framework_named(framework or "any")
         return replace(self, cross_entropy=target.loss_kernel(self.elementwise), fp8_default=target.fp8_recipes[0],
-                       fp8_saved_input=target.fp8_saved_input)
+                       fp8_saved_input=target.fp8_saved_input, target=target.name)
 
     def training_fields(self, dtype: str) -> dict[str, Any]:
         """Training's fields at `dtype`; "auto" optimizer states start as fp32 (plan may choose others)."""
@@ -389,6 +390,7 @@ class TuningOptions:
                 "optimizer_states": "fp32" if self.optimizer_states == "auto" else self.optimizer_states,
                 "elementwise": self.elementwise, "cross_entropy": self.cross_entropy, "fp8_recipe": recipe,
                 "cuda_graphs": self.cuda_graphs, "fp8_saved_input": self.fp8_saved_input,
+                "fp8_tp_gather": dtype != "fp8" or framework_named(self.target).gathers_tp_in_fp8(recipe),
                 "moe_load_imbalance": self.moe_load_imbalance, "moe_capacity_factor": self.moe_capacity_factor}
 
 

@@ -176,6 +176,7 @@ def _run(file: str, frame_row: pd.Series, row: _Row) -> Run:
     cudnn = row.gpu == "B200"
     training = Training(global_batch=row.global_batch, seq_len=row.seq_len, dtype="fp8" if row.fp8_recipe else "bf16",
                         fp8_recipe=row.fp8_recipe, fp8_saved_input=TORCHTITAN.fp8_saved_input,
+                        fp8_tp_gather=TORCHTITAN.gathers_tp_in_fp8(row.fp8_recipe),
                         attention="flash" if cudnn else "flash2", grad_bytes=4,
                         elementwise="eager" if row.eager else "fused", cross_entropy=_cross_entropy(frame_row, row))
     # torchtitan's execution semantics (planner.frameworks): its TP backward has no async all-reduce hidden behind

@@ -199,7 +199,9 @@ class Training:
     PyTorch's or torch.compile's; it sets what the loss holds in memory.
     `fp8_recipe` (FP8_RECIPES) is how dtype fp8 scales its GEMM operands (None with dtype fp8 takes "delayed"); it
     must stay None for other dtypes. `fp8_saved_input` (FP8_SAVED_INPUTS) is what an FP8 linear keeps of its input
-    for the weight gradient, set by the framework that runs it.
+    for the weight gradient, and `fp8_tp_gather` whether sequence parallelism's all-gathers move the FP8 activation
+    (1 byte an element) rather than the 16-bit one (the reduce-scatters stay 16-bit), both set by the framework that
+    runs it (`Framework.gathers_tp_in_fp8`).
     `grad_bytes` is the per-parameter gradient size: 4 when gradients accumulate in fp32
     (Megatron-LM's default for bf16 and fp8), 2 when they stay 16-bit (its fp16 optimizer);
     None takes that dtype's default.
@@ -228,6 +230,7 @@ class Training:
     cuda_graphs: str = "none"
     fp8_recipe: str | None = None
     fp8_saved_input: str = "fp8"
+    fp8_tp_gather: bool = True
 
     def __post_init__(self) -> None:
         if self.grad_bytes is None:
@@ -258,6 +261,8 @@ class Training:
         """A recipe only with dtype fp8, one of FP8_RECIPES; fp8 without one scales as Megatron-LM's default."""
         if self.fp8_saved_input not in FP8_SAVED_INPUTS:
             raise _not_one_of("training", "fp8_saved_input", self.fp8_saved_input, FP8_SAVED_INPUTS)
+        if not isinstance(self.fp8_tp_gather, bool):
+            raise PlannerError(f"training: fp8_tp_gather must be true or false, got {self.fp8_tp_gather!r}")
         if self.dtype != "fp8":
             if self.fp8_recipe is not None:
                 raise PlannerError(f"training: fp8_recipe applies to dtype fp8 only, got dtype {self.dtype!r} "

@@ -130,6 +130,9 @@ class Framework:
     fp8_saved_input: str = "fp8"
     # the FP8 recipes under which it gathers weights in FP8 (ParallelConfig.fp8_param_gather); None: every one
     fp8_gather_recipes: tuple[str, ...] | None = None
+    # the FP8 recipes under which sequence parallelism's all-gathers move FP8 activations (Training.fp8_tp_gather);
+    # None: every one (Transformer Engine quantises a linear's input, or its output gradient, before gathering it)
+    fp8_tp_gather_recipes: tuple[str, ...] | None = None
     # what it runs of a given model, narrowed from the above (None: every model alike); see `for_model`
     model_limits: Callable[[Framework, ModelSpec], dict[str, object]] | None = None
     # how it recomputes only some blocks of a chunk (ParallelConfig.recompute_num_layers): "first" (Megatron-LM's
@@ -145,6 +148,10 @@ class Framework:
         """This framework as it runs `model`: some targets run only part of their features for some models
         (torchtitan 0.2.2's qwen3 has no pipelining and no DeepEP dispatcher)."""
         return replace(self, **self.model_limits(self, model)) if self.model_limits else self
+
+    def gathers_tp_in_fp8(self, fp8_recipe: str | None) -> bool:
+        """Whether under FP8 recipe `fp8_recipe` its sequence-parallel all-gathers move FP8 activations."""
+        return self.fp8_tp_gather_recipes is None or fp8_recipe in self.fp8_tp_gather_recipes
 
     def loss_kernel(self, elementwise: str) -> str:
         """How it runs the loss over the logits (Training.cross_entropy) when its norms and activations run
@@ -408,7 +415,11 @@ FRAMEWORKS: dict[str, Framework] = {
         # ([quantize.linear.mx]); torchao dropped delayed scaling
         fp8_recipes=("tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8"), fp8_saved_input="bf16",
         # float8.py asserts no recipe_name beside enable_fsdp_float8_all_gather: FP8 gathers are tensorwise's
-        fp8_gather_recipes=("tensorwise",)),
+        fp8_gather_recipes=("tensorwise",),
+        # parallelize.py applies torchao's Float8ColwiseParallel / Float8RowwiseParallel / PrepareFloat8ModuleInput
+        # only under tensorwise scaling (enable_float8_tensorwise_tp): a colwise linear's input is cast before its
+        # all-gather, a rowwise linear's output gradient before the backward all-gather; rowwise recipes gather BF16
+        fp8_tp_gather_recipes=("tensorwise",)),
 }
 FRAMEWORK_NAMES = tuple(FRAMEWORKS)
 TARGET_NAMES = FRAMEWORK_NAMES[1:]

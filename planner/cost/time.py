@@ -68,6 +68,7 @@ __all__ = [
     "resharded_costs",
     "selective_recompute_s",
     "stage_boundary_s",
+    "tp_gather_element_bytes",
     "unit_costs",
     "unit_runs",
 ]
@@ -226,8 +227,9 @@ def _block_cost(model: ModelSpec, block: BlockSpec, times: UnitTimes, training: 
     tp_forward = tp_backward = 0.0
     if config.tp > 1:  # a frozen block has no weight-gradient GEMMs to hide the backward collectives behind
         tp_config = config if training.finetune == "full" else replace(config, overlap_tp_backward=False)
-        tp_forward, tp_backward = _block_tp_s(times, _tp_linears(block), tp_config,
-                                              2 * setting.tokens * block.hidden_size, tp_link, calibration)
+        activation = setting.tokens * block.hidden_size
+        tp_forward, tp_backward = _block_tp_s(times, _tp_linears(block), tp_config, 2 * activation,
+                                              tp_gather_element_bytes(training) * activation, tp_link, calibration)
     cp_forward = cp_backward = 0.0
     if block.attention is not None and setting.cp > 1:
         if cp_link is None:
@@ -556,12 +558,21 @@ def context_parallel_s(times: UnitTimes, attention: AttentionSpec, training: Tra
     return exchange, exchange
 
 
+def tp_gather_element_bytes(training: Training) -> int:
+    """Bytes per activation element sequence parallelism's all-gathers move: an FP8 run's one where its framework
+    quantises before gathering (`Training.fp8_tp_gather`), else the 16-bit activation's two (scales not counted)."""
+    return FP8_PARAM_BYTES if training.dtype == "fp8" and training.fp8_tp_gather else PARAM_BYTES
+
+
 def _block_tp_s(times: UnitTimes, linears: tuple[tuple[int, ...], tuple[int, ...]], config: ParallelConfig,
-                message: float, link: Link, calibration: Calibration) -> tuple[float, float]:
+                message: float, gather_message: float, link: Link,
+                calibration: Calibration) -> tuple[float, float]:
     """Exposed TP communication of one block per micro-batch, (forward, backward), over its TP-split sub-layers
     (`linears`: the positions of their column- and row-parallel linears, `_tp_linears`), each collective hidden
     at most behind the GEMM it overlaps (`UnitTimes.linear_forward_s`; a measured profile without it
-    spreads the block's forward over its linear layers).
+    spreads the block's forward over its linear layers). `message`: the 16-bit activation's bytes, what the
+    all-reduces and reduce-scatters move; `gather_message`: what sequence parallelism's all-gathers move (FP8's
+    half of it where the framework gathers quantised inputs and output gradients, `tp_gather_element_bytes`).
 
     Without SP: a synchronous all-reduce per sub-layer forward; backward, each column-parallel linear's input-gradient
     all-reduce runs behind its wgrad GEMM (`tp_backward_overlap` of it at most). With SP: forward, an
@@ -583,7 +594,7 @@ def _block_tp_s(times: UnitTimes, linears: tuple[tuple[int, ...], tuple[int, ...
         all_reduce = all_reduce_time(message, tp, link, calibration)
         backward = sum(max((1 - hidden) * all_reduce, all_reduce - gemm[i]) for i in columns)
         return len(columns) * all_reduce, backward
-    gather = all_gather_time(message, tp, link, calibration)
+    gather = all_gather_time(gather_message, tp, link, calibration)
     scatter = reduce_scatter_time(message, tp, link, calibration)
     forward = len(columns) * (gather + scatter)
     backward = len(rows) * gather + sum(max((1 - hidden) * comm, comm - gemm[i])
