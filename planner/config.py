@@ -437,8 +437,9 @@ class ParallelConfig:
     # from pytorch/torchtitan 3b85aa31f, 2025-05-14) until b39377f9f (2025-12-01) added every SDPA backend to the list
     sac_keeps_attention: bool = True
     # under sequence parallelism a column-parallel linear keeps for its weight gradient the all-gathered input
-    # (DTensor's ColwiseParallel: the redistribute's output is what the matmul saves; torchtitan) rather than its own
-    # sequence shard, gathered again in backward (Megatron-LM's linear_with_grad_accumulation_and_async_allreduce)
+    # (DTensor's ColwiseParallel: the redistribute's output is what the matmul saves; torchtitan), so backward
+    # gathers nothing more, rather than its own sequence shard, gathered again in backward (Megatron-LM's
+    # linear_with_grad_accumulation_and_async_allreduce)
     sp_saves_gathered_input: bool = False
     # whose implementation of the schedule's order runs (PIPELINE_ORDERS): Megatron-LM's, or
     # torch.distributed.pipelining's (torchtitan), which differ for the interleaved schedule (`PyTorchInterleaved`)

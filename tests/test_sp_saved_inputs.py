@@ -1,5 +1,6 @@
 """What a column-parallel linear keeps of its input under sequence parallelism: Megatron-LM keeps its sequence shard
-and all-gathers it again in backward; DTensor's colwise TP (torchtitan) keeps the all-gathered input."""
+and all-gathers it again in backward; DTensor's colwise TP (torchtitan) keeps the all-gathered input, and backward
+gathers nothing more."""
 
 from __future__ import annotations
 
@@ -10,10 +11,15 @@ import pytest
 from click.testing import CliRunner
 
 from cli import main
+from planner.cluster import parse_shorthand
 from planner.config import ParallelConfig, Recompute, Training
 from planner.cost.memory import activation_bytes, block_type_activation_bytes
+from planner.cost.time import unit_costs
 from planner.frameworks import FRAMEWORKS
 from planner.model import UnitKind, load_model
+from planner.placement import GroupLinks, default_placement
+from planner.profile.analytic import AnalyticProfile
+from planner.profile.calibration import default_calibration
 
 MODEL = load_model("llama3-70b")
 BLOCK = next(iter(MODEL.block_types()))
@@ -73,3 +79,25 @@ def test_the_plan_file_records_it_and_estimate_plan_reproduces_it(tmp_path) -> N
     assert document["parallelism"]["sp_saves_gathered_input"] is True
     again = json.loads(CliRunner().invoke(main, ["estimate", "--plan", str(out), "--json"]).stdout)
     assert again["estimate"]["peak_memory_bytes"] == pytest.approx(document["estimate"]["peak_memory_bytes"])
+
+
+def _tp_block(config: ParallelConfig):
+    cluster, calibration = parse_shorthand("8x8xH100-80GB"), default_calibration()
+    links = GroupLinks.from_placement(cluster, config, default_placement(cluster, config))
+    return unit_costs(MODEL, TRAINING, config, links.gpu[0], links.tp[0], AnalyticProfile(MODEL, calibration),
+                      calibration)[UnitKind.BLOCK]
+
+
+@pytest.mark.parametrize(("recompute", "selective", "regathers"), [
+    (Recompute.NONE, "attention", False), (Recompute.FULL, "attention", False), (Recompute.SELECTIVE, "op", True)])
+def test_a_kept_gathered_input_is_not_gathered_again_in_backward_unless_per_op_sac_drops_it(
+        recompute: Recompute, selective: str, regathers: bool) -> None:
+    """Megatron-LM all-gathers each column-parallel input again for its weight gradient; DTensor keeps the gathered
+    input, so backward gathers nothing more (a full recompute re-runs the forward's gathers, charged as such),
+    except under torchtitan's per-op SAC, whose save list leaves the all-gather out: backward re-runs it."""
+    megatron = replace(MEGATRON, overlap_tp_backward=False, recompute=recompute, selective_recompute=selective)
+    titan = replace(megatron, sp_saves_gathered_input=True)
+    sharded, gathered = _tp_block(megatron), _tp_block(titan)
+    assert gathered.tp_forward_s == sharded.tp_forward_s
+    assert (gathered.tp_backward_s == pytest.approx(sharded.tp_backward_s)) is regathers
+    assert gathered.tp_backward_s <= sharded.tp_backward_s

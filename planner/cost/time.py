@@ -597,8 +597,9 @@ def _block_tp_s(times: UnitTimes, linears: tuple[tuple[int, ...], tuple[int, ...
     gather = all_gather_time(gather_message, tp, link, calibration)
     scatter = reduce_scatter_time(message, tp, link, calibration)
     forward = len(columns) * (gather + scatter)
+    regather = gather if _regathers_column_inputs(config) else 0.0
     backward = len(rows) * gather + sum(max((1 - hidden) * comm, comm - gemm[i])
-                                        for i in columns for comm in (gather, scatter))
+                                        for i in columns for comm in (regather, scatter))
     if config.tp_comm_overlap:
         forward = sum(_pipelined_exposed_s(gather, gemm[i], tp, gather=True) for i in columns)
         forward += sum(_pipelined_exposed_s(scatter, gemm[i], tp, gather=False) for i in rows)
@@ -606,6 +607,15 @@ def _block_tp_s(times: UnitTimes, linears: tuple[tuple[int, ...], tuple[int, ...
         backward = sum(_pipelined_exposed_s(gather, gemm[i], tp, gather=True) for i in rows)
         backward += sum(max(0.0, gather - gemm[i]) + max(0.0, scatter - gemm[i]) for i in columns)
     return forward, backward
+
+
+def _regathers_column_inputs(config: ParallelConfig) -> bool:
+    """Whether a column-parallel linear's sequence-parallel input is all-gathered again in backward for its weight
+    gradient: always where it keeps only its shard (Megatron-LM); where it keeps the gathered input (DTensor's
+    ColwiseParallel, `sp_saves_gathered_input`) only under torchtitan's per-op SAC, whose save list leaves the
+    all-gather out, so backward re-runs it (a full recompute re-runs it with the forward: `recompute_tp`)."""
+    return not config.sp_saves_gathered_input or (config.recompute is Recompute.SELECTIVE
+                                                   and config.selective_recompute == "op")
 
 
 def _pipelined_exposed_s(comm_s: float, gemm_s: float, tp: int, gather: bool) -> float:
