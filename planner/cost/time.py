@@ -605,7 +605,7 @@ def _block_tp_s(times: UnitTimes, linears: tuple[tuple[int, ...], tuple[int, ...
         forward += sum(_pipelined_exposed_s(scatter, gemm[i], tp, gather=False) for i in rows)
     if config.tp_comm_overlap and config.overlap_tp_backward:
         backward = sum(_pipelined_exposed_s(gather, gemm[i], tp, gather=True) for i in rows)
-        backward += sum(max(0.0, gather - gemm[i]) + max(0.0, scatter - gemm[i]) for i in columns)
+        backward += sum(max(0.0, regather - gemm[i]) + max(0.0, scatter - gemm[i]) for i in columns)
     return forward, backward
 
 
