@@ -228,8 +228,11 @@ def _block_cost(model: ModelSpec, block: BlockSpec, times: UnitTimes, training: 
     if config.tp > 1:  # a frozen block has no weight-gradient GEMMs to hide the backward collectives behind
         tp_config = config if training.finetune == "full" else replace(config, overlap_tp_backward=False)
         activation = setting.tokens * block.hidden_size
+        quantised = tp_gather_element_bytes(training) * activation
+        # an MoE layer's sequence-parallel collectives are its token dispatcher's, on the 16-bit hidden states
+        mlp_gather = 2 * activation if block.mlp is not None and block.mlp.is_moe else quantised
         tp_forward, tp_backward = _block_tp_s(times, _tp_linears(block), tp_config, 2 * activation,
-                                              tp_gather_element_bytes(training) * activation, tp_link, calibration)
+                                              (quantised, quantised, mlp_gather, mlp_gather), tp_link, calibration)
     cp_forward = cp_backward = 0.0
     if block.attention is not None and setting.cp > 1:
         if cp_link is None:
@@ -565,14 +568,15 @@ def tp_gather_element_bytes(training: Training) -> int:
 
 
 def _block_tp_s(times: UnitTimes, linears: tuple[tuple[int, ...], tuple[int, ...]], config: ParallelConfig,
-                message: float, gather_message: float, link: Link,
+                message: float, gather_messages: tuple[float, float, float, float], link: Link,
                 calibration: Calibration) -> tuple[float, float]:
     """Exposed TP communication of one block per micro-batch, (forward, backward), over its TP-split sub-layers
     (`linears`: the positions of their column- and row-parallel linears, `_tp_linears`), each collective hidden
     at most behind the GEMM it overlaps (`UnitTimes.linear_forward_s`; a measured profile without it
     spreads the block's forward over its linear layers). `message`: the 16-bit activation's bytes, what the
-    all-reduces and reduce-scatters move; `gather_message`: what sequence parallelism's all-gathers move (FP8's
-    half of it where the framework gathers quantised inputs and output gradients, `tp_gather_element_bytes`).
+    all-reduces and reduce-scatters move; `gather_messages`: what sequence parallelism's all-gather around each
+    linear (in `UnitTimes.linear_forward_s` order) moves, FP8's half where the framework gathers quantised inputs
+    and output gradients (`tp_gather_element_bytes`).
 
     Without SP: a synchronous all-reduce per sub-layer forward; backward, each column-parallel linear's input-gradient
     all-reduce runs behind its wgrad GEMM (`tp_backward_overlap` of it at most). With SP: forward, an
@@ -594,18 +598,18 @@ def _block_tp_s(times: UnitTimes, linears: tuple[tuple[int, ...], tuple[int, ...
         all_reduce = all_reduce_time(message, tp, link, calibration)
         backward = sum(max((1 - hidden) * all_reduce, all_reduce - gemm[i]) for i in columns)
         return len(columns) * all_reduce, backward
-    gather = all_gather_time(gather_message, tp, link, calibration)
+    gather = [all_gather_time(size, tp, link, calibration) for size in gather_messages]
     scatter = reduce_scatter_time(message, tp, link, calibration)
-    forward = len(columns) * (gather + scatter)
-    regather = gather if _regathers_column_inputs(config) else 0.0
-    backward = len(rows) * gather + sum(max((1 - hidden) * comm, comm - gemm[i])
-                                        for i in columns for comm in (regather, scatter))
+    forward = sum(gather[i] + scatter for i in columns)
+    regather = gather if _regathers_column_inputs(config) else [0.0] * len(gather)
+    backward = sum(gather[i] for i in rows) + sum(max((1 - hidden) * comm, comm - gemm[i])
+                                                  for i in columns for comm in (regather[i], scatter))
     if config.tp_comm_overlap:
-        forward = sum(_pipelined_exposed_s(gather, gemm[i], tp, gather=True) for i in columns)
+        forward = sum(_pipelined_exposed_s(gather[i], gemm[i], tp, gather=True) for i in columns)
         forward += sum(_pipelined_exposed_s(scatter, gemm[i], tp, gather=False) for i in rows)
     if config.tp_comm_overlap and config.overlap_tp_backward:
-        backward = sum(_pipelined_exposed_s(gather, gemm[i], tp, gather=True) for i in rows)
-        backward += sum(max(0.0, regather - gemm[i]) + max(0.0, scatter - gemm[i]) for i in columns)
+        backward = sum(_pipelined_exposed_s(gather[i], gemm[i], tp, gather=True) for i in rows)
+        backward += sum(max(0.0, regather[i] - gemm[i]) + max(0.0, scatter - gemm[i]) for i in columns)
     return forward, backward
 
 
