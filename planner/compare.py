@@ -65,7 +65,8 @@ def _fields(document: dict[str, Any], label: str) -> list[tuple[str, str]]:
     terms = estimate.get("breakdown_s", {})
     rows = [("model", str(model.get("name"))), ("cluster", f"{cluster.get('name')} ({cluster.get('num_gpus')} GPUs)"),
             ("global batch × sequence", f"{training.get('global_batch')} × {training.get('seq_len')}"),
-            ("dtype", str(training.get("dtype")))]
+            ("dtype", str(training.get("dtype")) + (f" ({training['fp8_recipe']} scaling)"
+                                                   if training.get("fp8_recipe") else ""))]
     if training.get("finetune", "full") != "full" or training.get("optimizer_states", "fp32") != "fp32":
         adapters = (f" r={training.get('lora_rank')} {training.get('lora_targets')}"
                     if training.get("finetune", "full") != "full" else "")

@@ -220,3 +220,16 @@ def test_torchtitan_gathers_fp8_weights_only_under_its_default_tensorwise_config
 def test_a_bad_saved_input_is_refused_whatever_the_dtype() -> None:
     with pytest.raises(PlannerError, match="fp8_saved_input must be one of fp8, bf16, got 'fp16'"):
         Training(dtype="bf16", fp8_saved_input="fp16")
+
+
+def test_compare_shows_each_plans_recipe(tmp_path) -> None:
+    """Two FP8 plans that differ only in their recipe differ in compare's dtype row, not only in their times."""
+    runner, paths = CliRunner(), [tmp_path / "rowwise.json", tmp_path / "tensorwise.json"]
+    for path in paths:
+        recipe = path.stem
+        result = runner.invoke(main, [*ESTIMATE, "--fp8-recipe", recipe, "--framework", "torchtitan",
+                                      "--out", str(path)])
+        assert result.exit_code == 0, result.output
+    document = json.loads(runner.invoke(main, ["compare", *map(str, paths), "--json"]).output)
+    dtype = next(row for row in document["rows"] if row["field"] == "dtype")
+    assert dtype["differs"] and dtype["values"] == ["fp8 (rowwise scaling)", "fp8 (tensorwise scaling)"]
