@@ -297,6 +297,13 @@ class Training:
             raise PlannerError("training: qlora de-quantises its NF4 weights to 16 bits for every GEMM; "
                                "use dtype bf16 or fp16, got fp8")
 
+    def keeps_fp8_inputs(self, tp: int) -> bool:
+        """Whether an FP8 linear keeps its input for the weight gradient in FP8 at TP degree `tp`: Transformer
+        Engine's always (`fp8_saved_input` "fp8"); torchao's, which keeps what it is handed, where tensor
+        parallelism hands it an input already quantised (`fp8_tp_gather`: torchtitan's Float8 TP plans cast the
+        input of every colwise and rowwise linear before it is gathered or used)."""
+        return self.dtype == "fp8" and (self.fp8_saved_input == "fp8" or (self.fp8_tp_gather and tp > 1))
+
     @property
     def moe_expert_load(self) -> float:
         """Tokens the busiest expert rank processes over the mean: the imbalance, capped by the capacity."""

@@ -13,6 +13,7 @@ from cli import main
 from planner.cluster import parse_shorthand
 from planner.config import ParallelConfig, Training
 from planner.cost.comm import all_gather_time
+from planner.cost.memory import block_type_activation_bytes
 from planner.cost.time import tp_gather_element_bytes, unit_costs
 from planner.errors import PlannerError
 from planner.frameworks import FRAMEWORKS
@@ -105,3 +106,25 @@ def test_an_moe_layers_gathers_stay_16_bit() -> None:
     saved = (all_gather_time(2 * activation, 8, links.tp[0], CALIBRATION)
              - all_gather_time(activation, 8, links.tp[0], CALIBRATION))
     assert whole.tp_forward_s - quantised.tp_forward_s == pytest.approx(saved)
+
+
+def test_torchao_keeps_the_fp8_input_its_tp_plan_hands_it() -> None:
+    """torchao's Float8Linear saves the input it is handed (save_for_backward(input_hp, ...)): under torchtitan's
+    Float8 TP plans that is the already-quantised tensor, 1 byte an element; without TP, or under rowwise recipes,
+    the BF16 one. Transformer Engine keeps its FP8 copy either way."""
+    titan = replace(FP8, fp8_saved_input="bf16")
+    assert titan.keeps_fp8_inputs(8) and not titan.keeps_fp8_inputs(1)
+    assert not replace(titan, fp8_tp_gather=False).keeps_fp8_inputs(8)
+    assert FP8.keeps_fp8_inputs(1) and not Training(dtype="bf16").keeps_fp8_inputs(8)
+    config = ParallelConfig(dp=8, tp=8, pp=1, sequence_parallel=True, sp_saves_gathered_input=True)
+    block = next(iter(MODEL.block_types()))
+    quantised = block_type_activation_bytes(MODEL, block, titan, config)
+    whole = block_type_activation_bytes(MODEL, block, replace(titan, fp8_tp_gather=False), config)
+    # one byte less per element of each linear's kept input: QKV's and the MLP's gathered (whole) inputs, the
+    # projection's and FC2's rank-local ones
+    h, tokens = MODEL.hidden_size, 8192 * config.micro_batch
+    inputs = tokens * (2 * h + MODEL.query_width / 8 + MODEL.ffn_hidden_size / 8)
+    assert whole - quantised == pytest.approx(inputs)
+    # and backward transposes the kept FP8 copy (2 B) instead of casting the BF16 input again (3 B)
+    assert (_block_and_link(titan, config)[0].backward_s
+            < _block_and_link(replace(titan, fp8_tp_gather=False), config)[0].backward_s)

@@ -267,7 +267,7 @@ def block_type_activation_bytes(model: ModelSpec, block: BlockSpec, training: Tr
                    for _, width, row_parallel in op_sac_kept_matmuls(block))
         attention = s * b * (2 * a.value_width + 4 * a.num_attention_heads) / t if config.sac_keeps_attention else 0.0
         return 2 * sbh / divisor + kept + attention + head
-    saved = _saved_input_bytes(training)
+    saved = _saved_input_bytes(training, t)
     replicated = block.sublayers * (2 * sbh + (sbh if block.dropout else 0))  # each norm's input, dropout masks
     replicated += sum(saved * s * b * k for k, _, _ in block.linears)
     sharded = 0.0
@@ -288,9 +288,10 @@ def block_type_activation_bytes(model: ModelSpec, block: BlockSpec, training: Tr
     return replicated / divisor + sharded + kept + head
 
 
-def _saved_input_bytes(training: Training) -> int:
-    """Bytes per element of an input a linear layer keeps for its weight gradient (`FP8_SAVED_INPUT_BYTES` in FP8)."""
-    return FP8_SAVED_INPUT_BYTES if training.dtype == "fp8" and training.fp8_saved_input == "fp8" else 2
+def _saved_input_bytes(training: Training, tp: int) -> int:
+    """Bytes per element of an input a linear layer keeps for its weight gradient at TP degree `tp`
+    (`FP8_SAVED_INPUT_BYTES` where it keeps the FP8 copy, `Training.keeps_fp8_inputs`)."""
+    return FP8_SAVED_INPUT_BYTES if training.keeps_fp8_inputs(tp) else 2
 
 
 @dataclass(frozen=True)
@@ -313,13 +314,13 @@ def megatron_saved_tensors(block: BlockSpec, training: Training, config: Paralle
     s, b, t = seq_len / cp, config.micro_batch, config.tp
     tokens, sbh = s * b, s * b * block.hidden_size / (t if config.sequence_parallel else 1)
     linear_input = s * b * block.hidden_size / config.column_input_shards()
-    return (*normed_input_tensors(block, training, sbh, linear_input),
+    return (*normed_input_tensors(block, training, sbh, linear_input, t),
             *attention_tensors(block, training, tokens, t, seq_len),
             *mlp_tensors(block, training, tokens, t, config.ep))
 
 
-def normed_input_tensors(block: BlockSpec, training: Training, sbh: float,
-                         linear_input: float) -> tuple[SavedTensor, ...]:
+def normed_input_tensors(block: BlockSpec, training: Training, sbh: float, linear_input: float,
+                         tp: int) -> tuple[SavedTensor, ...]:
     """Each sub-layer's norm output as it is kept (`sbh`: one hidden-wide 16-bit-less tensor's elements on this
     rank; `linear_input`: the same tensor as a column-parallel linear keeps it, `ParallelConfig.column_input_shards`).
     Attention and a dense MLP fuse their norm into the first linear (Transformer Engine's
@@ -330,7 +331,7 @@ def normed_input_tensors(block: BlockSpec, training: Training, sbh: float,
     module discards the outputs of the norms of their own (transformer_layer.py: CheckpointWithoutOutput around
     input_layernorm / pre_mlp_layernorm, skipped for fused ones); `mlp` discards the dense MLP's, since its
     checkpoint keeps only the MLP's input, the residual stream; `moe` keeps its input, the norm's output."""
-    saved = _saved_input_bytes(training)
+    saved = _saved_input_bytes(training, tp)
     tensors = []
     if block.attention is not None or block.mamba is not None:
         separate = block.attention is not None and block.attention.is_mla
@@ -379,7 +380,7 @@ def mlp_tensors(block: BlockSpec, training: Training, tokens: float, tp: int, ep
     mlp = block.mlp
     if mlp is None:
         return ()
-    saved = _saved_input_bytes(training)
+    saved = _saved_input_bytes(training, tp)
     first = 4 if mlp.gated else 2
     if not mlp.is_moe:
         return (_tensor(tokens * mlp.ffn_hidden_size / tp * (first + saved), "mlp"),)

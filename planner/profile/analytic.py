@@ -1064,4 +1064,4 @@ def unit_setting(training: Training, tp: int, micro_batch: int, sequence_paralle
                  etp: int = 1, dispatcher: str = "alltoall") -> UnitSetting:
     return UnitSetting(tp, micro_batch, training.seq_len, sequence_parallel, training.dtype, training.attention, cp,
                        ep, etp, training.expert_rank_load(ep), training.elementwise, dispatcher, training.cuda_graphs,
-                       training.fp8_recipe, training.fp8_saved_input)
+                       training.fp8_recipe, "fp8" if training.keeps_fp8_inputs(tp) else training.fp8_saved_input)
