@@ -77,7 +77,6 @@ FITTED = (
     Fitted("fp8_gemm_efficiency_ratio", 1.0, 0.4, 1.0, "FP8 GEMM efficiency (of the FP8 peak) relative to BF16's"),
     Fitted("flash_attention_efficiency", 0.6, 0.2, 0.9, "FlashAttention forward FLOP rate / BF16 peak"),
     Fitted("iteration_overhead_s", 0.0, 0.0, 2.0, "fixed cost per iteration: data loader, loss scaling, logging"),
-    Fitted("tp_backward_overlap", 0.0, 0.0, 1.0, "share of backward TP collectives hidden behind wgrad GEMMs"),
     Fitted("misaligned_gemm_efficiency", 1.0, 0.05, 1.0,
            "GEMM efficiency relative to aligned when a 16-bit leading dimension is not a multiple of 16 bytes"),
 )

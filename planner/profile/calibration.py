@@ -43,7 +43,9 @@ class Calibration:
     # Added with benchmarks/calibrate.py; files written before them keep these neutral defaults.
     gemm_efficiency: float = 1.0  # fraction of the GPU's max achievable matmul rate reached inside training
     fp8_gemm_efficiency_ratio: float = 1.0  # FP8 GEMM efficiency (of the FP8 peak) relative to BF16's
-    tp_backward_overlap: float = 0.0  # share of backward TP collectives hidden behind weight-gradient GEMMs
+    # cap on the share of an overlapped backward TP collective its GEMM hides (it shows beyond the GEMM's length
+    # either way); derived 1 in profiles/calibration.yaml, no longer fitted
+    tp_backward_overlap: float = 1.0
     # GEMM efficiency, relative to an aligned GEMM, when a leading dimension (k or n) of a 16-bit / FP8
     # operand is not a multiple of 16 bytes: tensor-core kernels with 16-byte vector loads cannot run
     misaligned_gemm_efficiency: float = 1.0
