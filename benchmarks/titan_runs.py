@@ -11,8 +11,9 @@ eager element-wise kernels where the row says it ran without torch.compile (`--e
 rows ran torchtitan's eager RMSNorm module, norm_type "rmsnorm" in llama3_8b.toml @9dec370), local batch =
 `micro_batch` per DP rank with
 no gradient accumulation, and any float8 / MXFP8 recipe = fp8 GEMMs. "selective" activation
-checkpointing is torchtitan's per-op SAC (`selective_recompute` "op"). The Dec-2024 H100s are Grand Teton's
-96 GB HBM2e parts at 500 W (`H100-96GB-HBM2e`: 95 GiB at 2.4 TB/s; their lower clocks are not modelled).
+checkpointing is torchtitan's per-op SAC (`selective_recompute` "op"). The Dec-2024 H100s, and torchao's
+(`_GRAND_TETON_FILES`), are Grand Teton's 96 GB HBM2e parts at 500 W (`H100-96GB-HBM2e`: 95 GiB at 2.4 TB/s, GEMMs
+at the power limit's clocks).
 The loss runs as the row's torchtitan ran it (`_cross_entropy`), and the published memory is torchtitan's
 "memory: X GiB", PyTorch's max_memory_reserved (the files' memory_kind column): the caching allocator's peak,
 without CUDA context or NCCL buffers.
@@ -133,9 +134,22 @@ def _recompute(checkpointing: str) -> Recompute:
     return Recompute.SELECTIVE if checkpointing.startswith("selective") else Recompute.NONE
 
 
-def _cluster(row: _Row, hardware: str) -> Cluster:
-    """The row's GPUs in nodes of 8; a Dec-2024 row's "HBM2e" H100s are Grand Teton's `H100-96GB-HBM2e`."""
-    gpu = "H100-96GB-HBM2e" if row.gpu == "H100-80GB" and "HBM2e" in hardware else row.gpu
+# torchao's H100 rows say only "H100" ("variant not stated"); they are taken to be Meta's Grand Teton H100s, as
+# torchtitan's benchmarks by the same PyTorch team name theirs. The evidence: the rows were added by a Meta author
+# (pytorch/ao 8c81863ba, March 2025) running torchtitan on a PyTorch 2.7.0a0 main-branch build, and the same team's
+# float8 microbenchmark of Llama-3-70B's tp-8 linears on "H100" (pytorch/ao#2185, May 2025) runs a BF16
+# 16384 x 8192 x 7168 linear's three GEMMs (5.77 TFLOP) in 9.871 ms, 585 TFLOP/s: 74 % of the H100 SXM's
+# 794.5 TFLOP/s MAMF, the rate planner gives Grand Teton's 500 W part (586) where a 700 W H100 SXM's is 656.
+# The same bf16 step reads 6150 tokens/s per GPU at micro-batch 1 there against 6667 at micro-batch 2 on the
+# Grand Teton machines of the Dec-2024 rows.
+_GRAND_TETON_FILES = (TITAN_FILES[2],)
+
+
+def _cluster(row: _Row, hardware: str, file: str) -> Cluster:
+    """The row's GPUs in nodes of 8; Grand Teton's H100s (`H100-96GB-HBM2e`) where a Dec-2024 row says "HBM2e" or
+    a torchao row says H100 (`_GRAND_TETON_FILES`)."""
+    teton = "HBM2e" in hardware or file in _GRAND_TETON_FILES
+    gpu = "H100-96GB-HBM2e" if row.gpu == "H100-80GB" and teton else row.gpu
     return load_cluster(f"{max(row.gpus // 8, 1)}x{min(row.gpus, 8)}x{gpu}")
 
 
@@ -198,9 +212,10 @@ def _run(file: str, frame_row: pd.Series, row: _Row) -> Run:
         tp_comm_overlap=row.async_tp and row.tp > 1, sac_keeps_attention=not cudnn))
     iteration = training.tokens_per_iteration / (row.tokens_per_s_per_gpu * row.gpus)
     memory = None if row.memory_gib is None else row.memory_gib * GIB
-    label = f"row{frame_row['row_id']} {row.model} s{row.seq_len} {row.gpus}x{row.gpu} {config.describe()}"
-    return Run(file, label, load_model(_catalog_name(row.model) or ""), _cluster(row, str(frame_row["hardware"])),
-               training, config, iteration, memory, f"{file} row_id {frame_row['row_id']}", memory_in_allocator=True)
+    cluster = _cluster(row, str(frame_row["hardware"]), file)
+    label = f"row{frame_row['row_id']} {row.model} s{row.seq_len} {row.gpus}x{cluster.gpu.name} {config.describe()}"
+    return Run(file, label, load_model(_catalog_name(row.model) or ""), cluster, training, config, iteration, memory,
+               f"{file} row_id {frame_row['row_id']}", memory_in_allocator=True)
 
 
 def common_schema_run(source: str, fields: dict[str, object]) -> Run:

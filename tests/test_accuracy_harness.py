@@ -3,6 +3,7 @@ and ranking measures mean what the README says (benchmarks/accuracy.py, ranking.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -59,6 +60,16 @@ def test_torchtitan_context_and_pipeline_rows_are_scored_as_torchtitan_runs_them
     # Grand Teton's 96 GB HBM2e H100s, as the benchmark text states them: capacity and the 2.4 TB/s of HBM2e
     assert {(run.cluster.gpu.name, run.cluster.gpu.hbm_bandwidth_bytes_per_s) for run in runs} == {
         ("H100-96GB-HBM2e", 2.4e12)}
+
+
+def test_torchaos_h100_rows_run_on_grand_teton_and_its_other_gpus_as_named() -> None:
+    """torchao's rows say only "H100": Grand Teton's 500 W parts like the same team's torchtitan rows
+    (benchmarks/titan_runs.py `_GRAND_TETON_FILES`); its MI300X and B200 rows keep their own GPUs."""
+    runs, _ = titan_runs(TITAN_FILES[2])
+    by_gpu = Counter(run.cluster.gpu.name for run in runs)
+    assert by_gpu == {"H100-96GB-HBM2e": 3, "MI300X": 4, "B200": 5}
+    teton = next(run for run in runs if run.cluster.gpu.name == "H100-96GB-HBM2e")
+    assert teton.cluster.gpu.gemm_clock_ratio < 0.9 and "H100-96GB-HBM2e" in teton.label
 
 
 def test_moe_rows_are_each_estimated_once_or_skipped_and_timed_only_when_force_balanced() -> None:

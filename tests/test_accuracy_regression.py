@@ -33,7 +33,8 @@ RECORDED = {
     # bf16 rows: BF16_Optimizer's gradients; memory: the chronicles' CUDA context, DeepSpeed's after-flush segments;
     # 6.4 -> 6.7 % with DeepSpeed's partitioned pipeline transfers at Jean Zay's fitted pipeline ratio (fifteenth)
     "BLOOM-176B sweep (Megatron-DeepSpeed, A100)": (95, 0.067, 0.090, 95),
-    "Korthikanti 2022 Table 4 (22B layer, A100)": (10, 0.020, None, 0),
+    # 2.0 -> 1.9 % (seventeenth session): tp_backward_overlap derived (1, each collective hidden up to its GEMM)
+    "Korthikanti 2022 Table 4 (22B layer, A100)": (10, 0.019, None, 0),
     # NeMo / Megatron-Bridge: interleaved pipeline transfers overlapped as Megatron-LM runs them (2026-12-02)
     # 2026-12-02 (eighth session): the CP rows (ring CP) and NeMo's Nemotron-3 8B/22B and Nemotron-4 340B rows join
     # FP8 saved inputs in one byte; 340B's 16-bit gradients; 3.6 % with host and GPU overlapping in part (twelfth)
@@ -53,7 +54,9 @@ RECORDED = {
     "torchtitan docs 2024 (FSDP2, A100/H100)": (9, 0.080, None, 9),
     # per-op SAC memory; FA2 on H100; eager loss on H100 (torchtitan 0.0.2), compiled on MI300X / B200 (Aug 2025);
     # B200's cuDNN attention outside 6fc499f's SAC save list, recomputed
-    "torchao float8/MXFP8 (FSDP2, H100/MI300X/B200)": (12, 0.421, 0.047, 12),  # torchao keeps BF16 inputs
+    # torchao keeps BF16 inputs; seventeenth session: its H100s are Grand Teton's (titan_runs._GRAND_TETON_FILES),
+    # 42.1 -> 39.9 % (H100 rows -16.8 / -14.6 / -24.1 -> -8.6 / -5.4 / -15.8 %)
+    "torchao float8/MXFP8 (FSDP2, H100/MI300X/B200)": (12, 0.399, 0.047, 12),
     # issue 11 item 6 (2026-12-02; both under 12 % since the tenth session, README "Accuracy"): rack-scale jobs in NVL72
     # racks as Megatron-Bridge launches them, BF16 gradient buffers, the recipes' EP overlap and DeepSeek-V3's flex
     # dispatcher, FP8 saved inputs in one byte; each row's recompute modules; GPT-OSS's eager expert-bias adds; the

@@ -113,10 +113,10 @@ def test_titan_rows_run_the_loss_their_torchtitan_ran() -> None:
     assert all(run.memory_in_allocator for run in dec2024)
     torchao, _ = titan_runs(TITAN_FILES[2])
     by_gpu = {(run.cluster.nodes[0].gpu.name, run.training.cross_entropy) for run in torchao}
-    assert by_gpu == {("H100-80GB", "eager"), ("MI300X", "compiled"), ("B200", "compiled")}
+    assert by_gpu == {("H100-96GB-HBM2e", "eager"), ("MI300X", "compiled"), ("B200", "compiled")}
     # and only the B200 rows ran cuDNN attention, which their torchtitan's per-op SAC does not keep
     assert {(run.cluster.nodes[0].gpu.name, run.config.sac_keeps_attention) for run in torchao} == {
-        ("H100-80GB", True), ("MI300X", True), ("B200", False)}
+        ("H100-96GB-HBM2e", True), ("MI300X", True), ("B200", False)}
 
 
 def test_bloom_runs_carry_the_context_the_chronicles_measured() -> None:
