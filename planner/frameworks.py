@@ -45,15 +45,25 @@ from planner.errors import PlannerError
 from planner.model import ModelSpec
 from planner.titan_models import find_flavor
 
-__all__ = ["FRAMEWORKS", "FRAMEWORK_NAMES", "TARGET_NAMES", "Framework", "framework_named", "runs_on"]
+__all__ = ["FRAMEWORKS", "FRAMEWORK_NAMES", "TARGET_NAMES", "Framework", "framework_named",
+           "megatron_overlaps_param_gather", "runs_on"]
 
 Semantics = Callable[[ParallelConfig], dict[str, bool | str]]
 
 
-def _megatron_semantics(_config: ParallelConfig) -> dict[str, bool | str]:
-    """Megatron-LM: 1/tp of a boundary tensor per rank, gradient reduction and backward TP collectives overlapped;
+def megatron_overlaps_param_gather(optimizer_sharding: int) -> bool:
+    """Whether Megatron-LM gathers the updated weights behind the next forward (--overlap-param-gather): wherever
+    optimizer states are sharded (the distributed optimizer, Megatron-FSDP), as every NVIDIA recipe and
+    Megatron-LM's scaling runs set it (it needs --overlap-grad-reduce and one of those)."""
+    return optimizer_sharding >= 1
+
+
+def _megatron_semantics(config: ParallelConfig) -> dict[str, bool | str]:
+    """Megatron-LM: 1/tp of a boundary tensor per rank, gradient reduction and backward TP collectives overlapped,
+    and with sharded optimizer states the weights' all-gather after the step (`megatron_overlaps_param_gather`);
     selective recompute of the attention core."""
     return {"p2p_scatter_gather": True, "overlap_grad_reduce": True, "overlap_tp_backward": True,
+            "overlap_param_gather": megatron_overlaps_param_gather(config.optimizer_sharding),
             "selective_recompute": "attention", "sp_saves_gathered_input": False}
 
 
@@ -66,8 +76,8 @@ def _deepspeed_semantics(config: ParallelConfig) -> dict[str, bool | str]:
     Megatron-DeepSpeed's TP backward all-reduces are not overlapped; ZeRO-3 gathers a module's parameters
     together, prefetched (since v0.6.0; the per-tensor gathers before it are `zero3_collectives` "per-tensor")."""
     return {"p2p_scatter_gather": True, "overlap_grad_reduce": config.pp == 1 and config.zero_stage >= 1,
-            "overlap_tp_backward": False, "selective_recompute": "attention", "zero3_collectives": "per-unit",
-            "fsdp_backward_prefetch": "pre", "sp_saves_gathered_input": False}
+            "overlap_param_gather": False, "overlap_tp_backward": False, "selective_recompute": "attention",
+            "zero3_collectives": "per-unit", "fsdp_backward_prefetch": "pre", "sp_saves_gathered_input": False}
 
 
 def _torchtitan_semantics(_config: ParallelConfig) -> dict[str, bool | str]:
@@ -75,9 +85,9 @@ def _torchtitan_semantics(_config: ParallelConfig) -> dict[str, bool | str]:
     backward collectives are synchronous, and its colwise linears keep the all-gathered input of sequence
     parallelism for backward; selective recompute is its per-op SAC (the export's selective_ac_option "op");
     PyTorch's pipeline schedules wait on each step's batched sends and receives before the next action."""
-    return {"p2p_scatter_gather": True, "overlap_grad_reduce": True, "overlap_tp_backward": False,
-            "selective_recompute": "op", "zero3_collectives": "per-unit", "overlap_p2p_comm": False,
-            "fsdp_backward_prefetch": "pre", "sp_saves_gathered_input": True}
+    return {"p2p_scatter_gather": True, "overlap_grad_reduce": True, "overlap_param_gather": False,
+            "overlap_tp_backward": False, "selective_recompute": "op", "zero3_collectives": "per-unit",
+            "overlap_p2p_comm": False, "fsdp_backward_prefetch": "pre", "sp_saves_gathered_input": True}
 
 
 @dataclass(frozen=True)

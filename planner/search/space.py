@@ -41,7 +41,7 @@ from planner.config import (
 )
 from planner.cost.schedule import schedule_of
 from planner.errors import PlannerError
-from planner.frameworks import framework_named
+from planner.frameworks import framework_named, megatron_overlaps_param_gather
 from planner.model import ModelSpec
 
 __all__ = ["MAX_SEARCHED_VPP", "MIN_SEARCHED_CP_TOKENS", "FixedOptions", "complete_config", "degree_triples",
@@ -511,6 +511,8 @@ def _layouts(model: ModelSpec, cluster: Cluster, training: Training, fixed: Fixe
                               "vpp": vpp, "cp": cp, "hsdp_replicas": hsdp, "sequence_parallel": sp,
                               "zero_stage": zero_stage, "distributed_optimizer": dist_opt, "schedule": schedule,
                               "fp8_param_gather": bool(fixed.fp8_param_gather) and (zero_stage > 0 or dist_opt),
+                              # as Megatron-LM runs it, the default target's semantics: nothing to replace there
+                              "overlap_param_gather": megatron_overlaps_param_gather(max(zero_stage, int(dist_opt))),
                               **local}
                     for options in inner:  # options checked above; the search checks each configuration it uses
                         yield ParallelConfig.unchecked({**common, **options})
