@@ -64,8 +64,8 @@ def _export_runnable(target: str, plan: Plan) -> ExportResult:
         return result
     seconds = estimate_split(plan, framework=target)
     note = (f"the plan was estimated with {plan.framework}'s execution semantics; as {framework.version} runs it "
-            f"(gradient reduction, TP backward overlap, pipeline sends) the cost model estimates {seconds:.3f} "
-            f"s/iteration; plan with --framework {target} to search for {target}")
+            f"(gradient reduction, the weights' all-gather, TP backward overlap, pipeline sends) the cost model "
+            f"estimates {seconds:.3f} s/iteration; plan with --framework {target} to search for {target}")
     return replace(result, notes=(*result.notes, note))
 
 
