@@ -47,10 +47,17 @@ __all__ = [
     "Training",
     "deepspeed_zero3_collectives",
     "ep_overlap_why_not",
+    "optimizer_sharding_of",
     "parse_recompute_modules",
 ]
 
 DTYPES = ("bf16", "fp16", "fp8")
+
+
+def optimizer_sharding_of(zero_stage: int, distributed_optimizer: bool) -> int:
+    """What a ZeRO stage and the distributed optimizer shard together (`ParallelConfig.optimizer_sharding`)."""
+    return max(zero_stage, 1 if distributed_optimizer else 0)
+
 # How a context-parallel group exchanges keys and values (Megatron-LM's --cp-comm-type): "p2p" rotates KV
 # chunks around a ring behind the attention compute (ring attention with causal load balancing), "all-gather"
 # gathers the whole KV before attention (Llama 3 style), "a2a" re-shards sequence ↔ heads (DeepSpeed Ulysses).
@@ -677,7 +684,7 @@ class ParallelConfig:
     @property
     def optimizer_sharding(self) -> int:
         """0: replicated; 1: optimizer states sharded; 2: + grads; 3: + params (over `shard_group`)."""
-        return max(self.zero_stage, 1 if self.distributed_optimizer else 0)
+        return optimizer_sharding_of(self.zero_stage, self.distributed_optimizer)
 
     def num_microbatches(self, global_batch: int) -> int:
         """Micro-batches per pipeline per iteration; the global batch must divide evenly."""

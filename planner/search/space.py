@@ -37,6 +37,7 @@ from planner.config import (
     Training,
     ep_overlap_why_not,
     fp8_param_gather_why_not,
+    optimizer_sharding_of,
     parse_recompute_modules,
 )
 from planner.cost.schedule import schedule_of
@@ -507,12 +508,13 @@ def _layouts(model: ModelSpec, cluster: Cluster, training: Training, fixed: Fixe
                          if (ep_overlap := _ep_overlap(ep, recompute, pp, vpp, fixed)) is not None
                          and not (offload and recompute is not Recompute.NONE)]
                 for zero_stage, dist_opt, hsdp in _sharding_options(dp * cp, fixed):
+                    sharding = optimizer_sharding_of(zero_stage, dist_opt)
                     common = {**PARALLEL_DEFAULTS, "dp": dp, "tp": tp, "pp": pp, "micro_batch": micro_batch,
                               "vpp": vpp, "cp": cp, "hsdp_replicas": hsdp, "sequence_parallel": sp,
                               "zero_stage": zero_stage, "distributed_optimizer": dist_opt, "schedule": schedule,
-                              "fp8_param_gather": bool(fixed.fp8_param_gather) and (zero_stage > 0 or dist_opt),
+                              "fp8_param_gather": bool(fixed.fp8_param_gather) and sharding > 0,
                               # as Megatron-LM runs it, the default target's semantics: nothing to replace there
-                              "overlap_param_gather": megatron_overlaps_param_gather(max(zero_stage, int(dist_opt))),
+                              "overlap_param_gather": megatron_overlaps_param_gather(sharding),
                               **local}
                     for options in inner:  # options checked above; the search checks each configuration it uses
                         yield ParallelConfig.unchecked({**common, **options})
