@@ -471,9 +471,9 @@ def describe_tuning(model: ModelSpec, training: Training) -> str:
 
 def shortfall_message(config: ParallelConfig, result: Estimate, training: Training | None = None) -> str:
     stage = result.tightest_stage()
-    short = stage.memory.total - stage.memory.capacity
+    short = stage.memory.required - stage.memory.capacity
     return (
-        f"stage {stage.index} (pipeline rank {stage.pp_rank}) needs {stage.memory.total / GIB:.1f} GiB, "
+        f"stage {stage.index} (pipeline rank {stage.pp_rank}) needs {stage.memory.required / GIB:.1f} GiB, "
         f"{stage.gpu} has {stage.memory.capacity / GIB:.1f} GiB (short by {short / GIB:.1f} GiB); "
         f"{fit_advice(config, result, training)}"
     )

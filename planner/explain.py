@@ -262,6 +262,6 @@ def explain(problem: PlanProblem, result: Estimate, top_k: int = 5, time_limit_s
                                lambda training: replace(problem, training=training).estimate())
     return Explanation(
         problem.config.describe(), base, dict(result.breakdown_s), key, verdict, host,
-        tightest.capacity - tightest.total, tightest.capacity, tuple(what_ifs), alternatives,
+        tightest.capacity - tightest.required, tightest.capacity, tuple(what_ifs), alternatives,
         what_ifs[min(gains)[1]] if gains else None, router,
         tightest.offloaded, result.breakdown_detail_s["activation_offload_exposed"])

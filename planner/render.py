@@ -163,6 +163,12 @@ def describe_estimate(config: ParallelConfig, result: Estimate, num_gpus: int, m
         f"peak memory     {gib(result.peak_memory_bytes)} "
         f"({'fits' if result.fits else 'DOES NOT FIT'})",
     ]
+    step_bound = [s for s in result.stages if s.memory.step_phase > s.memory.total]
+    if step_bound:
+        stage = max(step_bound, key=lambda s: s.memory.step_phase)
+        lines.append(f"                at the optimizer step (stage {stage.index}: the model states and the gradient "
+                     f"copies the step makes, {gib(stage.memory.step_phase)}, over the backward's "
+                     f"{gib(stage.memory.total)})")
     return "\n".join(lines)
 
 

@@ -49,12 +49,13 @@ def test_narayanan_530b_on_560_gpus_is_the_noted_oom() -> None:
 
 
 def test_which_are_caught() -> None:
-    """The BLOOM rows at micro-batch 2 and the dp-48 one are predicted not to fit; L807 and L918 (micro-batch 1) are
-    predicted 2-3 % under the capacity, L957 far under (a puzzle: L939, as large per GPU, ran at 67 GB); the 530B one
+    """The BLOOM rows at micro-batch 2 and the dp-48 one are predicted not to fit, and L918 at its optimizer step (the
+    BF16_Optimizer's bf16 and fp32 gradients beside the bf16 copy its reduction makes); L807 (micro-batch 1) is
+    predicted 3 % under the capacity, L957 far under (a puzzle: L939, as large per GPU, ran at 67 GB); the 530B one
     4 % under."""
     calibration = default_calibration()
     by_name = {source.name: source for source in sources()}
     bloom = oom_outcomes(by_name["BLOOM-176B sweep (Megatron-DeepSpeed, A100)"], calibration)
-    assert {_line(o.run) for o in bloom if not o.fits} == {793, 806, 917}
+    assert {_line(o.run) for o in bloom if not o.fits} == {793, 806, 917, 918}
     (narayanan,) = oom_outcomes(by_name["Narayanan 2021 Table 2 (DeepSpeed ZeRO-3, A100)"], calibration)
     assert narayanan.fits and 0.95 < narayanan.peak_memory_bytes / narayanan.run.cluster.gpu.memory_bytes < 0.97

@@ -179,3 +179,40 @@ def test_the_target_framework_sets_the_loss_kernel_of_estimate_and_plan(tmp_path
     assert result.exit_code == 0, result.output
     for path in (estimate_out, plan_out):
         assert json.loads(path.read_text())["training"]["cross_entropy"] == kernel
+
+
+def test_the_optimizer_step_must_fit_beside_the_model_states() -> None:
+    """DeepSpeed's BF16_Optimizer keeps the bf16 gradients beside its fp32 ones while its reduction copies the latter
+    to bf16: with the activations freed, the step's live set (states, that copy, the context and NCCL buffers) can
+    exceed the backward's peak, and then it is what must fit."""
+    config = ParallelConfig(dp=4, tp=1, pp=1, zero_stage=1, deepspeed_optimizer="bf16")
+    training = Training(global_batch=8, seq_len=2048, dtype="bf16")
+    gpu, calibration = lookup_gpu("A100-80GB"), default_calibration()
+    rank = rank_memory_model(LLAMA, training, config, 0, 1, gpu, calibration)
+    runtime = sum(value for _, value in rank.runtime)
+    params = 4e9
+    memory = rank.breakdown(params, 1e8, gpu.memory_bytes)
+    assert memory.step_phase == pytest.approx((rank.param_bytes + 2.0) * params + runtime)
+    assert memory.step_phase > memory.total and memory.required == memory.step_phase
+    assert memory.as_dict()["optimizer_step"] == memory.step_phase
+    assert not rank.breakdown(params, 1e8, memory.total * 1.001).fits  # room for the backward's peak only
+    assert rank.breakdown(params, 1e8, memory.step_phase).fits
+    # where the activations outweigh the step's copies, the backward's peak is what must fit, as before
+    large = rank.breakdown(1e9, 20e9, gpu.memory_bytes)
+    assert large.required == large.total and "optimizer_step" not in large.as_dict()
+
+
+def test_bloom_l918_runs_out_of_memory_at_its_optimizer_step() -> None:
+    """BLOOM's L918 (bf16, BF16_Optimizer, micro-batch 1) OOMed: its backward's peak is under the A100's 80 GB, its
+    step's live set over; the estimate says so and the advice names the step."""
+    from cli import shortfall_message
+    from planner.render import describe_estimate
+
+    (run,) = [r for r in bloom_runs(ooms=True) if "L918" in r.label]
+    result = predict(run, default_calibration())
+    stage = result.tightest_stage()
+    assert stage.memory.total < stage.memory.capacity < stage.memory.step_phase
+    assert not result.fits and result.peak_memory_bytes == pytest.approx(stage.memory.step_phase)
+    message = shortfall_message(run.config, result, run.training)
+    assert "the optimizer step needs" in message and f"{stage.memory.step_phase / GIB:.1f} GiB" in message
+    assert "at the optimizer step" in describe_estimate(run.config, result, 384, "x")

@@ -76,7 +76,8 @@ class Estimate:
 
     @property
     def peak_memory_bytes(self) -> float:
-        return max(stage.memory.total for stage in self.stages)
+        """The largest rank's bytes that must fit at once (`MemoryBreakdown.required`)."""
+        return max(stage.memory.required for stage in self.stages)
 
     @property
     def peak_device_bytes(self) -> float:
@@ -93,7 +94,7 @@ class Estimate:
         return all(stage.memory.fits for stage in self.stages)
 
     def tightest_stage(self) -> StageEstimate:
-        return max(self.stages, key=lambda s: (s.memory.total - s.memory.capacity, -s.index))
+        return max(self.stages, key=lambda s: (s.memory.required - s.memory.capacity, -s.index))
 
 
 def model_flops_per_iteration(model: ModelSpec, training: Training) -> float:
@@ -360,7 +361,7 @@ def moe_load_fit_limit(training: Training, result: Estimate,
     first rank to fill reaches; for one that does not, the load under which every rank would fit (below 1 where none
     does). None where no rank's memory moves with the load, or a rank over capacity does not move."""
     busier = estimate_at(replace(training, moe_load_imbalance=training.moe_load_imbalance + 1.0))
-    room = [(stage.memory.capacity - stage.memory.total, more.memory.total - stage.memory.total)
+    room = [(stage.memory.capacity - stage.memory.required, more.memory.required - stage.memory.required)
             for stage, more in zip(result.stages, busier.stages, strict=True)]
     limits = [free / slope for free, slope in room if slope > 0]
     if not limits or any(free < 0 and slope <= 0 for free, slope in room):
@@ -370,14 +371,16 @@ def moe_load_fit_limit(training: Training, result: Estimate,
 
 def fit_advice(config: ParallelConfig, result: Estimate, training: Training | None = None) -> str:
     """What would make a configuration that does not fit fit, naming only options that help: when the
-    model states alone exceed the GPU, more sharding, smaller or offloaded optimizer states (with `training`:
-    when they are fp32 Adam on the GPU), adapters instead of full fine-tuning, or more GPUs (a smaller batch or
-    more recompute frees nothing there); otherwise what shrinks activations, never an option already in use."""
+    model states alone or the optimizer step's live set exceed the GPU, more sharding, smaller or offloaded
+    optimizer states (with `training`: when they are fp32 Adam on the GPU), adapters instead of full fine-tuning, or
+    more GPUs (a smaller batch or more recompute frees nothing there); otherwise what shrinks activations, never an
+    option already in use."""
     stage = result.tightest_stage()
     memory = stage.memory
     states = memory.weights + memory.gradients + memory.optimizer
     options = []
-    if states + memory.other > memory.capacity:
+    states_short = states + memory.other > memory.capacity
+    if states_short or memory.step_phase > memory.capacity:
         if config.optimizer_sharding < 3:
             options.append("--distributed-optimizer or --zero 3" if config.optimizer_sharding == 0 else "--zero 3")
         if training is not None and training.optimizer_states == "fp32" and memory.optimizer > 0:
@@ -385,8 +388,10 @@ def fit_advice(config: ParallelConfig, result: Estimate, training: Training | No
         if training is not None and training.finetune == "full":
             options.append("--finetune lora or qlora (when fine-tuning)")
         options.append("a larger --tp/--pp")
-        return (f"the model states alone need {states / GIB:.1f} GiB on this GPU: try "
-                + ", ".join(options) + " or more GPUs")
+        need = (f"the model states alone need {states / GIB:.1f} GiB" if states_short else
+                f"the optimizer step needs {memory.step_phase / GIB:.1f} GiB (the model states and the gradient "
+                "copies it makes)")
+        return f"{need} on this GPU: try " + ", ".join(options) + " or more GPUs"
     if config.recompute is not Recompute.FULL:
         options.append("--recompute full")
     if config.pp == 1 and config.recompute is Recompute.NONE:

@@ -484,10 +484,17 @@ class MemoryBreakdown:
     outside_allocator: float = 0.0  # the part of `other` PyTorch's caching allocator does not hand out
     step_segments: float = 0.0  # segments the optimizer step maps after the peak (`step_segment_bytes`), not in total
     offloaded: float = 0.0  # activations in host memory at the peak (`offloaded_activation_bytes`), not held here
+    step_phase: float = 0.0  # live while the optimizer step runs (`RankMemoryModel.step_phase`); 0: never above total
 
     @property
     def total(self) -> float:
+        """Bytes live at the backward's peak: the model states, the activations held and the other buffers."""
         return self.weights + self.gradients + self.optimizer + self.activations + self.other
+
+    @property
+    def required(self) -> float:
+        """Bytes that must fit at once: the backward's peak or, where more, the optimizer step's live set."""
+        return max(self.total, self.step_phase)
 
     @property
     def device_peak(self) -> float:
@@ -502,13 +509,15 @@ class MemoryBreakdown:
 
     @property
     def fits(self) -> bool:
-        return self.total <= self.capacity
+        return self.required <= self.capacity
 
     def as_dict(self) -> dict[str, float]:
+        """The plan file's `memory_bytes`; `optimizer_step` only where the step's live set exceeds the total."""
         frozen = {"frozen_weights": self.frozen_weights} if self.frozen_weights else {}
+        step = {"optimizer_step": self.step_phase} if self.step_phase > self.total else {}
         return {
             "weights": self.weights, **frozen, "gradients": self.gradients, "optimizer": self.optimizer,
-            "activations": self.activations, "other": self.other, "total": self.total,
+            "activations": self.activations, "other": self.other, "total": self.total, **step,
             "capacity": self.capacity,
         }
 
@@ -568,6 +577,16 @@ class RankMemoryModel:
         return (self.param_bytes * params + factor * activations + self.head_activation_factor * head_activations
                 + self.fixed_bytes)
 
+    def step_phase(self, params: float) -> float:
+        """Bytes live while the optimizer step runs on `params` parameters: the model states, the copies the step
+        makes (`step_segment_bytes`) and what lies outside the allocator. The activations, gathered units, gradient
+        buckets and the largest transient are freed by then (DeepSpeed releases its reduce bucket in the epilogue
+        after the flush), so this exceeds the backward's peak only where those copies outweigh them, as under
+        DeepSpeed's BF16_Optimizer, whose bf16 gradients stay beside its fp32 ones while the reduction copies the
+        latter to bf16. Under ZeRO-1 the 16-bit gradients are freed before the step's flat copies are made, so the sum
+        overstates that phase by at most those copies (6 bytes per parameter over the shard group)."""
+        return (self.param_bytes + self.step_segments) * params + sum(value for _, value in self.runtime)
+
     def breakdown(self, params: float, activations: float, capacity: float,
                   head_activations: float = 0.0) -> MemoryBreakdown:
         """The named parts of `total(params, activations, head_activations=…)` on a GPU of `capacity` bytes."""
@@ -578,7 +597,7 @@ class RankMemoryModel:
         return MemoryBreakdown(self.states.weights * params, self.states.gradients * params,
                                self.states.optimizer * params, held, sum(detail.values()), capacity, detail,
                                self.states.frozen_weights * params, sum(value for _, value in self.runtime),
-                               self.step_segments * params, self.offloaded_bytes)
+                               self.step_segments * params, self.offloaded_bytes, self.step_phase(params))
 
 
 def nccl_communicators(model: ModelSpec, config: ParallelConfig, pp_rank: int) -> int:
@@ -626,9 +645,10 @@ def step_segment_bytes(training: Training, config: ParallelConfig, states: Param
     block larger than any tensor the backward freed (true of the BLOOM runs: 0.5-0.7 G-parameter partitions against a
     0.45 G-parameter largest tensor), so PyTorch 1.x's caching allocator, without expandable segments, maps new
     segments while the pipeline's stay cached: the reserved high-water (max_memory_reserved, nvidia-smi) counts them
-    on top of the backward's peak. They are not in what must fit: the step runs after the activations are freed, and
-    a failed cudaMalloc empties the cache and retries. Its per-tensor temporaries (the fp32 overflow check, the fp64
-    norm of each gradient) are one tensor at a time and not counted. DeepSpeed's BF16_Optimizer reduces after the
+    on top of the backward's peak. They need not fit beside the activations (the step runs after those are freed, and
+    a failed cudaMalloc empties the cache and retries), only beside the model states (`RankMemoryModel.step_phase`).
+    Its per-tensor temporaries (the fp32 overflow check, the fp64 norm of each gradient) are one tensor at a time and
+    not counted. DeepSpeed's BF16_Optimizer reduces after the
     flush too (`BF16_REDUCE_COPY_BYTES`)."""
     trainable = (states or _FULL_ADAM).trainable
     if config.deepspeed_optimizer == "bf16":

@@ -110,7 +110,7 @@ def _score(result: Estimate) -> tuple[int, float]:
     """Lower is better: every fitting plan beats every non-fitting one; then time, or the overshoot."""
     if result.fits:
         return 0, result.iteration_time_s
-    return 1, max(stage.memory.total / stage.memory.capacity for stage in result.stages)
+    return 1, max(stage.memory.required / stage.memory.capacity for stage in result.stages)
 
 
 def _cells_of(placement: Placement, tp: int) -> list[Slot] | None:

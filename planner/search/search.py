@@ -1070,7 +1070,7 @@ def _closeness(candidate: _Candidate) -> float:
 
 def _shortfall_bytes(result: Estimate) -> float:
     stage = result.tightest_stage()
-    return max(stage.memory.total - stage.memory.capacity, 0.0)
+    return max(stage.memory.required - stage.memory.capacity, 0.0)
 
 
 def _nearest(ctx: _Context, rejected: list[_Candidate]) -> tuple[_Candidate, Estimate]:
@@ -1111,6 +1111,6 @@ def _infeasible_message(ctx: _Context, rejected: list[_Candidate]) -> str:
                                                                                              ctx.training))
     return (
         f"no configuration fits in memory; the closest ({closest.config.describe()}) has stage {stage.index} "
-        f"needing {stage.memory.total / GIB:.1f} GiB, {stage.gpu} has {stage.memory.capacity / GIB:.1f} GiB "
+        f"needing {stage.memory.required / GIB:.1f} GiB, {stage.gpu} has {stage.memory.capacity / GIB:.1f} GiB "
         f"(short by {_shortfall_bytes(result) / GIB:.1f} GiB); {advice}"
     )
