@@ -202,10 +202,10 @@ def parallel_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Megatron-LM distributed optimizer (shards optimizer states like ZeRO-1)."),
         click.option("--sequence-parallel/--no-sequence-parallel", default=None,
                      help="Megatron-LM sequence parallelism (needs tp > 1)."),
-        click.option("--fp8-param-gather", is_flag=True, default=None,
-                     help="With --dtype fp8 and sharded weights (ZeRO / distributed optimizer): gather the linear "
-                          "weights in FP8, one byte each (torchao's FSDP float8 all-gather, Megatron-LM "
-                          "--fp8-param-gather)."),
+        click.option("--fp8-param-gather/--no-fp8-param-gather", default=None,
+                     help="With --dtype fp8 and sharded weights (ZeRO / distributed optimizer): keep and gather the "
+                          "linear weights in FP8, one byte each (torchao's FSDP float8 all-gather, Megatron-LM "
+                          "--fp8-param-gather)  [plan: on wherever the target can; estimate: off]"),
         click.option("--tp-comm-overlap/--no-tp-comm-overlap", default=None,
                      help="Overlap the sequence-parallel collectives with their GEMMs (Megatron-LM "
                           "--tp-comm-overlap, torchtitan async TP; needs sequence parallelism)."),

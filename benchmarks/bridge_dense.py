@@ -21,7 +21,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from benchmarks.accuracy import held_out_errors, held_out_fit_lines, held_out_line, held_out_pages
-from benchmarks.bridge_systems import bridge_cluster, bridge_config, bridge_gpu, bridge_precision, bridge_preset
+from benchmarks.bridge_systems import (
+    bridge_cluster,
+    bridge_config,
+    bridge_gpu,
+    bridge_precision,
+    bridge_preset,
+    with_recipe_fp8_params,
+)
 from benchmarks.validation_runs import BRIDGE_PERF_GRAD_BYTES, Run
 from planner.config import Training
 from planner.errors import PlannerError
@@ -111,6 +118,7 @@ def dense_runs(text: str) -> tuple[list[Run], list[str]]:
                                bridge_preset(row.model, gpu, row.precision))
         training = Training(global_batch=row.global_batch, seq_len=row.seq_len, attention="flash",
                             grad_bytes=BRIDGE_PERF_GRAD_BYTES, **bridge_precision(row.precision))
+        config = with_recipe_fp8_params(config, training.fp8_recipe)
         iteration = training.tokens_per_iteration / (row.tokens_per_s_per_gpu * row.gpus)
         label = f"{row.release:8s} {row.system:10s} {row.model:13s} {row.precision:6s} {config.describe()}"
         try:

@@ -4,7 +4,7 @@ precision the same way."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.cluster import Cluster, load_cluster
 from planner.config import ParallelConfig, Recompute, Schedule
@@ -12,7 +12,7 @@ from planner.errors import PlannerError
 from planner.gpu import lookup_gpu
 
 __all__ = ["BRIDGE_DTYPES", "BridgePreset", "bridge_cluster", "bridge_config", "bridge_gpu", "bridge_precision",
-           "bridge_preset", "rack_segment_gpus"]
+           "bridge_preset", "rack_segment_gpus", "with_recipe_fp8_params"]
 
 # the files' hardware label (its first word) → catalog GPU; GPUs missing from profiles/gpus.yaml are skipped
 _GPUS = {"H100": "H100-80GB", "H800": "H800", "B200": "B200", "B300": "B300", "GB200": "GB200", "GB300": "GB300"}
@@ -22,6 +22,21 @@ BRIDGE_DTYPES = {**{name: "fp8" for name in _FP8}, "BF16": "bf16"}
 # their FP8 recipes (Training.fp8_recipe): Megatron-Bridge's performance scripts run FP8 as current scaling on
 # Hopper and MXFP8 on Blackwell (`-c fp8_cs` / `fp8_mx`, scripts/performance/dump_perf_configs.py: h100 fp8_cs)
 _BRIDGE_FP8_RECIPES = {"FP8": "tensorwise", "FP8-CS": "tensorwise", "MXFP8": "mxfp8", "FP8-MX": "mxfp8"}
+
+
+# the FP8 recipes whose NVIDIA presets store the weights in FP8, gathered in FP8 (Megatron-LM --fp8-param-gather):
+# NeMo 2.0's bf16_with_fp8_mixed sets fp8_params (nemo/collections/llm/recipes/precision/mixed_precision.py, delayed
+# scaling), Megatron-Bridge's delayed, current-scaling and MXFP8 presets fp8_param_gather
+# (src/megatron/bridge/training/mixed_precision.py at v0.2.0; its blockwise "subchannel" preset leaves it off). The
+# runs need it: with 16-bit weights beside their cached FP8 copies (memory.fp8_weight_copy_bytes) NeMo 24.07's
+# GPT3-20B row (tp 2, 10 B parameters per GPU) would need 94.7 GiB of an H100's 79.2.
+_FP8_PARAM_RECIPES = ("delayed", "tensorwise", "mxfp8")
+
+
+def with_recipe_fp8_params(config: ParallelConfig, fp8_recipe: str | None) -> ParallelConfig:
+    """`config` as an NVIDIA FP8 preset of `fp8_recipe` runs it: FP8 weights wherever the weights are sharded."""
+    fp8_params = fp8_recipe in _FP8_PARAM_RECIPES and config.optimizer_sharding > 0
+    return replace(config, fp8_param_gather=fp8_params)
 
 
 def bridge_precision(label: str) -> dict[str, str | None]:

@@ -44,7 +44,13 @@ from typing import NamedTuple
 
 import pandas as pd
 
-from benchmarks.bridge_systems import BRIDGE_DTYPES, bridge_cluster, bridge_gpu, bridge_precision
+from benchmarks.bridge_systems import (
+    BRIDGE_DTYPES,
+    bridge_cluster,
+    bridge_gpu,
+    bridge_precision,
+    with_recipe_fp8_params,
+)
 from benchmarks.validation_runs import BRIDGE_PERF_GRAD_BYTES, DATA, Run, Skipped
 from planner.config import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES, ParallelConfig, Recompute, Schedule, Training
 from planner.cost.estimate import estimate
@@ -326,6 +332,7 @@ def _run(row: pd.Series) -> Run:
     training = Training(global_batch=_int(row, "global_batch"), seq_len=int(row["seq_len"]),
                         **bridge_precision(str(row["precision"])), attention="flash",
                         grad_bytes=BRIDGE_PERF_GRAD_BYTES, cuda_graphs=graphs)
+    config = with_recipe_fp8_params(config, training.fp8_recipe)
     step, throughput = _number(row["step_time_s"]), _number(row["tokens_per_sec_per_gpu"])
     # a documented OOM states no time: NaN, never scored for time
     iteration = step or (training.tokens_per_iteration / (throughput * gpus) if throughput else math.nan)

@@ -69,6 +69,7 @@ from benchmarks.bridge_systems import (
     bridge_gpu,
     bridge_precision,
     bridge_preset,
+    with_recipe_fp8_params,
 )
 from planner.cluster import Cluster, load_cluster
 from planner.config import ParallelConfig, Recompute, Schedule, Training, deepspeed_zero3_collectives
@@ -370,6 +371,7 @@ def h100_runs() -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
         recipe = "tensorwise" if file == BRIDGE_FILE else "delayed"
         training = Training(global_batch=int(row["gbs"]), seq_len=int(row["seq_len"]), dtype="fp8",
                             fp8_recipe=recipe, attention="flash", grad_bytes=grad_bytes)
+        config = with_recipe_fp8_params(config, recipe)
         iteration = training.tokens_per_iteration / (float(row["tokens_per_sec_per_gpu"]) * gpus)
         nodes = math.ceil(gpus / 8)
         label = f"{name} {gpus}xH100 {config.describe()}"
@@ -435,6 +437,7 @@ def long_context_runs() -> tuple[tuple[Run, ...], tuple[Skipped, ...]]:
         training = Training(global_batch=int(row["global_batch"]), seq_len=int(row["seq_len"]),
                             **_long_context_precision(row, bridge), attention="flash",
                             grad_bytes=BRIDGE_PERF_GRAD_BYTES if bridge else None)
+        config = with_recipe_fp8_params(config, training.fp8_recipe)
         tokens_per_s = _number(row["tokens_per_sec_per_gpu"])
         if tokens_per_s:
             iteration = training.tokens_per_iteration / (tokens_per_s * gpus)

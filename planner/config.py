@@ -312,6 +312,15 @@ class Training:
         return self.dtype == "fp8" and (self.fp8_saved_input == "fp8" or (self.fp8_tp_gather and tp > 1))
 
     @property
+    def caches_fp8_weights(self) -> bool:
+        """Whether its FP8 linears keep FP8 copies of their weights through an iteration: Transformer Engine's (the
+        linears that keep FP8 inputs, `fp8_saved_input` "fp8") quantise a weight once per iteration when handed
+        is_first_microbatch, as Megatron-LM does unless disable_parameter_transpose_cache, and reuse that workspace in
+        every micro-batch's forward and backward; torchao's Float8Linear casts the weight in every pass and keeps no
+        copy."""
+        return self.dtype == "fp8" and self.fp8_saved_input == "fp8"
+
+    @property
     def moe_expert_load(self) -> float:
         """Tokens the busiest expert rank processes over the mean: the imbalance, capped by the capacity."""
         return min(self.moe_load_imbalance, self.moe_capacity_factor or float("inf"))

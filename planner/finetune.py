@@ -34,7 +34,8 @@ __all__ = [
     "quantized_parameters",
 ]
 
-PARAM_BYTES = 2  # 16-bit weights (fp8 training keeps bf16 weights; FP8 copies are transient)
+PARAM_BYTES = 2  # 16-bit weights (fp8 training keeps bf16 weights too; its FP8 copies: memory.fp8_weight_copy_bytes)
+FP8_PARAM_BYTES = 1  # an FP8 (E4M3) weight; per-tensor scales add a few bytes per tensor, not counted
 ADAM_STATE_BYTES = 12  # fp32 master weights + momentum + variance (ZeRO's K = 12)
 
 NF4_BITS_PER_PARAM = 4 + 8 / 64 + 32 / (64 * 256)

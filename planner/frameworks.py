@@ -159,6 +159,10 @@ class Framework:
         (torchtitan 0.2.2's qwen3 has no pipelining and no DeepEP dispatcher)."""
         return replace(self, **self.model_limits(self, model)) if self.model_limits else self
 
+    def gathers_weights_in_fp8(self, fp8_recipe: str | None) -> bool:
+        """Whether under FP8 recipe `fp8_recipe` it can gather sharded weights in FP8 (`fp8_gather_recipes`)."""
+        return self.fp8_gather_recipes is None or fp8_recipe in self.fp8_gather_recipes
+
     def gathers_tp_in_fp8(self, fp8_recipe: str | None) -> bool:
         """Whether under FP8 recipe `fp8_recipe` its sequence-parallel all-gathers move FP8 activations."""
         return self.fp8_tp_gather_recipes is None or fp8_recipe in self.fp8_tp_gather_recipes
@@ -211,8 +215,7 @@ class Framework:
         if training.dtype == "fp8" and training.fp8_recipe not in self.fp8_recipes:
             return (f"{self.version} has no {training.fp8_recipe} FP8 recipe (it runs "
                     f"{', '.join(self.fp8_recipes)})")
-        if (config is not None and config.fp8_param_gather and self.fp8_gather_recipes is not None
-                and training.fp8_recipe not in self.fp8_gather_recipes):
+        if config is not None and config.fp8_param_gather and not self.gathers_weights_in_fp8(training.fp8_recipe):
             return (f"{self.version} gathers weights in FP8 only with {' or '.join(self.fp8_gather_recipes)} "
                     f"scaling, got {training.fp8_recipe}")
         needs = dict(self.optimizer_states)

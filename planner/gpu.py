@@ -48,6 +48,10 @@ class GPUSpec:
     # what one GPU moves to or from host memory per direction (ZeRO-Offload's states, offloaded activations): PCIe,
     # or NVLink-C2C to a Grace CPU
     host_link_bytes_per_s: float = PCIE4_HOST_LINK_BYTES_PER_S
+    # its FP8 tensor-core GEMMs take only the TN layout (Hopper, Ada: compute capability 8.9-9.x), so an FP8 tensor a
+    # backward GEMM reads transposed is kept transposed too (Transformer Engine's quantizers, when columnwise usage is
+    # asked for and non-TN FP8 GEMMs are not supported: is_non_tn_fp8_gemm_supported is true from 10.0 on)
+    fp8_gemm_tn_only: bool = False
 
     @property
     def gemm_clock_ratio(self) -> float:
@@ -100,11 +104,15 @@ def gpu_from_dict(name: str, data: dict[str, Any], origin: str) -> GPUSpec:
             flash_attention_2_share=float(data.get("flash_attention_2_share", 1.0)),
             rated_power_w=None if data.get("rated_power_w") is None else float(data["rated_power_w"]),
             host_link_bytes_per_s=float(data.get("host_link_gbps", PCIE4_HOST_LINK_BYTES_PER_S / _GB)) * _GB,
+            fp8_gemm_tn_only=data.get("fp8_gemm_tn_only", False),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise PlannerError(f"{origin}: GPU {name!r} is missing or has a bad field ({exc})") from None
     if not 0 < efficiency <= 1:
         raise PlannerError(f"{origin}: GPU {name!r} matmul_efficiency must be in (0, 1], got {efficiency}")
+    if not isinstance(spec.fp8_gemm_tn_only, bool):
+        raise PlannerError(f"{origin}: GPU {name!r} fp8_gemm_tn_only must be true or false, "
+                           f"got {spec.fp8_gemm_tn_only!r}")
     if not 0 < spec.flash_attention_2_share <= 1:
         raise PlannerError(f"{origin}: GPU {name!r} flash_attention_2_share must be in (0, 1], "
                            f"got {spec.flash_attention_2_share}")

@@ -135,7 +135,7 @@ def _stage_units(keys: Sequence[CostKey], costs: dict[CostKey, UnitCost], kept: 
 def _sum_costs(units: Sequence[UnitCost]) -> dict[str, float]:
     """Each cost term summed over a model chunk's units."""
     totals = dict.fromkeys(("forward", "backward", "recompute", "tp_forward", "tp_backward", "cp_forward",
-                            "cp_backward", "activations", "params", "ep", "weight"), 0.0)
+                            "cp_backward", "activations", "params", "linear_params", "ep", "weight"), 0.0)
     for cost in units:
         _add_cost(totals, cost)
     return totals
@@ -152,6 +152,7 @@ def _add_cost(totals: dict[str, float], cost: UnitCost) -> None:
     totals["cp_backward"] += cost.cp_backward_s
     totals["activations"] += cost.activation_bytes
     totals["params"] += cost.params
+    totals["linear_params"] += cost.linear_params
     totals["ep"] += cost.ep_s
     totals["weight"] += cost.weight_grad_s
 
@@ -281,7 +282,8 @@ def estimate(
         rank_memory = rank_memory_model(model, training, config, r, m, links.gpu[r], calibration)
         head = head_activations if r == ranks[-1] else 0.0
         memories.append(rank_memory.breakdown(params, sum(sums[k]["activations"] for k in mine) - head,
-                                              float(links.capacity_bytes[r]), head))
+                                              float(links.capacity_bytes[r]), head,
+                                              sum(sums[k]["linear_params"] for k in mine)))
         units = [cost for k in mine for cost in stage_units[k]]
         units += [aux_heads[r] for k in mine if local and k < len(bounds) - 1]
         dp_time = data_parallel_time(units, training, config, links.dp[r], calibration, m, links.replicate[r],

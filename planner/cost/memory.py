@@ -14,7 +14,14 @@ from functools import cache, cached_property
 
 from planner.config import ParallelConfig, Recompute, Training
 from planner.cost.schedule import schedule_of
-from planner.finetune import ADAM_STATE_BYTES, PARAM_BYTES, ParameterStates, adapter_linears, parameter_states
+from planner.finetune import (
+    ADAM_STATE_BYTES,
+    FP8_PARAM_BYTES,
+    PARAM_BYTES,
+    ParameterStates,
+    adapter_linears,
+    parameter_states,
+)
 from planner.gpu import GPUSpec
 from planner.model import BlockSpec, ModelSpec, UnitKind
 from planner.profile.calibration import Calibration
@@ -31,6 +38,7 @@ __all__ = [
     "attention_tensors",
     "block_activation_bytes",
     "block_type_activation_bytes",
+    "fp8_weight_copy_bytes",
     "framework_buffer_bytes",
     "in_flight_microbatches",
     "largest_transient_bytes",
@@ -525,7 +533,8 @@ class MemoryBreakdown:
 @dataclass(frozen=True)
 class RankMemoryModel:
     """One pipeline rank's per-GPU memory as a linear function of what its stages hold:
-    total = param_bytes · parameters + activation_factor · (activation bytes per micro-batch) + fixed_bytes.
+    total = param_bytes · parameters + fp8_copy_bytes · (parameters in FP8 linears)
+            + activation_factor · (activation bytes per micro-batch) + fixed_bytes.
 
     The single accounting of `estimate` and of the search. Model states cost `states` per parameter;
     activations are held for `in_flight` micro-batches, the head's on the rank that holds it for `head_in_flight`
@@ -544,10 +553,16 @@ class RankMemoryModel:
     step_segments: float = 0.0  # per parameter (`step_segment_bytes`): the reserved high-water's, not the total's
     head_in_flight: float | None = None
     offloaded_bytes: float = 0.0  # activations in host memory at the peak (`offloaded_activation_bytes`)
+    fp8_copy_bytes: float = 0.0  # per parameter of an FP8 linear (`fp8_weight_copy_bytes`)
 
     @property
     def param_bytes(self) -> float:
         return self.states.total
+
+    def state_bytes(self, params: float, linear_params: float = 0.0) -> float:
+        """Bytes of the model states of `params` parameters, `linear_params` of them in FP8 linears' weights
+        (`UnitCost.linear_params`), with those weights' FP8 copies."""
+        return self.param_bytes * params + self.fp8_copy_bytes * linear_params
 
     @property
     def activation_factor(self) -> float:
@@ -569,15 +584,15 @@ class RankMemoryModel:
         return (1 + self.fragmentation) * transient + sum(value for _, value in self.runtime)
 
     def total(self, params: float, activations: float, in_flight: float | None = None,
-              head_activations: float = 0.0) -> float:
-        """Bytes for `params` parameters, `activations` activation bytes per micro-batch and the head's
-        `head_activations`; `in_flight`: another rank's in-flight micro-batches (ranks of one kind differ only
-        there)."""
+              head_activations: float = 0.0, linear_params: float = 0.0) -> float:
+        """Bytes for `params` parameters (`linear_params` of them in FP8 linears), `activations` activation bytes
+        per micro-batch and the head's `head_activations`; `in_flight`: another rank's in-flight micro-batches (ranks
+        of one kind differ only there)."""
         factor = self.activation_factor if in_flight is None else (1 + self.fragmentation) * in_flight
-        return (self.param_bytes * params + factor * activations + self.head_activation_factor * head_activations
-                + self.fixed_bytes)
+        return (self.state_bytes(params, linear_params) + factor * activations
+                + self.head_activation_factor * head_activations + self.fixed_bytes)
 
-    def step_phase(self, params: float) -> float:
+    def step_phase(self, params: float, linear_params: float = 0.0) -> float:
         """Bytes live while the optimizer step runs on `params` parameters: the model states, the copies the step
         makes (`step_segment_bytes`) and what lies outside the allocator. The activations, gathered units, gradient
         buckets and the largest transient are freed by then (DeepSpeed releases its reduce bucket in the epilogue
@@ -585,19 +600,23 @@ class RankMemoryModel:
         DeepSpeed's BF16_Optimizer, whose bf16 gradients stay beside its fp32 ones while the reduction copies the
         latter to bf16. Under ZeRO-1 the 16-bit gradients are freed before the step's flat copies are made, so the sum
         overstates that phase by at most those copies (6 bytes per parameter over the shard group)."""
-        return (self.param_bytes + self.step_segments) * params + sum(value for _, value in self.runtime)
+        return (self.state_bytes(params, linear_params) + self.step_segments * params
+                + sum(value for _, value in self.runtime))
 
     def breakdown(self, params: float, activations: float, capacity: float,
-                  head_activations: float = 0.0) -> MemoryBreakdown:
-        """The named parts of `total(params, activations, head_activations=…)` on a GPU of `capacity` bytes."""
+                  head_activations: float = 0.0, linear_params: float = 0.0) -> MemoryBreakdown:
+        """The named parts of `total(params, activations, head_activations=…, linear_params=…)` on a GPU of
+        `capacity` bytes; the FP8 linears' weight copies count with the weights."""
         held = (self.in_flight * activations + self.head_micro_batches * head_activations + self.working_bytes
                 - self.offloaded_bytes)
         detail = dict(self.runtime) | dict(self.buffers)
         detail["allocator_fragmentation"] = self.fragmentation * (held + sum(value for _, value in self.buffers))
-        return MemoryBreakdown(self.states.weights * params, self.states.gradients * params,
+        weights = self.states.weights * params + self.fp8_copy_bytes * linear_params
+        return MemoryBreakdown(weights, self.states.gradients * params,
                                self.states.optimizer * params, held, sum(detail.values()), capacity, detail,
                                self.states.frozen_weights * params, sum(value for _, value in self.runtime),
-                               self.step_segments * params, self.offloaded_bytes, self.step_phase(params))
+                               self.step_segments * params, self.offloaded_bytes,
+                               self.step_phase(params, linear_params))
 
 
 def nccl_communicators(model: ModelSpec, config: ParallelConfig, pp_rank: int) -> int:
@@ -717,6 +736,29 @@ def _largest_tensor(model: ModelSpec) -> int:
     return max(sizes)
 
 
+MXFP8_SCALE_BYTES = 1 / 32
+"""Bytes per element of an MXFP8 tensor's scales: one E8M0 byte per block of 32 elements (OCP Microscaling
+Formats v1.0, "MX" block size 32), kept for each of its row-wise and column-wise copies."""
+
+
+def fp8_weight_copy_bytes(training: Training, config: ParallelConfig, gpu: GPUSpec) -> float:
+    """Bytes per parameter of an FP8 linear's weight held beyond the 16-bit weight the model states count. Where its
+    FP8 linears keep their quantised weights through the iteration (`Training.caches_fp8_weights`: Transformer
+    Engine under Megatron-LM), each keeps a row-wise copy for the forward GEMM and, for the input-gradient GEMM that
+    reads the weight transposed, a column-wise one: a transposed FP8 copy where FP8 GEMMs take only the TN layout
+    (`GPUSpec.fp8_gemm_tn_only`: Hopper), MXFP8's column-wise scaled copy under that recipe, none else (Blackwell's
+    per-tensor FP8 reads the row-wise data either way); 1 byte an element plus MXFP8's scales. With
+    `fp8_param_gather` (Megatron-LM's --fp8-param-gather, which stores the weights in FP8) these copies are the
+    weights, in place of the 16-bit ones: the difference may be negative. None under ZeRO-3, whose gathered units'
+    copies live only as long as the gather."""
+    if not training.caches_fp8_weights or config.optimizer_sharding == 3:
+        return 0.0
+    mxfp8 = training.fp8_recipe == "mxfp8"
+    copies = 1 + (mxfp8 or gpu.fp8_gemm_tn_only)
+    held = copies * (FP8_PARAM_BYTES + (MXFP8_SCALE_BYTES if mxfp8 else 0.0))
+    return held - (PARAM_BYTES if config.fp8_param_gather else 0.0)
+
+
 def rank_memory_model(model: ModelSpec, training: Training, config: ParallelConfig, pp_rank: int,
                       num_microbatches: int, gpu: GPUSpec, calibration: Calibration,
                       states: ParameterStates | None = None) -> RankMemoryModel:
@@ -739,4 +781,5 @@ def rank_memory_model(model: ModelSpec, training: Training, config: ParallelConf
         buffers=buffers, runtime=runtime, fragmentation=calibration.allocator_fragmentation,
         step_segments=step_segment_bytes(training, config, states),
         offloaded_bytes=offloaded_activation_bytes(model, training, config),
+        fp8_copy_bytes=fp8_weight_copy_bytes(training, config, gpu),
     )

@@ -30,7 +30,13 @@ from planner.cost.memory import (
     sharded_state_bytes,
 )
 from planner.cost.schedule import Schedule, schedule_of, stage_ranks
-from planner.finetune import ParameterStates, full_parameter_states, parameter_states
+from planner.finetune import (  # what ZeRO / FSDP all-gathers: the 16-bit model copy (FSDP's param_dtype), or FP8
+    FP8_PARAM_BYTES,
+    PARAM_BYTES,
+    ParameterStates,
+    full_parameter_states,
+    parameter_states,
+)
 from planner.gpu import GPUSpec
 from planner.model import AttentionSpec, BlockSpec, MlpSpec, ModelSpec, UnitKind
 from planner.placement import ExpertLink
@@ -83,10 +89,6 @@ CPU_ADAM_S_PER_PARAM = 0.22 / 1e9
 """Seconds per parameter of DeepSpeed's vectorised CPU-Adam: 0.22 s for 1 billion parameters on the host CPU of a
 DGX-2 node (Ren et al. 2021, ZeRO-Offload, Table 3: CPU-Adam vs PyTorch's 1.39 s), run once per iteration on each
 rank's share (ZeRO-Offload partitions the update over the data-parallel ranks)."""
-# Bytes per parameter of the weights ZeRO / FSDP all-gathers: the 16-bit model copy (fp16/bf16; FSDP's
-# mixed-precision param_dtype, DeepSpeed's fp16 partitions).
-PARAM_BYTES = 2
-FP8_PARAM_BYTES = 1  # an FP8 (E4M3) weight; per-tensor scales add a few bytes per tensor, not counted
 # DeepSpeed ZeRO-3 keeps a parameter tensor with fewer elements than this whole on every rank and never gathers it
 # (`stage3_param_persistence_threshold`, default 1e5 since v0.3.x: deepspeed/runtime/zero/constants.py).
 ZERO3_PERSISTENT_ELEMENTS = 100_000
@@ -160,6 +162,11 @@ class UnitCost:
     @property
     def compute_s(self) -> float:
         return self.forward_s + self.backward_s
+
+    @property
+    def linear_params(self) -> float:
+        """Parameters per TP rank in linear weight matrices: those an FP8 linear quantises."""
+        return self.params * self.linear_share
 
     @property
     def tp_s(self) -> float:

@@ -28,7 +28,13 @@ import numpy as np
 from planner.cluster import Cluster, Link
 from planner.config import ParallelConfig, Partition, Recompute, Training
 from planner.cost.estimate import Estimate, estimate, fit_advice
-from planner.cost.memory import RankMemoryModel, in_flight_microbatches, rank_memory_model, sharded_state_bytes
+from planner.cost.memory import (
+    RankMemoryModel,
+    fp8_weight_copy_bytes,
+    in_flight_microbatches,
+    rank_memory_model,
+    sharded_state_bytes,
+)
 from planner.cost.schedule import JointTypes, RankTerms, costlier_sets, joint_fits, schedule_of
 from planner.cost.time import (
     CostKey,
@@ -287,12 +293,14 @@ class _Context:
             self.memories[key] = (models, sum(model.fixed_bytes * ranks[kind] for kind, model in enumerate(models)))
         return self.memories[key]
 
-    def least_memory_factors(self, config: ParallelConfig, m: int) -> tuple[float, float]:
-        """(Model-state bytes per parameter, bytes held per activation byte of one micro-batch on the rank with
-        the fewest in flight): the whole pipeline's least need, before any rank's memory model is built."""
+    def least_memory_factors(self, config: ParallelConfig, m: int, links: GroupLinks) -> tuple[float, float, float]:
+        """(Model-state bytes per parameter, the least FP8 weight-copy bytes per FP8-linear parameter of any rank's
+        GPU, bytes held per activation byte of one micro-batch on the rank with the fewest in flight): the whole
+        pipeline's least need, before any rank's memory model is built."""
         in_flight = min(self.in_flight(config, m))
         states = sharded_state_bytes(config, self.training.grad_bytes, self.parameter_states)
-        return states.total, (1 + self.calibration.allocator_fragmentation) * in_flight
+        copies = min(fp8_weight_copy_bytes(self.training, config, gpu) for gpu in self.gpu_types(links))
+        return states.total, copies, (1 + self.calibration.allocator_fragmentation) * in_flight
 
     def in_flight(self, config: ParallelConfig, m: int) -> tuple[float, ...]:
         """Each pipeline rank's in-flight micro-batches."""
@@ -507,7 +515,8 @@ def _with_memory(ctx: _Context, candidate: _Candidate) -> _Candidate:
     every block of each type at its own bytes (an MoE block can hold many times a dense one's)."""
     config, costs = candidate.config, candidate.rank_costs
     _, links = ctx.placed(config)
-    need, available = _pipeline_need_bytes(ctx, config, costs, candidate.num_microbatches), ctx.capacity_bytes(links)
+    need = _pipeline_need_bytes(ctx, config, costs, candidate.num_microbatches, links)
+    available = ctx.capacity_bytes(links)
     if need > available:  # short even before any rank's fixed bytes: no other rank's model is needed
         return replace(candidate, memory_need_bytes=need, memory_available_bytes=available)
     available -= ctx.memory_models(config, links, candidate.num_microbatches)[1]
@@ -524,13 +533,14 @@ def _with_memory(ctx: _Context, candidate: _Candidate) -> _Candidate:
 
 
 def _pipeline_need_bytes(ctx: _Context, config: ParallelConfig, costs: tuple[dict[CostKey, UnitCost], ...],
-                         m: int) -> float:
+                         m: int, links: GroupLinks) -> float:
     """The whole pipeline's least memory need over every split: model states plus the fewest in-flight activations
     of any rank (`_with_memory`), before any rank's fixed bytes."""
-    param_bytes, activation_factor = ctx.least_memory_factors(config, m)
+    param_bytes, copy_bytes, activation_factor = ctx.least_memory_factors(config, m, links)
     head = costs[0][UnitKind.HEAD].activation_bytes
     head_factor = ctx.head_activation_factor(config, m)
     return (param_bytes * _model_total(ctx, costs[0], "params")
+            + copy_bytes * _model_total(ctx, costs[0], "linear_params")
             + activation_factor * (_model_total(ctx, costs[0], "activation_bytes") - head)
             + min(activation_factor, head_factor) * head)
 
@@ -540,7 +550,7 @@ def _fits_pipeline(ctx: _Context, config: ParallelConfig) -> bool:
     ranks' memory) — checked when its family is opened, so members that cannot fit are never bounded."""
     _, links = ctx.placed(config)
     need = _pipeline_need_bytes(ctx, config, (ctx.first_rank_costs(config, links),),
-                                config.num_microbatches(ctx.training.global_batch))
+                                config.num_microbatches(ctx.training.global_batch), links)
     return need <= ctx.capacity_bytes(links)
 
 
@@ -634,13 +644,14 @@ def _most_blocks(ctx: _Context, candidate: _Candidate) -> tuple[tuple[tuple[floa
     for kind, first, last, ranks in _memory_groups(ctx, config, links, costs):
         memory, cost = models[kind], costs[ranks[0]]
         ends = [cost[unit] for unit, held in ((UnitKind.EMBEDDING, first), (UnitKind.HEAD, last)) if held]
-        end_params = sum(unit.params for unit in ends)
+        end_states = memory.state_bytes(sum(unit.params for unit in ends), sum(unit.linear_params for unit in ends))
         embedding = cost[UnitKind.EMBEDDING].activation_bytes if first else 0.0
         head = cost[UnitKind.HEAD].activation_bytes if last else 0.0
-        blocks = [(memory.param_bytes * cost[b].params, cost[b].activation_bytes) for b, _ in ctx.block_types]
+        blocks = [(memory.state_bytes(cost[b].params, cost[b].linear_params), cost[b].activation_bytes)
+                  for b, _ in ctx.block_types]
         for r in ranks:
             per_activation = (1 + memory.fragmentation) * in_flight[r]
-            held = (memory.param_bytes * end_params + per_activation * embedding + head_factor * head
+            held = (end_states + per_activation * embedding + head_factor * head
                     + memory.fixed_bytes)
             room = links.capacity_bytes[r] * (1 + MEMORY_TOLERANCE) - held
             rooms[r] = room
@@ -789,8 +800,11 @@ def _problem(ctx: _Context, candidate: _Candidate) -> PartitionProblem:
         rank = rank_memory_model(ctx.model, ctx.training, config, r, m, links.gpu[r], cal, ctx.parameter_states)
         fixed = rank.fixed_bytes
         time_of = [costs[key].total_s for key in keys]
-        memory_of = [rank.total(costs[key].params, 0.0, head_activations=costs[key].activation_bytes) - fixed
-                     if key is UnitKind.HEAD else rank.total(costs[key].params, costs[key].activation_bytes) - fixed
+        memory_of = [rank.total(costs[key].params, 0.0, head_activations=costs[key].activation_bytes,
+                                linear_params=costs[key].linear_params) - fixed
+                     if key is UnitKind.HEAD else
+                     rank.total(costs[key].params, costs[key].activation_bytes,
+                                linear_params=costs[key].linear_params) - fixed
                      for key in keys]
         times.append(tuple(time_of[t] for t in type_of))
         memories.append(tuple(memory_of[t] for t in type_of))

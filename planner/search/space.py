@@ -461,6 +461,7 @@ def runnable_by_framework(configs: Iterable[ParallelConfig], fixed: FixedOptions
         framework = framework.for_model(model)
     sharding_open = fixed.zero_stage is None and fixed.distributed_optimizer is None
     overlap_open = fixed.tp_comm_overlap is None
+    fp8_gather_open = fixed.fp8_param_gather is None
     ep_overlap_open = fixed.moe_ep_overlap is None
     dispatcher_open = fixed.moe_dispatcher is None
     for config in configs:
@@ -476,6 +477,9 @@ def runnable_by_framework(configs: Iterable[ParallelConfig], fixed: FixedOptions
                 config = replace(config, zero_stage=zero_stage, distributed_optimizer=distributed_optimizer)
         if overlap_open and config.tp_comm_overlap and not framework.overlaps_tp(config):
             config = replace(config, tp_comm_overlap=False)
+        if (fp8_gather_open and config.fp8_param_gather and training is not None
+                and not framework.gathers_weights_in_fp8(training.fp8_recipe)):
+            config = replace(config, fp8_param_gather=False)
         if framework.why_not(config) is None and (training is None or training.optimizer_states == "fp32"
                                                   or framework.training_why_not(training, config) is None):
             yield framework.runs(config)
@@ -486,6 +490,10 @@ def _layouts(model: ModelSpec, cluster: Cluster, training: Training, fixed: Fixe
     recomputes, local = fixed.recompute_options(), fixed.local_options()
     _check_fixed_experts(model, cluster, fixed)
     offload = fixed.cpu_offload_layers or 0
+    # FP8 weights wherever they are sharded, unless the user says otherwise: they gather in half the bytes, and
+    # with Transformer Engine they take the place of the 16-bit weights and their FP8 copies (fp8_weight_copy_bytes)
+    fp8_weights = (fp8_param_gather_why_not(training) is None if fixed.fp8_param_gather is None
+                   else fixed.fp8_param_gather)
     for dp, tp, pp, cp in degree_triples(model, cluster, training, fixed):
         if offload and pp > 1:
             continue  # Megatron-Core offloads activations only without pipelining
@@ -512,7 +520,7 @@ def _layouts(model: ModelSpec, cluster: Cluster, training: Training, fixed: Fixe
                     common = {**PARALLEL_DEFAULTS, "dp": dp, "tp": tp, "pp": pp, "micro_batch": micro_batch,
                               "vpp": vpp, "cp": cp, "hsdp_replicas": hsdp, "sequence_parallel": sp,
                               "zero_stage": zero_stage, "distributed_optimizer": dist_opt, "schedule": schedule,
-                              "fp8_param_gather": bool(fixed.fp8_param_gather) and sharding > 0,
+                              "fp8_param_gather": fp8_weights and sharding > 0,
                               # as Megatron-LM runs it, the default target's semantics: nothing to replace there
                               "overlap_param_gather": megatron_overlaps_param_gather(sharding),
                               **local}
