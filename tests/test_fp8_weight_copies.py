@@ -106,3 +106,17 @@ def test_a_gpu_entry_with_a_non_boolean_fp8_gemm_tn_only_is_refused() -> None:
     with pytest.raises(PlannerError, match="fp8_gemm_tn_only must be true or false, got 'yes'"):
         gpu_from_dict("X", {**entry, "fp8_gemm_tn_only": "yes"}, "test")
     assert H100.fp8_gemm_tn_only and not B200.fp8_gemm_tn_only
+
+
+def test_the_advice_for_an_fp8_plan_that_does_not_fit_names_fp8_weights() -> None:
+    """GPT3-20B as NeMo 24.07 ran it but with 16-bit weights beside their FP8 copies: 94.7 GiB of 79.2; the advice
+    offers FP8 weights first."""
+    from cli import shortfall_message
+
+    (run,) = [r for r in h100_runs()[0] if r.label.startswith("GPT3-20B")]
+    sixteen_bit = replace(run.config, fp8_param_gather=False)
+    result = predict(replace(run, config=sixteen_bit), default_calibration())
+    assert not result.fits
+    assert "try --fp8-param-gather, " in shortfall_message(sixteen_bit, result, run.training)
+    fitted = predict(run, default_calibration())
+    assert fitted.fits

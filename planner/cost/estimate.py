@@ -380,7 +380,10 @@ def fit_advice(config: ParallelConfig, result: Estimate, training: Training | No
     stage = result.tightest_stage()
     memory = stage.memory
     states = memory.weights + memory.gradients + memory.optimizer
-    options = []
+    # FP8 weights in place of the 16-bit ones beside their FP8 copies (fp8_weight_copy_bytes), where weights are
+    # sharded and the linears keep copies
+    options = (["--fp8-param-gather"] if training is not None and training.caches_fp8_weights
+               and not config.fp8_param_gather and config.optimizer_sharding in (1, 2) else [])
     states_short = states + memory.other > memory.capacity
     if states_short or memory.step_phase > memory.capacity:
         if config.optimizer_sharding < 3:
