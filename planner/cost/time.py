@@ -92,6 +92,10 @@ rank's share (ZeRO-Offload partitions the update over the data-parallel ranks)."
 # DeepSpeed ZeRO-3 keeps a parameter tensor with fewer elements than this whole on every rank and never gathers it
 # (`stage3_param_persistence_threshold`, default 1e5 since v0.3.x: deepspeed/runtime/zero/constants.py).
 ZERO3_PERSISTENT_ELEMENTS = 100_000
+# DeepSpeed ZeRO-3 keeps a submodule's gathered weights after it runs, rather than releasing them, when the weights
+# the trace runs before their next use add up to fewer elements than this (`max_reuse_distance`, default 1e9 since
+# ZeRO-3's first release, v0.3.12: deepspeed/runtime/zero/constants.py).
+ZERO3_MAX_REUSE_DISTANCE = 1_000_000_000
 # All-reduce-equivalents of the b·s·h activation each unit's TP collectives move per micro-batch
 # (Narayanan et al. 2021 §3.2: a block does 2 all-reduces forward and 2 backward; with sequence
 # parallelism each becomes an all-gather + reduce-scatter of the same volume, Korthikanti §4.2.2).
@@ -154,6 +158,9 @@ class UnitCost:
     tensors: int = 1
     gathered_tensors: int = 1
     linear_share: float = 0.0  # share of `params` in linear weight matrices (FP8-gatherable)
+    # share of the gathered weights DeepSpeed's per-tensor ZeRO-3 gathers a third time under full recompute
+    # (`recompute_regathered_share`)
+    regathered_share: float = 0.0
     # routed-expert parameters per rank, reduced over the expert data-parallel group (edp ranks), and their
     # state-weighted share inside `params` (`_block_parameters`); the rest of `params` reduces over dp·cp
     expert_params: float = 0.0
@@ -277,7 +284,7 @@ def _block_cost(model: ModelSpec, block: BlockSpec, times: UnitTimes, training: 
         cp_backward_s=cp_backward,
         ep_s=ep_forward + ep_backward,
         weight_grad_s=weight_gradient_s(UnitKind.BLOCK, times),
-        **_block_parameter_layout(block),
+        **_block_parameter_layout(block, config.tp),
     )
 
 
@@ -315,11 +322,30 @@ def _op_sac_recompute_s(block: BlockSpec, times: UnitTimes, keeps_attention: boo
 
 
 @cache
-def _block_parameter_layout(block: BlockSpec) -> dict[str, float]:
-    """A block type's parameter tensors (`_tensor_counts`) and the share of its parameters in linear weights, once
-    per type (an MoE block has thousands of expert tensors; the search asks per configuration)."""
+def _block_parameter_layout(block: BlockSpec, tp: int) -> dict[str, float]:
+    """A block type's parameter tensors (`_tensor_counts`), the share of its parameters in linear weights and the
+    share DeepSpeed's per-tensor ZeRO-3 gathers again after a full recompute (`recompute_regathered_share`), once per
+    type and TP degree (an MoE block has thousands of expert tensors; the search asks per configuration)."""
     return {**_tensor_counts(block.tensor_sizes()),
-            "linear_share": block.linear_weight_parameters() / max(block.parameters(), 1)}
+            "linear_share": block.linear_weight_parameters() / max(block.parameters(), 1),
+            "regathered_share": recompute_regathered_share(block.tensor_sizes(), tp)}
+
+
+def recompute_regathered_share(sizes: Sequence[int], tp: int) -> float:
+    """Share of a block's gathered weights (tensors of `sizes` elements in forward order, split `tp` ways) that
+    DeepSpeed's per-tensor ZeRO-3 gathers a third time per micro-batch under full recompute. It releases a
+    submodule's weights after each use unless the weights the trace runs before their next use add up to fewer
+    than ZERO3_MAX_REUSE_DISTANCE elements (stage3.py `_keep_for_later`). The recomputed forward gathers every
+    submodule again; the backward then runs them in reverse, so between a submodule's recomputed forward and its
+    backward run, twice over, the submodules after it: the last one is kept, the others are gathered a third time
+    where those exceed the distance (GPT-3 175B: all but the MLP's output projection, 8 of 12 h²)."""
+    regathered = later = gathered = 0.0
+    for size in reversed([size / tp for size in sizes]):
+        if size >= ZERO3_PERSISTENT_ELEMENTS:
+            gathered += size
+            regathered += size if 2 * later >= ZERO3_MAX_REUSE_DISTANCE else 0.0
+        later += size
+    return regathered / gathered if gathered else 0.0
 
 
 def _tensor_counts(sizes: Sequence[int]) -> dict[str, int]:
@@ -926,7 +952,9 @@ def _sharded_microbatch_s(runs: Sequence[UnitRun], training: Training, config: P
     `reshard_after_forward`, SHARD_GRAD_OP, only before its forward); a full
     recompute runs inside that backward with the weights gathered for it, so it adds hiding
     compute, not traffic: 2 all-gathers + 1 reduce-scatter = 3× the parameter bytes per
-    micro-batch, 1.5× DP's all-reduce (Rajbhandari et al. 2020 §7.2.2). Gradients are
+    micro-batch, 1.5× DP's all-reduce (Rajbhandari et al. 2020 §7.2.2) — except under DeepSpeed's per-tensor
+    ZeRO-3, which releases each submodule's weights after the recomputed forward and gathers most of them again
+    for the backward (`recompute_regathered_share`). Gradients are
     reduce-scattered per unit after its backward in every micro-batch (DeepSpeed stages 2/3 and
     FSDP without `no_sync`, the default of Composer and torchtitan; `no_sync` would reduce once
     per iteration at the memory of unsharded gradients). Each collective is a ring over the shard
@@ -936,10 +964,14 @@ def _sharded_microbatch_s(runs: Sequence[UnitRun], training: Training, config: P
     """
     collectives = _run_collectives(runs, training, config, link, calibration, states, expert_link)
     regather = config.reshard_after_forward
+    if config.zero3_collectives == "per-tensor":  # each gather waits for the device to drain: nothing hides
+        # after a full recompute it gathers the released weights again for the backward, in proportion to their bytes
+        third = config.recompute is Recompute.FULL
+        total = sum((gather * (1 + regather + third * unit.regathered_share) + reduce) * count
+                    for (unit, count), (gather, reduce) in zip(runs, collectives, strict=True))
+        return total, total
     total = sum((gather * (1 + regather) + reduce) * count
                 for (_, count), (gather, reduce) in zip(runs, collectives, strict=True))
-    if config.zero3_collectives == "per-tensor":  # each gather waits for the device to drain: nothing hides
-        return total, total
     forward = _prefetch_exposed_s([_PassRun(gather, 0.0, unit.forward_s, count)
                                    for (unit, count), (gather, _) in zip(runs, collectives, strict=True)], any_order)
     # BACKWARD_POST issues a unit's backward gather only after the previous unit's gradient computation: it waits
