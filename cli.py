@@ -418,9 +418,11 @@ def load_problem(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
 
 
 def echo_memory(training: Training, result: Estimate) -> None:
-    """The frozen / trainable memory breakdown, for fine-tuning and non-default optimizer states."""
-    if training.finetune != "full" or training.optimizer_states != "fp32":
-        click.echo("\nmemory per GPU (frozen base weights apart from the trainable states)")
+    """The memory breakdown term by term, for fine-tuning, non-default optimizer states and FP8 weight copies."""
+    copies = any(stage.memory.fp8_weight_copies for stage in result.stages)
+    if training.finetune != "full" or training.optimizer_states != "fp32" or copies:
+        click.echo("\nmemory per GPU (frozen base weights apart from the trainable states"
+                   + (", FP8 linears' weight copies apart from the 16-bit weights)" if copies else ")"))
         click.echo(format_memory(result))
 
 

@@ -138,17 +138,21 @@ def format_stages(result: Estimate) -> str:
 
 def format_memory(result: Estimate) -> str:
     """Per pipeline rank, the memory of one GPU term by term, the frozen base weights apart from the trainable
-    states (weights, gradients, optimizer states of what trains: all parameters, or the adapters)."""
+    states (weights, gradients, optimizer states of what trains: all parameters, or the adapters), and the FP8
+    linears' weight copies apart from the weights where there are any."""
+    copies = any(s.memory.fp8_weight_copies for s in result.stages)
     rows, seen = [], set()
     for s in result.stages:
         if s.pp_rank in seen:
             continue
         seen.add(s.pp_rank)
         mem = s.memory
-        rows.append((s.pp_rank, gib(mem.frozen_weights), gib(mem.weights - mem.frozen_weights), gib(mem.gradients),
+        trainable = mem.weights - mem.frozen_weights - mem.fp8_weight_copies
+        rows.append((s.pp_rank, gib(mem.frozen_weights), gib(trainable),
+                     *((gib(mem.fp8_weight_copies),) if copies else ()), gib(mem.gradients),
                      gib(mem.optimizer), gib(mem.activations), gib(mem.other), gib(mem.total)))
-    headers = ("pp", "frozen weights", "trainable weights", "gradients", "optimizer", "activations", "other",
-               "total")
+    headers = ("pp", "frozen weights", "trainable weights", *(("fp8 weight copies",) if copies else ()),
+               "gradients", "optimizer", "activations", "other", "total")
     return format_table(headers, rows)
 
 

@@ -120,3 +120,27 @@ def test_the_advice_for_an_fp8_plan_that_does_not_fit_names_fp8_weights() -> Non
     assert "try --fp8-param-gather, " in shortfall_message(sixteen_bit, result, run.training)
     fitted = predict(run, default_calibration())
     assert fitted.fits
+
+
+def test_estimate_shows_the_copies_apart_and_the_plan_file_records_them(tmp_path) -> None:
+    """`estimate` prints the term-by-term memory with the FP8 copies in a column of their own, and the plan JSON's
+    `memory_bytes` names them (inside `weights`); without copies neither appears."""
+    import json
+
+    common = ["estimate", "--model", "llama3-8b", "--cluster", "1x8xH100-80GB", "--global-batch", "8", "--seq-len",
+              "4096", "--dtype", "fp8", "--dp", "8", "--distributed-optimizer", "--micro-batch", "1"]
+    runner = CliRunner()
+    result = runner.invoke(main, [*common, "--out", str(tmp_path / "copies.json")])
+    assert result.exit_code == 1 and "fp8 weight copies" in result.output  # 87.9 GiB of 79.2: does not fit
+    document = json.loads((tmp_path / "copies.json").read_text())  # written whole, fits false
+    assert not document["estimate"]["fits"] and document["stages"][0]["memory_bytes"]["fp8_weight_copies"] > 0
+    result = runner.invoke(main, [*common, "--fp8-param-gather", "--out", str(tmp_path / "weights.json")])
+    assert result.exit_code == 0, result.output
+    assert "fp8 weight copies" not in result.output
+    memory = json.loads((tmp_path / "weights.json").read_text())["stages"][0]["memory_bytes"]
+    assert "fp8_weight_copies" not in memory
+    model = load_model("llama3-8b")
+    copies = estimate(model, load_cluster("1x8xH100-80GB"), _fp8("tensorwise"), SHARDED).stages[0].memory
+    linear = sum(count * block.linear_weight_parameters() for block, count in model.block_types().items())
+    assert copies.as_dict()["fp8_weight_copies"] == pytest.approx(copies.fp8_weight_copies) == pytest.approx(
+        2 * linear)

@@ -493,6 +493,7 @@ class MemoryBreakdown:
     step_segments: float = 0.0  # segments the optimizer step maps after the peak (`step_segment_bytes`), not in total
     offloaded: float = 0.0  # activations in host memory at the peak (`offloaded_activation_bytes`), not held here
     step_phase: float = 0.0  # live while the optimizer step runs (`RankMemoryModel.step_phase`); 0: never above total
+    fp8_weight_copies: float = 0.0  # inside `weights`: the FP8 linears' weight copies (`fp8_weight_copy_bytes`)
 
     @property
     def total(self) -> float:
@@ -520,8 +521,10 @@ class MemoryBreakdown:
         return self.required <= self.capacity
 
     def as_dict(self) -> dict[str, float]:
-        """The plan file's `memory_bytes`; `optimizer_step` only where the step's live set exceeds the total."""
+        """The plan file's `memory_bytes`; `optimizer_step` only where the step's live set exceeds the total,
+        `fp8_weight_copies` (inside `weights`) only where there are any."""
         frozen = {"frozen_weights": self.frozen_weights} if self.frozen_weights else {}
+        frozen |= {"fp8_weight_copies": self.fp8_weight_copies} if self.fp8_weight_copies else {}
         step = {"optimizer_step": self.step_phase} if self.step_phase > self.total else {}
         return {
             "weights": self.weights, **frozen, "gradients": self.gradients, "optimizer": self.optimizer,
@@ -611,12 +614,12 @@ class RankMemoryModel:
                 - self.offloaded_bytes)
         detail = dict(self.runtime) | dict(self.buffers)
         detail["allocator_fragmentation"] = self.fragmentation * (held + sum(value for _, value in self.buffers))
-        weights = self.states.weights * params + self.fp8_copy_bytes * linear_params
-        return MemoryBreakdown(weights, self.states.gradients * params,
+        copies = self.fp8_copy_bytes * linear_params
+        return MemoryBreakdown(self.states.weights * params + copies, self.states.gradients * params,
                                self.states.optimizer * params, held, sum(detail.values()), capacity, detail,
                                self.states.frozen_weights * params, sum(value for _, value in self.runtime),
                                self.step_segments * params, self.offloaded_bytes,
-                               self.step_phase(params, linear_params))
+                               self.step_phase(params, linear_params), copies)
 
 
 def nccl_communicators(model: ModelSpec, config: ParallelConfig, pp_rank: int) -> int:
