@@ -670,8 +670,7 @@ def step_segment_bytes(training: Training, config: ParallelConfig, states: Param
     on top of the backward's peak. They need not fit beside the activations (the step runs after those are freed, and
     a failed cudaMalloc empties the cache and retries), only beside the model states (`RankMemoryModel.step_phase`).
     Its per-tensor temporaries (the fp32 overflow check, the fp64 norm of each gradient) are one tensor at a time and
-    not counted. DeepSpeed's BF16_Optimizer reduces after the
-    flush too (`BF16_REDUCE_COPY_BYTES`)."""
+    not counted. DeepSpeed's BF16_Optimizer reduces after the flush too (`BF16_REDUCE_COPY_BYTES`)."""
     trainable = (states or _FULL_ADAM).trainable
     if config.deepspeed_optimizer == "bf16":
         return BF16_REDUCE_COPY_BYTES * trainable
