@@ -138,7 +138,7 @@ class Framework:
     fp8_recipes: tuple[str, ...] = FP8_RECIPES
     # what its FP8 linears keep of their input for the weight gradient (Training.fp8_saved_input)
     fp8_saved_input: str = "fp8"
-    # the FP8 recipes under which it gathers weights in FP8 (ParallelConfig.fp8_param_gather); None: every one
+    # the FP8 recipes under which it gathers weights in FP8 (ParallelConfig.fp8_param_gather); None: every one, (): none
     fp8_gather_recipes: tuple[str, ...] | None = None
     # the FP8 recipes under which sequence parallelism's all-gathers move FP8 activations (Training.fp8_tp_gather);
     # None: every one (Transformer Engine quantises a linear's input, or its output gradient, before gathering it)
@@ -162,6 +162,15 @@ class Framework:
     def gathers_weights_in_fp8(self, fp8_recipe: str | None) -> bool:
         """Whether under FP8 recipe `fp8_recipe` it can gather sharded weights in FP8 (`fp8_gather_recipes`)."""
         return self.fp8_gather_recipes is None or fp8_recipe in self.fp8_gather_recipes
+
+    def fp8_gather_why_not(self, fp8_recipe: str | None) -> str | None:
+        """None where it gathers sharded weights in FP8 under `fp8_recipe`, else why not (one line)."""
+        if self.gathers_weights_in_fp8(fp8_recipe):
+            return None
+        if not self.fp8_gather_recipes:
+            return f"{self.version} gathers its sharded weights in 16 bits, never in FP8"
+        return (f"{self.version} gathers weights in FP8 only with {' or '.join(self.fp8_gather_recipes)} scaling, "
+                f"got {fp8_recipe}")
 
     def gathers_tp_in_fp8(self, fp8_recipe: str | None) -> bool:
         """Whether under FP8 recipe `fp8_recipe` its sequence-parallel all-gathers move FP8 activations."""
@@ -215,9 +224,8 @@ class Framework:
         if training.dtype == "fp8" and training.fp8_recipe not in self.fp8_recipes:
             return (f"{self.version} has no {training.fp8_recipe} FP8 recipe (it runs "
                     f"{', '.join(self.fp8_recipes)})")
-        if config is not None and config.fp8_param_gather and not self.gathers_weights_in_fp8(training.fp8_recipe):
-            return (f"{self.version} gathers weights in FP8 only with {' or '.join(self.fp8_gather_recipes)} "
-                    f"scaling, got {training.fp8_recipe}")
+        if config is not None and config.fp8_param_gather and (why := self.fp8_gather_why_not(training.fp8_recipe)):
+            return why
         needs = dict(self.optimizer_states)
         if training.optimizer_states not in needs:
             return f"{self.version} has no {training.optimizer_states} optimizer states"
@@ -401,6 +409,8 @@ FRAMEWORKS: dict[str, Framework] = {
         fixed_selective_recompute="the attention core's (Megatron-DeepSpeed has no --recompute-modules)",
         block_recompute="first without pp",
         fused_elementwise_only="apex's fused LayerNorm and the TorchScript bias-GeLU / bias-dropout-add fusions",
+        # its ZeRO partitions and gathers the 16-bit weights (ZeRO++'s int8 weight gathers are not modelled)
+        fp8_gather_recipes=(),
         optimizer_states=(("fp32", None), ("cpu", frozenset({(1, False), (2, False), (3, False)})))),
     # FSDP2 (reshard_after_forward never: ZeRO-2; default: ZeRO-3) or DDP, with PP too; CP rotates KV by
     # all-gather or a ring of exchanges; etp in {1, tp} (ParallelDims v0.2.2)

@@ -144,3 +144,22 @@ def test_estimate_shows_the_copies_apart_and_the_plan_file_records_them(tmp_path
     linear = sum(count * block.linear_weight_parameters() for block, count in model.block_types().items())
     assert copies.as_dict()["fp8_weight_copies"] == pytest.approx(copies.fp8_weight_copies) == pytest.approx(
         2 * linear)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--framework", "deepspeed"], "DeepSpeed 0.19 (Megatron-DeepSpeed) gathers its sharded weights in 16 bits, "
+                                   "never in FP8"),
+    (["--framework", "torchtitan", "--fp8-recipe", "rowwise"],
+     "torchtitan 0.2.2 gathers weights in FP8 only with tensorwise scaling, got rowwise"),
+])
+def test_plan_refuses_fp8_weights_its_target_cannot_gather(options: list[str], message: str) -> None:
+    """Asked for FP8 weights a target cannot gather, `plan` exits 2 naming why (as `estimate` does), rather than
+    planning a layout the launch would not run; left open, it plans 16-bit gathers there."""
+    common = ["plan", "--model", "llama3-8b", "--cluster", "2x8xH100-80GB", "--global-batch", "64", "--seq-len",
+              "4096", "--dtype", "fp8", "--top", "1", *options]
+    refused = CliRunner().invoke(main, [*common, "--fp8-param-gather"])
+    assert refused.exit_code == 2 and f"error: --fp8-param-gather: {message}" in refused.output
+    assert "Traceback" not in refused.output
+    planned = CliRunner().invoke(main, common)
+    assert planned.exit_code == 0, planned.output
+    assert "fp8-gather" not in planned.output.split("best plan:")[1].splitlines()[0]

@@ -176,6 +176,9 @@ def _check_fixed(model: ModelSpec, cluster: Cluster, training: Training, fixed: 
             raise PlannerError(f"--{flag} must be a positive integer, got {value}")
     if fixed.fp8_param_gather and (why := fp8_param_gather_why_not(training)):
         raise PlannerError(f"--fp8-param-gather {why}")
+    if fixed.fp8_param_gather and (why := framework_named(fixed.framework or "any").fp8_gather_why_not(
+            training.fp8_recipe)):
+        raise PlannerError(f"--fp8-param-gather: {why}")
     if fixed.cpu_offload_layers:  # what Megatron-Core allows with CPU offloading, checked as a configuration would be
         (recompute, _), *_ = fixed.recompute_options()
         ParallelConfig(dp=1, tp=1, pp=fixed.pp or 1, recompute=recompute,
