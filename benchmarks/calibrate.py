@@ -71,7 +71,6 @@ class Fitted:
 FITTED = (
     Fitted("gemm_efficiency", 1.0, 0.5, 1.0, "share of the max achievable matmul rate (MAMF) training GEMMs reach"),
     Fitted("memory_bound_efficiency", 0.7, 0.3, 0.95, "fraction of HBM bandwidth element-wise kernels reach"),
-    Fitted("collective_efficiency_intra", 0.78, 0.3, 1.0, "NCCL bus bandwidth / NVLink bandwidth for TP collectives"),
     Fitted("collective_efficiency_inter", 0.9, 0.3, 1.0, "NCCL bus bandwidth / NIC line rate for DP collectives"),
     Fitted("p2p_efficiency_inter", 0.9, 0.3, 1.0, "pipeline send/recv bandwidth / NIC line rate"),
     Fitted("fp8_gemm_efficiency_ratio", 1.0, 0.4, 1.0, "FP8 GEMM efficiency (of the FP8 peak) relative to BF16's"),

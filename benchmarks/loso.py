@@ -25,7 +25,7 @@ from planner.profile.calibration import Calibration, default_calibration
 __all__ = ["LOSO_CONSTANTS", "fit_sources", "left_out_mape", "source_objective"]
 
 LOSO_CONSTANTS = tuple(c for c in FITTED if c.name in {
-    "gemm_efficiency", "memory_bound_efficiency", "collective_efficiency_intra", "collective_efficiency_inter",
+    "gemm_efficiency", "memory_bound_efficiency", "collective_efficiency_inter",
     "flash_attention_efficiency", "fp8_gemm_efficiency_ratio"})
 _STEPS = 6  # golden-section steps per constant: the interval shrinks to 0.618⁶ ≈ 5 % of its bounds
 _SWEEPS = 2
