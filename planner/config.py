@@ -755,11 +755,16 @@ PARALLEL_DEFAULTS = MappingProxyType({f.name: f.default for f in fields(Parallel
 
 def fp8_param_gather_why_not(training: Training) -> str | None:
     """None when `training` can gather its weights in FP8 (`ParallelConfig.fp8_param_gather`), else what it needs:
-    FP8 training, every parameter trained (adapters' frozen base weights are gathered as stored)."""
+    FP8 training, every parameter trained (adapters' frozen base weights are gathered as stored), and with optimizer
+    states in host memory delayed scaling (Megatron-LM's validate_args; no other target offloads them beside FP8
+    weights)."""
     if training.dtype != "fp8":
         return f"needs FP8 training (--dtype fp8), got {training.dtype}"
     if training.finetune != "full":
         return f"needs every parameter trained (--finetune full), got {training.finetune}"
+    if training.optimizer_states == "cpu" and training.fp8_recipe != "delayed":
+        return ("with optimizer states in host memory needs --fp8-recipe delayed (Megatron-LM's optimizer CPU offload "
+                f"keeps FP8 weights only under delayed scaling), got {training.fp8_recipe}")
     return None
 
 

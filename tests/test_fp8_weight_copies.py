@@ -163,3 +163,18 @@ def test_plan_refuses_fp8_weights_its_target_cannot_gather(options: list[str], m
     planned = CliRunner().invoke(main, common)
     assert planned.exit_code == 0, planned.output
     assert "fp8-gather" not in planned.output.split("best plan:")[1].splitlines()[0]
+
+
+def test_fp8_weights_with_optimizer_states_in_host_memory_need_delayed_scaling() -> None:
+    """Megatron-LM's optimizer CPU offload keeps FP8 weights only under delayed scaling (validate_args): plan leaves
+    them 16-bit under another recipe, and asking for them there exits 2 naming the recipe it needs."""
+    common = ["plan", "--model", "llama3-8b", "--cluster", "1x8xH100-80GB", "--global-batch", "64", "--seq-len",
+              "4096", "--dtype", "fp8", "--optimizer-states", "cpu", "--top", "1"]
+    runner = CliRunner()
+    tensorwise = runner.invoke(main, [*common, "--fp8-recipe", "tensorwise"])
+    assert tensorwise.exit_code == 0, tensorwise.output
+    assert "fp8-gather" not in tensorwise.output.split("best plan:")[1].splitlines()[0]
+    asked = runner.invoke(main, [*common, "--fp8-recipe", "tensorwise", "--fp8-param-gather"])
+    assert asked.exit_code == 2 and "needs --fp8-recipe delayed" in asked.output and "got tensorwise" in asked.output
+    delayed = runner.invoke(main, common)
+    assert delayed.exit_code == 0 and "fp8-gather" in delayed.output.split("best plan:")[1].splitlines()[0]
