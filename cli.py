@@ -471,13 +471,16 @@ def describe_tuning(model: ModelSpec, training: Training) -> str:
     return text
 
 
-def shortfall_message(config: ParallelConfig, result: Estimate, training: Training | None = None) -> str:
+def shortfall_message(config: ParallelConfig, result: Estimate, training: Training | None = None,
+                      framework: str = "any") -> str:
+    """What the tightest stage needs and lacks, and what would make it fit on `framework` (`fit_advice`)."""
     stage = result.tightest_stage()
+    gatherable = training is None or framework_named(framework).gathers_weights_in_fp8(training.fp8_recipe)
     short = stage.memory.required - stage.memory.capacity
     return (
         f"stage {stage.index} (pipeline rank {stage.pp_rank}) needs {stage.memory.required / GIB:.1f} GiB, "
         f"{stage.gpu} has {stage.memory.capacity / GIB:.1f} GiB (short by {short / GIB:.1f} GiB); "
-        f"{fit_advice(config, result, training)}"
+        f"{fit_advice(config, result, training, gatherable)}"
     )
 
 
@@ -662,7 +665,7 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
         if "replan" in extra:
             echo_replan(extra["replan"])
     if not result.fits:
-        click.echo(f"does not fit: {shortfall_message(config, result, training)}", err=True)
+        click.echo(f"does not fit: {shortfall_message(config, result, training, framework)}", err=True)
         sys.exit(1)
 
 

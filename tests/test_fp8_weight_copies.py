@@ -178,3 +178,19 @@ def test_fp8_weights_with_optimizer_states_in_host_memory_need_delayed_scaling()
     assert asked.exit_code == 2 and "needs --fp8-recipe delayed" in asked.output and "got tensorwise" in asked.output
     delayed = runner.invoke(main, common)
     assert delayed.exit_code == 0 and "fp8-gather" in delayed.output.split("best plan:")[1].splitlines()[0]
+
+
+@pytest.mark.parametrize(("options", "offered"), [
+    (["--zero", "1"], True),
+    (["--zero", "1", "--framework", "deepspeed"], False),  # it gathers 16-bit weights only
+    (["--distributed-optimizer", "--optimizer-states", "cpu", "--fp8-recipe", "tensorwise"], False),  # delayed only
+    (["--distributed-optimizer", "--optimizer-states", "cpu"], True),
+])
+def test_the_advice_offers_fp8_weights_only_where_the_target_can_run_them(options: list[str], offered: bool) -> None:
+    """llama3-8b at micro-batch 4 over 8192 tokens does not fit an H100 whichever way; FP8 weights are offered where
+    the target would run them with these settings."""
+    common = ["estimate", "--model", "llama3-8b", "--cluster", "1x8xH100-80GB", "--global-batch", "32", "--seq-len",
+              "8192", "--dtype", "fp8", "--dp", "8", "--micro-batch", "4", *options]
+    result = CliRunner().invoke(main, common)
+    assert result.exit_code == 1, result.output
+    assert ("--fp8-param-gather" in result.output.split("does not fit:")[1]) is offered

@@ -371,19 +371,22 @@ def moe_load_fit_limit(training: Training, result: Estimate,
     return training.moe_load_imbalance + min(limits)
 
 
-def fit_advice(config: ParallelConfig, result: Estimate, training: Training | None = None) -> str:
+def fit_advice(config: ParallelConfig, result: Estimate, training: Training | None = None,
+               fp8_weights_gatherable: bool = True) -> str:
     """What would make a configuration that does not fit fit, naming only options that help: when the
     model states alone or the optimizer step's live set exceed the GPU, more sharding, smaller or offloaded
     optimizer states (with `training`: when they are fp32 Adam on the GPU), adapters instead of full fine-tuning, or
     more GPUs (a smaller batch or more recompute frees nothing there); otherwise what shrinks activations, never an
-    option already in use."""
+    option already in use. `fp8_weights_gatherable`: whether the target framework can gather FP8 weights under the
+    recipe (`Framework.gathers_weights_in_fp8`)."""
     stage = result.tightest_stage()
     memory = stage.memory
     states = memory.weights + memory.gradients + memory.optimizer
     # FP8 weights in place of the 16-bit ones beside their FP8 copies (fp8_weight_copy_bytes), where weights are
     # sharded and the linears keep copies
     options = (["--fp8-param-gather"] if training is not None and training.caches_fp8_weights
-               and not config.fp8_param_gather and config.optimizer_sharding in (1, 2) else [])
+               and not config.fp8_param_gather and config.optimizer_sharding in (1, 2) and fp8_weights_gatherable
+               and fp8_param_gather_why_not(training) is None else [])
     states_short = states + memory.other > memory.capacity
     if states_short or memory.step_phase > memory.capacity:
         if config.optimizer_sharding < 3:

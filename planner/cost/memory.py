@@ -523,11 +523,11 @@ class MemoryBreakdown:
     def as_dict(self) -> dict[str, float]:
         """The plan file's `memory_bytes`; `optimizer_step` only where the step's live set exceeds the total,
         `fp8_weight_copies` (inside `weights`) only where there are any."""
-        frozen = {"frozen_weights": self.frozen_weights} if self.frozen_weights else {}
-        frozen |= {"fp8_weight_copies": self.fp8_weight_copies} if self.fp8_weight_copies else {}
+        inside_weights = {name: value for name, value in (("frozen_weights", self.frozen_weights),
+                                                          ("fp8_weight_copies", self.fp8_weight_copies)) if value}
         step = {"optimizer_step": self.step_phase} if self.step_phase > self.total else {}
         return {
-            "weights": self.weights, **frozen, "gradients": self.gradients, "optimizer": self.optimizer,
+            "weights": self.weights, **inside_weights, "gradients": self.gradients, "optimizer": self.optimizer,
             "activations": self.activations, "other": self.other, "total": self.total, **step,
             "capacity": self.capacity,
         }

@@ -51,6 +51,7 @@ from planner.cost.time import (
 )
 from planner.errors import InfeasibleError, PlannerError
 from planner.finetune import parameter_states
+from planner.frameworks import framework_named
 from planner.gpu import GIB, GPUSpec
 from planner.model import BlockSpec, ModelSpec, UnitKind
 from planner.placement import GroupLinks, Placement, default_placement
@@ -991,7 +992,7 @@ def search(
     )
     if not plans:  # every member was examined: those short of memory as a whole pipeline join the rest
         rejected += [_with_memory(ctx, _bound(ctx, order, config.checked())) for order, config in unbuilt]
-        raise InfeasibleError(_infeasible_message(ctx, rejected))
+        raise InfeasibleError(_infeasible_message(ctx, rejected, fixed.framework))
     return SearchResult(tuple(plans), stats)
 
 
@@ -1113,16 +1114,18 @@ def _gpus_for_states(ctx: _Context, config: ParallelConfig, gpu: GPUSpec, capaci
     return math.inf if room <= 0 else math.ceil(ctx.model.num_parameters * rank.param_bytes / room)
 
 
-def _infeasible_message(ctx: _Context, rejected: list[_Candidate]) -> str:
+def _infeasible_message(ctx: _Context, rejected: list[_Candidate], framework: str | None) -> str:
     """The searched configuration nearest to fitting (smallest shortfall by its estimate) and its tightest
-    stage; when the model states alone exceed the cluster, how many GPUs of this type they need."""
+    stage; when the model states alone exceed the cluster, how many GPUs of this type they need; the advice only
+    what the target `framework` runs."""
     closest, result = _nearest(ctx, rejected)
     stage = result.tightest_stage()
     needed = _gpus_for_states(ctx, closest.config, ctx.placed(closest.config)[1].gpu[stage.pp_rank],
                               stage.memory.capacity)
     advice = (f"the model states alone need at least {needed:,.0f} {stage.gpu} GPUs, the cluster has "
-              f"{ctx.cluster.num_gpus:,}" if needed > ctx.cluster.num_gpus else fit_advice(closest.config, result,
-                                                                                             ctx.training))
+              f"{ctx.cluster.num_gpus:,}" if needed > ctx.cluster.num_gpus else fit_advice(
+                  closest.config, result, ctx.training,
+                  framework_named(framework or "any").gathers_weights_in_fp8(ctx.training.fp8_recipe)))
     return (
         f"no configuration fits in memory; the closest ({closest.config.describe()}) has stage {stage.index} "
         f"needing {stage.memory.required / GIB:.1f} GiB, {stage.gpu} has {stage.memory.capacity / GIB:.1f} GiB "
