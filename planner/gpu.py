@@ -42,6 +42,11 @@ class GPUSpec:
     # FlashAttention-2's attention rate over the architecture's native fused attention kernel (cuDNN, FA3): FA2's
     # Ampere-era mma.sync kernels use neither Hopper's wgmma/TMA nor Blackwell's tcgen05; 1.0 where FA2 is native
     flash_attention_2_share: float = 1.0
+    # its native fused attention kernel's rate as a share of its BF16 peak, relative to Hopper's (FlashAttention-3 /
+    # cuDNN on H100), on which the calibration's flash_attention_efficiency holds; from kernel benchmarks. 1.0 where
+    # the native kernel reaches about Hopper's share of peak (NVIDIA: FA2 on A100, FA4 / cuDNN on B200); AMD's
+    # Composable Kernel attention reaches about a third of it
+    fused_attention_share: float = 1.0
     # the board power its datasheet peaks and measured matmul efficiency hold at, where it runs under a lower limit
     # (`tdp_w`); None: at its limit
     rated_power_w: float | None = None
@@ -102,6 +107,7 @@ def gpu_from_dict(name: str, data: dict[str, Any], origin: str) -> GPUSpec:
             tdp_w=None if data.get("tdp_w") is None else float(data["tdp_w"]),
             gpus_per_host=None if data.get("gpus_per_host") is None else int(data["gpus_per_host"]),
             flash_attention_2_share=float(data.get("flash_attention_2_share", 1.0)),
+            fused_attention_share=float(data.get("fused_attention_share", 1.0)),
             rated_power_w=None if data.get("rated_power_w") is None else float(data["rated_power_w"]),
             host_link_bytes_per_s=float(data.get("host_link_gbps", PCIE4_HOST_LINK_BYTES_PER_S / _GB)) * _GB,
             fp8_gemm_tn_only=data.get("fp8_gemm_tn_only", False),
@@ -113,9 +119,10 @@ def gpu_from_dict(name: str, data: dict[str, Any], origin: str) -> GPUSpec:
     if not isinstance(spec.fp8_gemm_tn_only, bool):
         raise PlannerError(f"{origin}: GPU {name!r} fp8_gemm_tn_only must be true or false, "
                            f"got {spec.fp8_gemm_tn_only!r}")
-    if not 0 < spec.flash_attention_2_share <= 1:
-        raise PlannerError(f"{origin}: GPU {name!r} flash_attention_2_share must be in (0, 1], "
-                           f"got {spec.flash_attention_2_share}")
+    for field_name in ("flash_attention_2_share", "fused_attention_share"):
+        share = getattr(spec, field_name)
+        if not 0 < share <= 1:
+            raise PlannerError(f"{origin}: GPU {name!r} {field_name} must be in (0, 1], got {share}")
     for field_name in ("tdp_w", "rated_power_w"):
         watts = getattr(spec, field_name)
         if watts is not None and not 0 < watts < float("inf"):

@@ -56,7 +56,9 @@ RECORDED = {
     # B200's cuDNN attention outside 6fc499f's SAC save list, recomputed
     # torchao keeps BF16 inputs; seventeenth session: its H100s are Grand Teton's (titan_runs._GRAND_TETON_FILES),
     # 42.1 -> 39.9 % (H100 rows -16.8 / -14.6 / -24.1 -> -8.6 / -5.4 / -15.8 %)
-    "torchao float8/MXFP8 (FSDP2, H100/MI300X/B200)": (12, 0.399, 0.047, 12),
+    # nineteenth: MI300X's attention at Composable Kernel's share of Hopper's rate per peak, SDPA's AOTriton below it
+    # (catalog fused_attention_share, flash_attention_2_share): 39.9 -> 27.2 %, MI300X rows -35..-47 -> -6..+3 %
+    "torchao float8/MXFP8 (FSDP2, H100/MI300X/B200)": (12, 0.272, 0.047, 12),
     # issue 11 item 6 (2026-12-02; both under 12 % since the tenth session, README "Accuracy"): rack-scale jobs in NVL72
     # racks as Megatron-Bridge launches them, BF16 gradient buffers, the recipes' EP overlap and DeepSeek-V3's flex
     # dispatcher, FP8 saved inputs in one byte; each row's recompute modules; GPT-OSS's eager expert-bias adds; the

@@ -613,7 +613,7 @@ class AnalyticProfile:
             width = heads * (m.qk_head_dim + m.value_head_dim)
             flops = 2 * b * s * _causal_mean_keys(s) * width / cp
             rate = (gpu.peak_flops(attention_dtype) * self.calibration.flash_attention_efficiency
-                    * _flash_tile_utilisation(_causal_mean_keys(s / cp))
+                    * gpu.fused_attention_share * _flash_tile_utilisation(_causal_mean_keys(s / cp))
                     * _head_dim_share(m.qk_head_dim, setting.attention))
             if setting.attention == "flash2":
                 rate *= gpu.flash_attention_2_share
