@@ -47,6 +47,10 @@ class GPUSpec:
     # the native kernel reaches about Hopper's share of peak (NVIDIA: FA2 on A100, FA4 / cuDNN on B200); AMD's
     # Composable Kernel attention reaches about a third of it
     fused_attention_share: float = 1.0
+    # the flash-attn package's build for this GPU is its native attention kernel (ROCm: Composable Kernel), so a stack
+    # that calls flash-attn rather than PyTorch SDPA (Megatron-DeepSpeed's --use-flash-attn-v2) runs the native rate;
+    # `flash_attention_2_share` is then SDPA's flash backend's (ROCm: AOTriton)
+    flash_attn_native: bool = False
     # the board power its datasheet peaks and measured matmul efficiency hold at, where it runs under a lower limit
     # (`tdp_w`); None: at its limit
     rated_power_w: float | None = None
@@ -111,14 +115,16 @@ def gpu_from_dict(name: str, data: dict[str, Any], origin: str) -> GPUSpec:
             rated_power_w=None if data.get("rated_power_w") is None else float(data["rated_power_w"]),
             host_link_bytes_per_s=float(data.get("host_link_gbps", PCIE4_HOST_LINK_BYTES_PER_S / _GB)) * _GB,
             fp8_gemm_tn_only=data.get("fp8_gemm_tn_only", False),
+            flash_attn_native=data.get("flash_attn_native", False),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise PlannerError(f"{origin}: GPU {name!r} is missing or has a bad field ({exc})") from None
     if not 0 < efficiency <= 1:
         raise PlannerError(f"{origin}: GPU {name!r} matmul_efficiency must be in (0, 1], got {efficiency}")
-    if not isinstance(spec.fp8_gemm_tn_only, bool):
-        raise PlannerError(f"{origin}: GPU {name!r} fp8_gemm_tn_only must be true or false, "
-                           f"got {spec.fp8_gemm_tn_only!r}")
+    for field_name in ("fp8_gemm_tn_only", "flash_attn_native"):
+        if not isinstance(getattr(spec, field_name), bool):
+            raise PlannerError(f"{origin}: GPU {name!r} {field_name} must be true or false, "
+                               f"got {getattr(spec, field_name)!r}")
     for field_name in ("flash_attention_2_share", "fused_attention_share"):
         share = getattr(spec, field_name)
         if not 0 < share <= 1:

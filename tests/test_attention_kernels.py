@@ -118,6 +118,14 @@ def test_a_gpu_file_share_outside_0_1_is_refused(field: str, bad: float) -> None
         gpu_from_dict("X", data | {field: bad}, "test")
 
 
+def test_a_gpu_files_flash_attn_native_must_be_a_boolean() -> None:
+    data = {"peak_tflops": {"bf16": 1307}, "memory_gib": 192, "hbm_gbps": 5300, "matmul_efficiency": 0.5,
+            "intra_node": {"link": "xgmi", "gbps": 448}, "gpus_per_node": 8, "nic_gbps": 50, "sm_count": 304}
+    assert gpu_from_dict("X", data | {"flash_attn_native": True}, "test").flash_attn_native
+    with pytest.raises(PlannerError, match="flash_attn_native must be true or false, got 'yes'"):
+        gpu_from_dict("X", data | {"flash_attn_native": "yes"}, "test")
+
+
 def test_amd_native_attention_runs_at_its_share_of_hoppers_rate_per_peak() -> None:
     """Composable Kernel's FA2 on MI300X reaches 228 TFLOP/s forward+backward (0.174 of its peak) where FA3 on
     H100 reaches 574 (0.58): its attention core per FLOP takes 1/0.30 of the time an H100-like GPU of the same
@@ -150,13 +158,14 @@ def test_megatron_attention_backend_per_kernel(kernel: str, backend: str) -> Non
 
 
 def test_megatron_deepspeed_runs_flashattention_2_and_says_so_on_hopper(tmp_path) -> None:
-    """Both fused kernels export as --use-flash-attn-v2; a "flash" plan on H100 notes that FA2 is slower there."""
+    """Both fused kernels export as --use-flash-attn-v2; a "flash" plan on H100 notes that FA2 is slower there, not on
+    MI300X, where the flash-attn package is Composable Kernel's native kernel (only SDPA's AOTriton is slower)."""
     for kernel in ("flash", "flash2"):
         flags = model_flags(MODEL, Training(attention=kernel), Dialect.MEGATRON_DEEPSPEED).flags
         assert ("--use-flash-attn-v2",) in flags
     runner = CliRunner()
     notes = {}
-    for kernel, gpu in (("flash", "H100-80GB"), ("flash2", "H100-80GB"), ("flash", "A100-80GB")):
+    for kernel, gpu in (("flash", "H100-80GB"), ("flash2", "H100-80GB"), ("flash", "A100-80GB"), ("flash", "MI300X")):
         plan = tmp_path / f"{kernel}-{gpu}.json"
         planned = runner.invoke(main, ["estimate", "--model", "llama3-8b", "--cluster", f"1x8x{gpu}", "--global-batch",
                                        "16", "--seq-len", "4096", "--dp", "8", "--micro-batch", "1", "--zero", "1",
@@ -165,7 +174,9 @@ def test_megatron_deepspeed_runs_flashattention_2_and_says_so_on_hopper(tmp_path
         exported = runner.invoke(main, ["export", str(plan), "--to", "deepspeed", "--out", str(tmp_path / plan.stem)])
         assert exported.exit_code == 0, exported.output
         notes[kernel, gpu] = "--attention flash2" in exported.output
-    assert notes == {("flash", "H100-80GB"): True, ("flash2", "H100-80GB"): False, ("flash", "A100-80GB"): False}
+    assert notes == {("flash", "H100-80GB"): True, ("flash2", "H100-80GB"): False, ("flash", "A100-80GB"): False,
+                     ("flash", "MI300X"): False}
+    assert lookup_gpu("MI300X").flash_attention_2_share < 1
 
 
 def test_cli_estimates_flash2_and_refuses_an_unknown_kernel() -> None:

@@ -294,10 +294,10 @@ def deepspeed_launcher_script(program: Program, header: list[str], environment: 
 
 
 def _attention_notes(plan: Plan) -> tuple[str, ...]:
-    """Megatron-DeepSpeed's fused attention is FlashAttention-2, slower than the native kernel a "flash" plan was
-    costed with on GPUs where FA2 is not native (Hopper, Blackwell)."""
+    """Megatron-DeepSpeed's fused attention is the flash-attn package's FlashAttention-2, slower than the native kernel
+    a "flash" plan was costed with on GPUs where FA2 is not native (Hopper, Blackwell; on ROCm flash-attn is)."""
     gpus = [node.gpu for node in plan.machines.nodes] if plan.machines else []
-    slower = sorted({gpu.name for gpu in gpus if gpu.flash_attention_2_share < 1})
+    slower = sorted({gpu.name for gpu in gpus if gpu.flash_attention_2_share < 1 and not gpu.flash_attn_native})
     if plan.training.attention != "flash" or not slower:
         return ()
     return (f"Megatron-DeepSpeed runs FlashAttention-2 (--use-flash-attn-v2), not the native fused attention the "
