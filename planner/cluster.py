@@ -237,8 +237,9 @@ class Cluster:
 # ---- construction -----------------------------------------------------------------------------
 
 # NODESxGPUSxGPU (GPUS may be written NVLk), or HOSTSxGPUSxGPU:nvlN (hosts of GPUS in NVLink domains of N GPUs).
-_SHORTHAND = re.compile(r"^(\d+)x(nvl)?(\d+)x([^:\s]+)(?::nvl(\d+))?$", re.IGNORECASE)
-_SHORTHAND_FORMS = "NODESxGPUSxGPU (e.g. 16x8xH100-80GB, 2xNVL72xGB200) or HOSTSxGPUSxGPU:nvlN (e.g. 36x4xGB200:nvl72)"
+_SHORTHAND = re.compile(r"^(\d+)x(nvl)?(\d+)x([^:@\s]+)(?:@([\d.]+)W)?(?::nvl(\d+))?$", re.IGNORECASE)
+_SHORTHAND_FORMS = ("NODESxGPUSxGPU (e.g. 16x8xH100-80GB, 2xNVL72xGB200) or HOSTSxGPUSxGPU:nvlN "
+                    "(e.g. 36x4xGB200:nvl72), the GPU optionally @WATTSW under a power limit (16x8xH100-80GB@500W)")
 
 
 def _host_gpus(gpu: GPUSpec, gpus_per_node: int, origin: str) -> int:
@@ -278,7 +279,8 @@ def uniform_cluster(name: str, gpu: GPUSpec, num_nodes: int, gpus_per_node: int,
 def parse_shorthand(text: str) -> Cluster:
     """`NODESxGPUSxGPU`, e.g. `16x8xH100-80GB`: usual nodes (NVLink domains) of that GPU, a NIC per GPU; a
     rack-scale type splits each node into its usual hosts (`2xNVL72xGB200`: 2 domains of 18 trays of 4).
-    `HOSTSxGPUSxGPU:nvlN`, e.g. `36x4xGB200:nvl72`: hosts of GPUS GPUs grouped into NVLink domains of N."""
+    `HOSTSxGPUSxGPU:nvlN`, e.g. `36x4xGB200:nvl72`: hosts of GPUS GPUs grouped into NVLink domains of N. `GPU@WATTSW`
+    (`16x8xH100-80GB@500W`): the GPUs run under that board power limit (`GPUSpec.power_limited`)."""
     match = _SHORTHAND.match(text.strip())
     if not match:
         raise PlannerError(f"cluster shorthand {text!r} is not {_SHORTHAND_FORMS}")
@@ -287,9 +289,15 @@ def parse_shorthand(text: str) -> Cluster:
         raise PlannerError(f"cluster {text!r}: node count and GPUs per node must be at least 1")
     _check_size(count * per_count, f"cluster {text!r}")
     gpu = lookup_gpu(gpu_name)
-    if match[5] is None:
+    if match[5] is not None:
+        try:
+            watts = float(match[5])
+        except ValueError:
+            raise PlannerError(f"cluster {text!r}: power limit {match[5]!r} W is not a number") from None
+        gpu = gpu.power_limited(watts)
+    if match[6] is None:
         return uniform_cluster(f"{count}x{per_count}x{gpu.name}", gpu, count, per_count)
-    domain, total = int(match[5]), count * per_count
+    domain, total = int(match[6]), count * per_count
     if match[2]:
         raise PlannerError(f"cluster {text!r}: give the NVLink domain once, as NVLk or as :nvlN, not both")
     if domain < 1 or domain % per_count or total % domain:
@@ -313,10 +321,10 @@ def _number(data: dict[str, Any], key: str, origin: str, default: float | None =
 def cluster_from_dict(data: dict[str, Any], origin: str) -> Cluster:
     """A cluster document: `node_groups` (or one group's keys at top level) plus optional `links`.
 
-    Group keys: gpu (a catalog type) or gpu_profile (a file written by `planner calibrate`),
-    nodes, gpus_per_node (GPUs per NVLink domain), gpus_per_host (GPUs per server or tray when a domain
-    spans several: 4 in a GB200 NVL72), intra_node_gbps, inter_node_gbps (per GPU, GB/s),
-    names (optional list of node names). Top level: name, intra_node_latency_us,
+    Group keys: gpu (a catalog type) or gpu_profile (a file written by `planner calibrate`), power_limit_w (the
+    board power limit the GPUs run under, `GPUSpec.power_limited`), nodes, gpus_per_node (GPUs per NVLink domain),
+    gpus_per_host (GPUs per server or tray when a domain spans several: 4 in a GB200 NVL72), intra_node_gbps,
+    inter_node_gbps (per GPU, GB/s), names (optional list of node names). Top level: name, intra_node_latency_us,
     inter_node_latency_us, links: [{nodes: [a, b], gbps, latency_us}] with node names or indices.
     """
     if not isinstance(data, dict):
@@ -329,6 +337,11 @@ def cluster_from_dict(data: dict[str, Any], origin: str) -> Cluster:
     for position, group in enumerate(groups):
         where = f"{origin}: node group {position}"
         gpu = _group_gpu(group, origin, where)
+        if group.get("power_limit_w") is not None:
+            try:
+                gpu = gpu.power_limited(group["power_limit_w"])
+            except PlannerError as exc:
+                raise PlannerError(f"{where}: {exc}") from None
         count = group.get("nodes", 1)
         per_node = group.get("gpus_per_node", gpu.gpus_per_node)
         for key, value in (("nodes", count), ("gpus_per_node", per_node)):

@@ -71,6 +71,17 @@ class GPUSpec:
             return 1.0
         return (self.tdp_w / self.rated_power_w) ** (1 / 3)
 
+    def power_limited(self, watts: float) -> GPUSpec:
+        """The same GPU run under a board power limit of `watts` (a site's cap, `nvidia-smi -pl`): its GEMMs slow by
+        `gemm_clock_ratio` against the power the catalog's rates hold at; up to that power, not beyond."""
+        rated = self.rated_power_w or self.tdp_w
+        if rated is None:
+            raise PlannerError(f"GPU {self.name} has no catalogued board power (tdp_w) to limit")
+        if isinstance(watts, bool) or not isinstance(watts, (int, float)) or not 0 < watts <= rated:
+            raise PlannerError(f"power limit {watts!r} W for {self.name} must be a number of watts in (0, {rated:g}], "
+                               f"the power its catalogued rates hold at")
+        return replace(self, name=f"{self.name}@{watts:g}W", tdp_w=float(watts), rated_power_w=rated)
+
     def peak_flops(self, dtype: str) -> float:
         """Dense peak for a training dtype; fp16 stands in for bf16 on GPUs without bf16 (V100)."""
         peaks = dict(self.peak_flops_per_s)

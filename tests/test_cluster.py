@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+import json
 
+import pytest
+from click.testing import CliRunner
+
+from cli import main
 from planner.cluster import load_cluster, parse_shorthand
 from planner.errors import PlannerError
 from planner.gpu import catalog_gpu_names, gpu_from_dict, lookup_gpu
@@ -154,3 +158,54 @@ def test_gemms_of_a_capped_part_slow_by_its_clock_ratio_and_attention_keeps_its_
     assert (big[1] - launch) == pytest.approx((big[0] - launch) / teton.gemm_clock_ratio, rel=1e-9)
     setting = UnitSetting(tp=1, micro_batch=1, seq_len=8192, sequence_parallel=False, dtype="bf16", attention="flash2")
     assert profile._attention_core(setting, teton) == profile._attention_core(setting, sxm)
+
+
+def test_a_cluster_runs_its_gpus_under_a_stated_power_limit(tmp_path) -> None:
+    """`GPU@WATTSW` in the shorthand and `power_limit_w` in a cluster file cap the catalog part: 500 W on an H100 SXM
+    (700 W) gives Grand Teton's GEMM clock ratio; 700 W on Grand Teton's own 500 W part lifts it to the full rate."""
+    capped = parse_shorthand("2x8xH100-80GB@500W")
+    assert capped.name == "2x8xH100-80GB@500W" and capped.gpu.name == "H100-80GB@500W"
+    assert capped.gpu.gemm_clock_ratio == pytest.approx(lookup_gpu("H100-96GB-HBM2e").gemm_clock_ratio)
+    assert capped.gpu.tdp_w == 500 and capped.num_gpus == 16
+    assert parse_shorthand("1x8xH100-96GB-HBM2e@700W").gpu.gemm_clock_ratio == 1.0
+    assert parse_shorthand("36x4xGB200@1000W:nvl72").gpu.gemm_clock_ratio == pytest.approx((1000 / 1200) ** (1 / 3))
+    path = tmp_path / "capped.yaml"
+    path.write_text("node_groups: [{gpu: B200, nodes: 2, power_limit_w: 750}]")
+    assert load_cluster(str(path)).gpu.gemm_clock_ratio == pytest.approx(0.75 ** (1 / 3))
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("1x8xH100-80GB@800W", r"power limit 800.0 W for H100-80GB must be a number of watts in \(0, 700\]"),
+    ("1x8xH100-80GB@0W", r"power limit 0.0 W for H100-80GB must be"),
+    ("1x8xH100-80GB@1.2.3W", "power limit '1.2.3' W is not a number"),
+])
+def test_a_power_limit_the_gpu_cannot_run_is_refused(spec: str, message: str) -> None:
+    with pytest.raises(PlannerError, match=message):
+        load_cluster(spec)
+
+
+@pytest.mark.parametrize("value", ["'high'", "-5", "2000"])
+def test_a_cluster_files_bad_power_limit_names_the_group(tmp_path, value: str) -> None:
+    path = tmp_path / "capped.yaml"
+    path.write_text(f"node_groups: [{{gpu: B200, nodes: 2, power_limit_w: {value}}}]")
+    with pytest.raises(PlannerError, match=r"node group 0: power limit .* W for B200 must be a number of watts"):
+        load_cluster(str(path))
+
+
+def test_cli_plans_a_power_limited_cluster_and_refuses_a_bad_limit(tmp_path) -> None:
+    """A capped cluster estimates slower, records the cap in its plan file (export rebuilds it), and a limit above the
+    part's rated power exits 2 with one line."""
+    runner = CliRunner()
+    common = ["estimate", "--model", "llama3-8b", "--global-batch", "16", "--seq-len", "8192", "--dp", "8",
+              "--micro-batch", "1", "--zero", "3"]
+    full = runner.invoke(main, [*common, "--cluster", "1x8xH100-80GB", "--out", str(tmp_path / "full.json")])
+    capped = runner.invoke(main, [*common, "--cluster", "1x8xH100-80GB@500W", "--out", str(tmp_path / "capped.json")])
+    assert full.exit_code == capped.exit_code == 0, capped.output
+    times = [json.loads((tmp_path / f"{name}.json").read_text())["estimate"]["iteration_time_s"]
+             for name in ("full", "capped")]
+    assert times[0] < times[1] < times[0] / lookup_gpu("H100-96GB-HBM2e").gemm_clock_ratio
+    explained = runner.invoke(main, ["explain", str(tmp_path / "capped.json")])  # re-costs the file's cluster
+    assert explained.exit_code == 0 and f"iteration time  {times[1]:.4f} s" in explained.output
+    assert "H100-80GB@500W" in (tmp_path / "capped.json").read_text()
+    bad = runner.invoke(main, [*common, "--cluster", "1x8xH100-80GB@900W"])
+    assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1 and "900.0 W" in bad.output
