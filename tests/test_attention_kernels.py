@@ -179,6 +179,24 @@ def test_megatron_deepspeed_runs_flashattention_2_and_says_so_on_hopper(tmp_path
     assert lookup_gpu("MI300X").flash_attention_2_share < 1
 
 
+def test_torchtitan_export_notes_sdpas_aotriton_on_amd_only(tmp_path) -> None:
+    """torchtitan calls SDPA: on MI300X its flash backend is AOTriton, slower than the Composable Kernel rate a
+    "flash" plan assumed, so the export says to cost `flash2`; on H100 (cuDNN first) and for a flash2 plan it does
+    not."""
+    runner = CliRunner()
+    notes = {}
+    for kernel, gpu in (("flash", "MI300X"), ("flash2", "MI300X"), ("flash", "H100-80GB")):
+        plan = tmp_path / f"{kernel}-{gpu}.json"
+        planned = runner.invoke(main, ["estimate", "--model", "llama3-8b", "--cluster", f"1x8x{gpu}", "--global-batch",
+                                       "16", "--seq-len", "4096", "--dp", "8", "--micro-batch", "1", "--zero", "3",
+                                       "--attention", kernel, "--framework", "torchtitan", "--out", str(plan)])
+        assert planned.exit_code == 0, planned.output
+        exported = runner.invoke(main, ["export", str(plan), "--to", "torchtitan", "--out", str(tmp_path / plan.stem)])
+        assert exported.exit_code == 0, exported.output
+        notes[kernel, gpu] = "AOTriton" in exported.output and "--attention flash2" in exported.output
+    assert notes == {("flash", "MI300X"): True, ("flash2", "MI300X"): False, ("flash", "H100-80GB"): False}
+
+
 def test_cli_estimates_flash2_and_refuses_an_unknown_kernel() -> None:
     runner = CliRunner()
     common = ["estimate", "--model", "llama3-8b", "--cluster", "1x8xH100-80GB", "--global-batch", "8",

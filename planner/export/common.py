@@ -10,6 +10,7 @@ order, by setting CUDA_VISIBLE_DEVICES on that node.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from planner.cluster import Cluster, load_cluster, uniform_cluster
@@ -17,7 +18,7 @@ from planner.config import Partition, Schedule
 from planner.cost.estimate import estimate
 from planner.errors import PlannerError
 from planner.frameworks import framework_named
-from planner.gpu import lookup_gpu
+from planner.gpu import GPUSpec, lookup_gpu
 from planner.placement import Placement, default_placement
 from planner.plan import Plan
 
@@ -35,6 +36,7 @@ __all__ = [
     "plan_placement",
     "plan_summary",
     "rebuild_cluster",
+    "slower_attention_notes",
     "stage_units",
 ]
 
@@ -165,6 +167,17 @@ def placement_notes(order: HostOrder) -> tuple[str, ...]:
         return ()
     return (f"placement not realisable by host order ({order.problem}); the launcher's default rank placement "
             "is used instead",)
+
+
+def slower_attention_notes(plan: Plan, runs: str, slower: Callable[[GPUSpec], bool]) -> tuple[str, ...]:
+    """A note for a plan costed with the GPUs' native fused attention ("flash") whose framework `runs` another
+    kernel, on the plan's GPUs where `slower` says that kernel is slower."""
+    gpus = [node.gpu for node in plan.machines.nodes] if plan.machines else []
+    names = sorted({gpu.name for gpu in gpus if slower(gpu)})
+    if plan.training.attention != "flash" or not names:
+        return ()
+    return (f"{runs}, not the native fused attention the plan was costed with, which is faster on "
+            f"{', '.join(names)}: estimate it with --attention flash2",)
 
 
 def rebuild_cluster(plan: Plan) -> Cluster:

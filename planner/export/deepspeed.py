@@ -26,6 +26,7 @@ from planner.export.common import (
     host_files,
     host_order,
     placement_notes,
+    slower_attention_notes,
 )
 from planner.export.flags import (
     FULL_RECOMPUTE_LAYERS,
@@ -296,12 +297,8 @@ def deepspeed_launcher_script(program: Program, header: list[str], environment: 
 def _attention_notes(plan: Plan) -> tuple[str, ...]:
     """Megatron-DeepSpeed's fused attention is the flash-attn package's FlashAttention-2, slower than the native kernel
     a "flash" plan was costed with on GPUs where FA2 is not native (Hopper, Blackwell; on ROCm flash-attn is)."""
-    gpus = [node.gpu for node in plan.machines.nodes] if plan.machines else []
-    slower = sorted({gpu.name for gpu in gpus if gpu.flash_attention_2_share < 1 and not gpu.flash_attn_native})
-    if plan.training.attention != "flash" or not slower:
-        return ()
-    return (f"Megatron-DeepSpeed runs FlashAttention-2 (--use-flash-attn-v2), not the native fused attention the "
-            f"plan was costed with, which is faster on {', '.join(slower)}: estimate it with --attention flash2",)
+    return slower_attention_notes(plan, "Megatron-DeepSpeed runs FlashAttention-2 (--use-flash-attn-v2)",
+                                  lambda gpu: gpu.flash_attention_2_share < 1 and not gpu.flash_attn_native)
 
 
 def export_deepspeed(plan: Plan) -> ExportResult:

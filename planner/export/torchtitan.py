@@ -14,7 +14,15 @@ import json
 from planner.config import Recompute, Schedule
 from planner.cost.schedule import schedule_of
 from planner.errors import PlannerError
-from planner.export.common import ExportResult, export_header, host_files, host_order, placement_notes, stage_units
+from planner.export.common import (
+    ExportResult,
+    export_header,
+    host_files,
+    host_order,
+    placement_notes,
+    slower_attention_notes,
+    stage_units,
+)
 from planner.export.launch import SLURM, TORCHRUN, Placeholder, Program, slurm_script, torchrun_script
 from planner.frameworks import FRAMEWORKS
 from planner.model import ModelSpec
@@ -238,9 +246,16 @@ def _compile_notes(plan: Plan) -> tuple[str, ...]:
             "eager, not fused as the plan was costed: estimate it with --elementwise eager",)
 
 
+def _attention_notes(plan: Plan) -> tuple[str, ...]:
+    """torchtitan calls PyTorch SDPA (cuDNN first on NVIDIA GPUs since pytorch/torchtitan 6a3a9da95, the native
+    kernel), whose flash backend on ROCm is AOTriton, slower than the Composable Kernel rate a "flash" plan assumed."""
+    return slower_attention_notes(plan, "torchtitan calls PyTorch SDPA, whose flash backend is AOTriton on ROCm",
+                                  lambda gpu: gpu.flash_attn_native and gpu.flash_attention_2_share < 1)
+
+
 def export_torchtitan(plan: Plan) -> ExportResult:
     """torchtitan.toml, torchrun.sh, slurm.sbatch and (several nodes) hostfile for the plan."""
-    notes = flavor_notes(plan.model) + _compile_notes(plan)
+    notes = flavor_notes(plan.model) + _compile_notes(plan) + _attention_notes(plan)
     if plan.parallel.sequence_parallel is False and plan.parallel.tp > 1:
         notes += ("torchtitan's tensor parallelism always shards activations along the sequence "
                   "(sequence parallel); the plan has it off",)
