@@ -9,7 +9,8 @@ from typing import Any
 from planner.errors import PlannerError
 from planner.resources import load_structured_file, profiles_dir
 
-__all__ = ["GIB", "PCIE4_HOST_LINK_BYTES_PER_S", "GPUSpec", "catalog_gpu_names", "gpu_from_dict", "lookup_gpu"]
+__all__ = ["GIB", "PCIE4_HOST_LINK_BYTES_PER_S", "GPUSpec", "catalog_entry", "catalog_gpu_names", "gpu_from_dict",
+           "lookup_gpu"]
 
 GIB = 1024**3
 _GB = 1e9
@@ -101,6 +102,29 @@ class GPUSpec:
             peak_flops_per_s=peaks,
             hbm_bandwidth_bytes_per_s=self.hbm_bandwidth_bytes_per_s * speed_factor,
         )
+
+
+def catalog_entry(gpu: GPUSpec) -> dict[str, Any]:
+    """`gpu` as a profiles/gpus.yaml entry (its units), every field `gpu_from_dict` reads: what a written GPU profile
+    (`planner calibrate`) keeps of the part besides what it fits."""
+    entry: dict[str, Any] = {
+        "sm_count": gpu.sm_count,
+        "peak_tflops": {dtype: value / 1e12 for dtype, value in gpu.peak_flops_per_s},
+        "memory_gib": gpu.memory_bytes / GIB,
+        "hbm_gbps": gpu.hbm_bandwidth_bytes_per_s / _GB,
+        "matmul_efficiency": gpu.matmul_efficiency,
+        "intra_node": {"link": gpu.intra_node_link, "gbps": gpu.intra_node_bandwidth_bytes_per_s / _GB},
+        "gpus_per_node": gpu.gpus_per_node,
+        "nic_gbps": gpu.nic_bandwidth_bytes_per_s / _GB,
+        "host_link_gbps": gpu.host_link_bytes_per_s / _GB,
+        "flash_attention_2_share": gpu.flash_attention_2_share,
+        "fused_attention_share": gpu.fused_attention_share,
+        "flash_attn_native": gpu.flash_attn_native,
+        "fp8_gemm_tn_only": gpu.fp8_gemm_tn_only,
+        "source": gpu.source,
+    }
+    optional = {"tdp_w": gpu.tdp_w, "rated_power_w": gpu.rated_power_w, "gpus_per_host": gpu.gpus_per_host}
+    return entry | {key: value for key, value in optional.items() if value is not None}
 
 
 def gpu_from_dict(name: str, data: dict[str, Any], origin: str) -> GPUSpec:

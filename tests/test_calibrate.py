@@ -15,7 +15,7 @@ import cli
 from benchmarks import calibrate as benchmark_calibrate
 from planner.cluster import load_cluster
 from planner.errors import PlannerError
-from planner.gpu import lookup_gpu
+from planner.gpu import catalog_entry, catalog_gpu_names, gpu_from_dict, lookup_gpu
 from planner.model import UnitKind, load_model
 from planner.profile.analytic import AnalyticProfile, UnitSetting
 from planner.profile.calibration import default_calibration, load_calibration
@@ -91,6 +91,21 @@ def test_cluster_file_may_reference_the_written_gpu_profile(tmp_path) -> None:
     assert cluster.gpu.name == "H100-80GB-calibrated"
     assert cluster.gpu.matmul_efficiency == pytest.approx(0.62, rel=0.05)
     assert cluster.gpu.peak_flops("bf16") == lookup_gpu("H100-80GB").peak_flops("bf16")
+    # everything the fit does not touch is the catalog's: FP8's transposed copies, FA2's share, power, host link
+    catalog = lookup_gpu("H100-80GB")
+    assert replace(cluster.gpu, name=catalog.name, matmul_efficiency=catalog.matmul_efficiency,
+                   source=catalog.source) == replace(catalog, memory_bytes=cluster.gpu.memory_bytes)
+    assert abs(cluster.gpu.memory_bytes - catalog.memory_bytes) <= 1
+
+
+@pytest.mark.parametrize("name", catalog_gpu_names())
+def test_a_catalog_entry_reads_back_as_the_same_gpu(name: str) -> None:
+    """`catalog_entry` is `gpu_from_dict`'s inverse (memory to the byte it rounds), so a written profile keeps the
+    part's attention shares, FP8 layout, power and links: an MI300X profile still costs AOTriton and CK's rate."""
+    gpu = lookup_gpu(name)
+    again = gpu_from_dict(name, catalog_entry(gpu), "test")
+    assert abs(again.memory_bytes - gpu.memory_bytes) <= 1
+    assert replace(again, memory_bytes=gpu.memory_bytes) == gpu
 
 
 def test_gpu_profile_with_several_entries_is_refused(tmp_path) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from planner.errors import PlannerError
-from planner.gpu import GIB, GPUSpec
+from planner.gpu import GPUSpec, catalog_entry
 from planner.model import UnitKind
 from planner.profile.analytic import AnalyticProfile, UnitSetting
 from planner.profile.calibration import EFFICIENCY_RANGE, Calibration, check_efficiency
@@ -121,19 +121,13 @@ def _with_warnings(document: dict[str, Any], warnings: tuple[str, ...]) -> dict[
 
 def gpu_profile_document(gpu: GPUSpec, name: str, fit: EfficiencyFit, origin: str,
                          warnings: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A gpus.yaml-style document with one entry: `gpu` with the fitted matmul efficiency (clipped
-    into EFFICIENCY_RANGE) and the `warnings` a forced fit was written with."""
-    entry = {
-        "sm_count": gpu.sm_count,
-        "peak_tflops": {dtype: value / 1e12 for dtype, value in gpu.peak_flops_per_s},
-        "memory_gib": gpu.memory_bytes / GIB,
-        "hbm_gbps": gpu.hbm_bandwidth_bytes_per_s / 1e9,
+    """A gpus.yaml-style document with one entry: `gpu` as the catalog has it (`catalog_entry`: its peaks, links,
+    power, attention kernels' shares, FP8 layout) with the fitted matmul efficiency (clipped into EFFICIENCY_RANGE)
+    and the `warnings` a forced fit was written with."""
+    entry = catalog_entry(gpu) | {
         "matmul_efficiency": _plausible(fit.matmul_efficiency),
         "efficiency_source": f"planner calibrate {origin}: {fit.observations} measurements, "
                              f"rms relative error {100 * fit.rms_relative_error:.1f} %",
-        "intra_node": {"link": gpu.intra_node_link, "gbps": gpu.intra_node_bandwidth_bytes_per_s / 1e9},
-        "gpus_per_node": gpu.gpus_per_node,
-        "nic_gbps": gpu.nic_bandwidth_bytes_per_s / 1e9,
         "source": f"{gpu.name} catalog entry with matmul_efficiency fitted to {origin}",
     }
     return {"gpus": {name: _with_warnings(entry, warnings)}}
