@@ -14,6 +14,7 @@ from planner.gpu import catalog_gpu_names, gpu_from_dict, lookup_gpu
 from planner.model import load_model
 from planner.profile.analytic import AnalyticProfile, UnitSetting
 from planner.profile.calibration import default_calibration
+from planner.training_cost import training_cost
 
 
 def test_gpu_catalog_covers_required_types_with_sources() -> None:
@@ -172,6 +173,8 @@ def test_a_cluster_runs_its_gpus_under_a_stated_power_limit(tmp_path) -> None:
     path = tmp_path / "capped.yaml"
     path.write_text("node_groups: [{gpu: B200, nodes: 2, power_limit_w: 750}]")
     assert load_cluster(str(path)).gpu.gemm_clock_ratio == pytest.approx(0.75 ** (1 / 3))
+    # energy at the limit: 16 GPUs at 500 W for one hour-long iteration
+    assert training_cost(1000, 1000, 3600.0, [capped.gpu] * 16).energy_kwh == pytest.approx(16 * 0.5)
 
 
 @pytest.mark.parametrize(("spec", "message"), [
