@@ -964,14 +964,13 @@ def _sharded_microbatch_s(runs: Sequence[UnitRun], training: Training, config: P
     """
     collectives = _run_collectives(runs, training, config, link, calibration, states, expert_link)
     regather = config.reshard_after_forward
-    if config.zero3_collectives == "per-tensor":  # each gather waits for the device to drain: nothing hides
-        # after a full recompute it gathers the released weights again for the backward, in proportion to their bytes
-        third = config.recompute is Recompute.FULL
-        total = sum((gather * (1 + regather + third * unit.regathered_share) + reduce) * count
-                    for (unit, count), (gather, reduce) in zip(runs, collectives, strict=True))
+    per_tensor = config.zero3_collectives == "per-tensor"
+    # per-tensor ZeRO-3 gathers the weights a full recompute released again for the backward, by their bytes
+    third = per_tensor and config.recompute is Recompute.FULL
+    total = sum((gather * (1 + regather + third * unit.regathered_share) + reduce) * count
+                for (unit, count), (gather, reduce) in zip(runs, collectives, strict=True))
+    if per_tensor:  # each gather waits for the device to drain: nothing hides
         return total, total
-    total = sum((gather * (1 + regather) + reduce) * count
-                for (_, count), (gather, reduce) in zip(runs, collectives, strict=True))
     forward = _prefetch_exposed_s([_PassRun(gather, 0.0, unit.forward_s, count)
                                    for (unit, count), (gather, _) in zip(runs, collectives, strict=True)], any_order)
     # BACKWARD_POST issues a unit's backward gather only after the previous unit's gradient computation: it waits
