@@ -11,7 +11,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,14 @@ from planner.config import (
     Schedule,
     Training,
 )
-from planner.cost.estimate import Estimate, estimate, fit_advice, mfu_convention, moe_load_headroom
+from planner.cost.estimate import (
+    TIGHT_MEMORY_SHARE,
+    Estimate,
+    estimate,
+    fit_advice,
+    mfu_convention,
+    moe_load_headroom,
+)
 from planner.explain import explain
 from planner.export import EXPORT_TARGETS, exporter, render_stdout, write_export
 from planner.finetune import adapter_parameters
@@ -84,7 +91,7 @@ from planner.render import (
 )
 from planner.replay import problem_of
 from planner.search.placement import replan, replan_record
-from planner.search.planning import plan
+from planner.search.planning import MAX_MEMORY_HEADROOM, plan
 from planner.search.search import RankedPlan
 from planner.search.space import FixedOptions, complete_config
 from planner.slowdown import apply_slowdowns, parse_slowdown
@@ -109,6 +116,16 @@ class FiniteRange(click.FloatRange):
 
 
 # ---- shared options ---------------------------------------------------------------------------
+
+def memory_headroom_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--memory-headroom PCT` of `plan` and `sweep` (`planner.search.planning.plan`'s memory_headroom, in percent)."""
+    return click.option(
+        "--memory-headroom", "headroom_pct", type=FiniteRange(0, 100 * MAX_MEMORY_HEADROOM, max_open=True),
+        default=0.0, show_default=True, metavar="PCT",
+        help=f"Percent of every GPU's memory the plans leave free: the search counts only the rest as capacity "
+             f"(published runs estimated above {100 * TIGHT_MEMORY_SHARE:g} % of it both ran and ran out of "
+             f"memory).")(command)
+
 
 def problem_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Model, cluster and training options shared by `plan` and `estimate`."""
@@ -435,6 +452,26 @@ def router_headroom(document: dict[str, Any], training: Training, config: Parall
     return headroom
 
 
+def echo_tight_memory(ranked: Sequence[Estimate]) -> None:
+    """A warning when the first of the `ranked` estimates needs more than TIGHT_MEMORY_SHARE of its GPUs' memory,
+    naming the fastest of the others that leaves more room, if one does."""
+    first = ranked[0]
+    if not TIGHT_MEMORY_SHARE < first.memory_share <= 1:
+        return
+    tight = f"{100 * TIGHT_MEMORY_SHARE:g} %"
+    click.echo(f"memory margin   needs {100 * first.memory_share:.1f} % of its GPUs' memory: published runs "
+               f"estimated above {tight} both ran and ran out of memory")
+    roomy = [(number, result) for number, result in enumerate(ranked, 1) if result.memory_share <= TIGHT_MEMORY_SHARE]
+    if len(ranked) > 1 and roomy:
+        number, result = roomy[0]
+        slower = result.iteration_time_s / first.iteration_time_s - 1
+        click.echo(f"                plan {number} is {100 * slower:.1f} % slower and needs "
+                   f"{100 * result.memory_share:.1f} %; --memory-headroom plans with room left")
+    elif len(ranked) > 1:
+        click.echo(f"                --memory-headroom {100 - 100 * TIGHT_MEMORY_SHARE:g} plans with that much left "
+                   f"free")
+
+
 TIGHT_ROUTER_HEADROOM = 1.1
 """A plan planned for a balanced router whose busiest expert rank may take less than this many times the mean routed
 tokens before it runs out of memory gets a warning: routers that are not force-balanced run hotter (the
@@ -651,6 +688,7 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
         click.echo(f"{model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {global_batch}, "
                    f"sequence {training.seq_len}, {training.dtype}{describe_tuning(model, training)}")
         click.echo(describe_estimate(config, result, config.num_gpus, mfu_convention(training)))
+        echo_tight_memory([result])
         echo_router_headroom(headroom, training)
         echo_local_learning(document)
         if cost:
@@ -775,6 +813,7 @@ def export_document(document: dict[str, Any], target: str, out: Path | None) -> 
               help="Also export the best plan's launch files.")
 @click.option("--export-out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the --export files  [default: ./TARGET-launch]")
+@memory_headroom_option
 @profile_option
 @calibration_option
 @cluster_condition_options
@@ -783,8 +822,8 @@ def export_document(document: dict[str, Any], target: str, out: Path | None) -> 
 @handle_errors
 def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len: int, dtype: str, attention: str,
                  top_k: int, time_limit_s: float, as_json: bool, out: Path | None, csv_out: Path | None,
-                 export_target: str | None,
-                 export_out: Path | None, profile_path: Path | None, calibration_path: Path | None,
+                 export_target: str | None, export_out: Path | None, headroom_pct: float,
+                 profile_path: Path | None, calibration_path: Path | None,
                  links_path: Path | None, slowdowns: tuple[str, ...], placement_detail: str,
                  tokens: int | None, gpu_hour_price: float | None, **parallel: Any) -> None:
     """Search the best parallel layouts (fixed options constrain the search) and rank them."""
@@ -799,7 +838,8 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
                                                     problem.calibration, problem.timer)
     unslowed = condition_cluster(load_cluster(cluster_spec), links_path, ()) if slowdowns else None
     found = plan(model, cluster, training, fixed, top_k, time_limit_s, unslowed=unslowed, timer=timer,
-                 calibration=calibration, choose_optimizer_states=tuning.optimizer_states == "auto")
+                 calibration=calibration, choose_optimizer_states=tuning.optimizer_states == "auto",
+                 memory_headroom=headroom_pct / 100)
     training = found.training or training
     echo_profile_notes(timer)
     heterogeneity = found.heterogeneity
@@ -817,7 +857,8 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     best = found.plans[0]
     headroom = router_headroom(documents[0], training, best.config, best.estimate, lambda at: estimate(
         model, cluster, at, best.config, best.partition, best.placement, timer=timer, calibration=calibration))
-    document = {**documents[0], "alternatives": documents[1:], "search": found.stats.as_dict()}
+    document = {**documents[0], "alternatives": documents[1:],
+                "search": {**found.stats.as_dict(), "memory_headroom": headroom_pct / 100}}
     if timer:
         document["profile"] = {"path": str(profile_path), "notes": list(timer.notes)}
     if problem.warnings:
@@ -852,6 +893,7 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
                f"{'' if best.uniform.fits else ', which does not fit'})")
     click.echo(split_quality(best))
     click.echo(describe_estimate(best.config, best.estimate, best.config.num_gpus, mfu_convention(training)))
+    echo_tight_memory([p.estimate for p in found.plans])
     echo_router_headroom(headroom, training)
     echo_local_learning(documents[0])
     if costs[0]:
@@ -1095,10 +1137,12 @@ def sweep_progress(done: int, total: int, name: str) -> None:
 @click.option("--svg", "svg_out", type=click.Path(dir_okay=False, path_type=Path),
               help="Draw time-to-train against cost (the Pareto front joined) as SVG.")
 @click.option("--json", "as_json", is_flag=True, help="Print the sweep as one JSON document.")
+@memory_headroom_option
 @handle_errors
 def sweep_command(model_spec: str, sizes_text: str, gpus_text: str, global_batch: int, seq_len: int, dtype: str,
                   tokens: int, prices_text: str | None, budget: float | None, deadline_days: float | None,
-                  time_limit_s: float, csv_out: Path | None, svg_out: Path | None, as_json: bool) -> None:
+                  time_limit_s: float, csv_out: Path | None, svg_out: Path | None, as_json: bool,
+                  headroom_pct: float) -> None:
     """The best plan per cluster size and GPU type, with time-to-train, cost and the Pareto front."""
     try:
         sizes = [int(size) for size in sizes_text.split(",")]
@@ -1109,7 +1153,8 @@ def sweep_command(model_spec: str, sizes_text: str, gpus_text: str, global_batch
     gpus = [lookup_gpu(name.strip()).name for name in gpus_text.split(",")]
     prices = parse_prices(prices_text, gpus)
     points = sweep(load_model(model_spec), Training(global_batch=global_batch, seq_len=seq_len, dtype=dtype), gpus,
-                   sizes, tokens, prices, time_limit_s=time_limit_s, progress=sweep_progress)
+                   sizes, tokens, prices, time_limit_s=time_limit_s, progress=sweep_progress,
+                   memory_headroom=headroom_pct / 100)
     unit = "USD" if all(gpu in prices for gpu in gpus) else "GPU-hours"
     frame = sweep_frame(points)
     picks = {"fastest_within_budget": fastest_within(points, budget) if budget is not None else None,
@@ -1119,7 +1164,8 @@ def sweep_command(model_spec: str, sizes_text: str, gpus_text: str, global_batch
     if svg_out:
         write_atomic(svg_out, sweep_svg(points, unit))
     if as_json:
-        document = {"cost_unit": unit, "points": json.loads(frame.to_json(orient="records")),
+        document = {"cost_unit": unit, "memory_headroom": headroom_pct / 100,
+                    "points": json.loads(frame.to_json(orient="records")),
                     **{key: pick.cluster if pick else None for key, pick in picks.items()}}
         click.echo(json.dumps(document, indent=2))
         return

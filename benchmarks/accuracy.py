@@ -2,6 +2,8 @@
 
     python -m benchmarks.accuracy              # per-run tables, skipped rows, summary
     python -m benchmarks.accuracy --summary    # the summary table only (README "Accuracy")
+    python -m benchmarks.accuracy --margin     # runs that ran and ran out of memory by estimated need (README
+                                               # "Memory margin")
 
 Every file of ../shared/validation is a source (benchmarks/sources.py): each run it states fully goes
 through `planner.cost.estimate.estimate` with its model, cluster, training and parallel configuration,
@@ -30,14 +32,15 @@ from benchmarks.validation_runs import (
     split_fit_hold,
 )
 from planner.config import Training
-from planner.cost.estimate import Estimate, moe_load_fit_limit
+from planner.cost.estimate import TIGHT_MEMORY_SHARE, Estimate, moe_load_fit_limit
 from planner.errors import PlannerError
 from planner.gpu import GIB
 from planner.profile.calibration import Calibration, default_calibration
 from planner.render import format_table
 
-__all__ = ["Outcome", "Score", "SourceScore", "held_out_errors", "held_out_fit_lines", "held_out_line", "oom_outcomes",
-           "outcomes", "score", "score_source", "summary_lines", "time_errors"]
+__all__ = ["Outcome", "Score", "SourceScore", "held_out_errors", "held_out_fit_lines", "held_out_line",
+           "margin_counts", "margin_lines", "oom_outcomes", "outcomes", "score", "score_source", "summary_lines",
+           "time_errors"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class Outcome:
     memory_error: float | None
     fits: bool
     peak_memory_bytes: float
+    memory_share: float  # `Estimate.memory_share`: the largest share of its GPU's memory a rank needs
 
 
 def outcomes(runs: Sequence[Run], calibration: Calibration) -> tuple[Outcome, ...]:
@@ -74,7 +78,7 @@ def outcomes(runs: Sequence[Run], calibration: Calibration) -> tuple[Outcome, ..
     for run in runs:
         result = predict(run, calibration)
         out.append(Outcome(run, result.iteration_time_s, result.iteration_time_s / run.iteration_s - 1,
-                           run.memory_error(result), result.fits, result.peak_memory_bytes))
+                           run.memory_error(result), result.fits, result.peak_memory_bytes, result.memory_share))
     return tuple(out)
 
 
@@ -184,6 +188,29 @@ def summary_lines(scores: Sequence[SourceScore]) -> list[str]:
     return lines
 
 
+def _margin_bands() -> tuple[tuple[str, float, float], ...]:
+    """(label, low, high) shares of a GPU's memory: over it, `TIGHT_MEMORY_SHARE` up to it, 5 points below that,
+    the rest."""
+    tight, below = 100 * TIGHT_MEMORY_SHARE, 100 * TIGHT_MEMORY_SHARE - 5
+    return (("over 100 %", 1.0, float("inf")), (f"{tight:g} – 100 %", TIGHT_MEMORY_SHARE, 1.0),
+            (f"{below:g} – {tight:g} %", below / 100, TIGHT_MEMORY_SHARE), (f"under {below:g} %", 0.0, below / 100))
+
+
+def margin_counts(calibration: Calibration) -> tuple[tuple[str, int, int], ...]:
+    """Per band of estimated need (`_margin_bands`): how many published runs that ran, and how many documented as
+    out of memory, were estimated in it."""
+    ran = [o.memory_share for s in sources() for o in outcomes(s.ran, calibration)]
+    ooms = [o.memory_share for s in sources() for o in outcomes(s.ooms, calibration)]
+    return tuple((label, sum(low < share <= high for share in ran), sum(low < share <= high for share in ooms))
+                 for label, low, high in _margin_bands())
+
+
+def margin_lines(calibration: Calibration) -> list[str]:
+    """The README's "Memory margin" table: where an estimate that fits stops being a promise."""
+    return (["| estimated need, share of the GPU's memory | ran | ran out of memory |", "|---|---|---|"]
+            + [f"| {label} | {ran} | {oom} |" for label, ran, oom in margin_counts(calibration)])
+
+
 def _print_runs(title: str, results: Sequence[Outcome]) -> None:
     print(f"\n## {title}")
     table = [[o.run.label, f"{o.run.iteration_s:.3f}", f"{o.predicted_s:.3f}", f"{100 * o.time_error:+.1f} %",
@@ -239,8 +266,13 @@ def _print_details(scores: Sequence[SourceScore], calibration: Calibration) -> N
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--summary", action="store_true", help="print only the summary table")
+    parser.add_argument("--margin", action="store_true",
+                        help="print only the runs that ran and ran out of memory by estimated need")
     args = parser.parse_args()
     calibration = default_calibration()
+    if args.margin:
+        print("\n".join(margin_lines(calibration)))
+        return
     scores = [score_source(source, calibration) for source in sources()]
     if not args.summary:
         _print_details(scores, calibration)

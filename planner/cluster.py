@@ -219,6 +219,14 @@ class Cluster:
     def with_nodes(self, nodes: Iterable[Node]) -> Cluster:
         return replace(self, nodes=tuple(nodes))
 
+    def with_memory_share(self, share: float) -> Cluster:
+        """The same cluster with `share` of every GPU's memory: a planning budget that leaves the rest free."""
+        def budget(gpu: GPUSpec) -> GPUSpec:
+            return replace(gpu, memory_bytes=int(gpu.memory_bytes * share))
+
+        return replace(self, nodes=tuple(replace(node, gpu=budget(node.gpu)) for node in self.nodes),
+                       gpu_overrides={gpu: budget(spec) for gpu, spec in self.gpu_overrides.items()})
+
     # ---- graph view -----------------------------------------------------------------------
     def node_graph(self, nodes: Sequence[int] | None = None) -> nx.Graph:
         """The nodes (all, or `nodes`) as a complete networkx graph whose edges carry each pair's

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from planner.config import ParallelConfig, Recompute, Schedule
-from planner.cost.estimate import BREAKDOWN_KEYS, Estimate, moe_load_headroom
+from planner.cost.estimate import BREAKDOWN_KEYS, TIGHT_MEMORY_SHARE, Estimate, moe_load_headroom
 from planner.cost.schedule import schedule_of
 from planner.errors import InfeasibleError, PlannerError
 from planner.frameworks import framework_named
@@ -26,7 +26,6 @@ __all__ = ["Alternative", "Explanation", "bottleneck", "explain", "fixed_of", "h
 
 COMPUTE_BOUND_SHARE = 0.75  # compute at least this share of the iteration: the layout is not the limit
 HOST_BOUND_SHARE = 0.2  # compute-bound, and the host's kernel launches add at least this share: the host is the limit
-TIGHT_HEADROOM_SHARE = 0.05  # less free memory than this share of capacity is tight
 WORTH_IT = 1e-3  # a change must save more than this fraction of the iteration to be recommended
 _RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 _SHARDING = ((0, False), (0, True), (2, False), (3, False))  # ZeRO-0, dist-opt (≈ ZeRO-1), ZeRO-2, ZeRO-3
@@ -90,8 +89,8 @@ class Explanation:
 
     @property
     def memory_note(self) -> str:
-        """The memory headroom in words (tight when under TIGHT_HEADROOM_SHARE of capacity), and for an MoE plan
-        the busiest expert rank's load it stays within."""
+        """The memory headroom in words (tight when the plan needs more than TIGHT_MEMORY_SHARE of capacity), and for
+        an MoE plan the busiest expert rank's load it stays within."""
         share = self.headroom_bytes / self.capacity_bytes
         text = (f"memory headroom {self.headroom_bytes / GIB:.1f} GiB ({100 * share:.0f} % of "
                 f"{self.capacity_bytes / GIB:.0f} GiB)")
@@ -99,7 +98,9 @@ class Explanation:
                    f"stalling the GPU {self.offload_exposed_s:.3f} s per iteration" if self.offloaded_bytes else "")
         if self.headroom_bytes < 0:
             return text + ": it does NOT fit; only changes that save memory help" + offload
-        text += "; tight: a change that needs more memory will not fit" if share < TIGHT_HEADROOM_SHARE else ""
+        if share < 1 - TIGHT_MEMORY_SHARE:
+            text += ("; tight: a change that needs more memory will not fit, and published runs estimated this full "
+                     "both ran and ran out of memory (README, Memory margin)")
         if self.moe_load_headroom is not None:
             text += (f"; a router sending its busiest expert rank more than {self.moe_load_headroom:.2f}x the mean "
                      f"routed tokens would not fit")

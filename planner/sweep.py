@@ -87,8 +87,9 @@ def cluster_spec(gpu: str, num_gpus: int) -> str:
 
 def sweep(model: ModelSpec, training: Training, gpus: Sequence[str], sizes: Sequence[int], tokens: int,
           prices: dict[str, float], fixed: FixedOptions | None = None, time_limit_s: float = 1.0,
-          progress: Callable[[int, int, str], None] | None = None) -> list[SweepPoint]:
-    """The best plan on every (GPU type, size) cluster, in the order given; `progress(done, total, name)`."""
+          progress: Callable[[int, int, str], None] | None = None, memory_headroom: float = 0.0) -> list[SweepPoint]:
+    """The best plan on every (GPU type, size) cluster, in the order given, leaving `memory_headroom` of every GPU's
+    memory free (`planner.search.planning.plan`); `progress(done, total, name)`."""
     specs = [(lookup_gpu(gpu).name, size, cluster_spec(lookup_gpu(gpu).name, size)) for gpu in gpus for size in sizes]
     priced = all(gpu in prices for gpu, _, _ in specs)
     points = []
@@ -97,7 +98,7 @@ def sweep(model: ModelSpec, training: Training, gpus: Sequence[str], sizes: Sequ
             progress(done, len(specs), spec)
         cluster = load_cluster(spec)
         try:
-            best = plan(model, cluster, training, fixed, 1, time_limit_s).best
+            best = plan(model, cluster, training, fixed, 1, time_limit_s, memory_headroom=memory_headroom).best
         except (InfeasibleError, PlannerError) as exc:
             points.append(SweepPoint(gpu, size, spec, None, None, None, None, note=str(exc)))
             continue

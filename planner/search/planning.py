@@ -14,7 +14,7 @@ from planner.cluster import Cluster
 from planner.config import Partition, Recompute, Training
 from planner.cost.estimate import Estimate, estimate
 from planner.cost.time import UnitTimer
-from planner.errors import InfeasibleError
+from planner.errors import InfeasibleError, PlannerError
 from planner.frameworks import Framework, framework_named
 from planner.model import ModelSpec
 from planner.profile.calibration import Calibration
@@ -22,8 +22,8 @@ from planner.search.placement import heterogeneity_record, place_plans
 from planner.search.search import RankedPlan, SearchResult, SearchStats, search
 from planner.search.space import FixedOptions
 
-__all__ = ["BLOCK_RECOMPUTE_CANDIDATES", "MEMORY_SAVING_OPTIMIZER_STATES", "PLACEMENT_EVALUATIONS", "Planned",
-           "block_recompute", "lighter_recompute", "needs_placement", "plan"]
+__all__ = ["BLOCK_RECOMPUTE_CANDIDATES", "MAX_MEMORY_HEADROOM", "MEMORY_SAVING_OPTIMIZER_STATES",
+           "PLACEMENT_EVALUATIONS", "Planned", "block_recompute", "lighter_recompute", "needs_placement", "plan"]
 
 PLACEMENT_EVALUATIONS = 300  # annealing budget beyond exact placement (cost-model calls, ~ seconds)
 # Full-recompute layouts refined to a block recompute when memory is tight (a plan found recomputes in full): with 30
@@ -36,6 +36,7 @@ BLOCK_RECOMPUTE_CANDIDATES = 30
 # Optimizer states tried when nothing fits with fp32 Adam on the GPU and the caller lets the search choose them:
 # 8-bit states first change the numerics a little, offload none but costs host-link and CPU time; the faster wins.
 MEMORY_SAVING_OPTIMIZER_STATES = ("8bit", "cpu")
+MAX_MEMORY_HEADROOM = 0.5  # a plan leaving more than half of every GPU's memory free is not a plan for that GPU
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def plan(
     model: ModelSpec, cluster: Cluster, training: Training, fixed: FixedOptions | None = None, top_k: int = 5,
     time_limit_s: float = 10.0, *, unslowed: Cluster | None = None, timer: UnitTimer | None = None,
     calibration: Calibration | None = None, placement_evaluations: int = PLACEMENT_EVALUATIONS,
-    choose_optimizer_states: bool = False,
+    choose_optimizer_states: bool = False, memory_headroom: float = 0.0,
 ) -> Planned:
     """The top-k plans for `model` on `cluster`, the best one placed where placement matters; only
     configurations `fixed.framework` runs, each estimated as that framework runs it.
@@ -70,8 +71,14 @@ def plan(
     `choose_optimizer_states`: when nothing fits with `training`'s optimizer states, also search each of
     MEMORY_SAVING_OPTIMIZER_STATES the framework runs and keep the faster best plan (`Planned.training` says which);
     the search space of a plan that fits as asked does not grow.
+    `memory_headroom`: the share of every GPU's memory the plans leave free (below MAX_MEMORY_HEADROOM): the search
+    sees the rest as the capacity, and the plans are estimated against the whole memory.
     Raises InfeasibleError when nothing fits, PlannerError on bad options.
     """
+    if memory_headroom:
+        return _with_headroom(model, cluster, training, fixed, top_k, time_limit_s, memory_headroom, unslowed=unslowed,
+                              timer=timer, calibration=calibration, placement_evaluations=placement_evaluations,
+                              choose_optimizer_states=choose_optimizer_states)
     framework = framework_named(fixed.framework if fixed and fixed.framework else "any")
     framework.require_training(training)
     try:
@@ -90,6 +97,36 @@ def plan(
     record = heterogeneity_record(model, cluster, training, placed, unslowed=unslowed, fixed=fixed,
                                   time_limit_s=time_limit_s, timer=timer, calibration=calibration)
     return Planned((placed[0][0], *found.plans[1:]), found.stats, record, training)
+
+
+def _with_headroom(model: ModelSpec, cluster: Cluster, training: Training, fixed: FixedOptions | None, top_k: int,
+                   time_limit_s: float, headroom: float, *, unslowed: Cluster | None, timer: UnitTimer | None,
+                   calibration: Calibration | None, placement_evaluations: int,
+                   choose_optimizer_states: bool) -> Planned:
+    """`plan` on `cluster` with `headroom` of every GPU's memory left free: planned on the rest, estimated on all."""
+    if not 0 < headroom < MAX_MEMORY_HEADROOM:
+        raise PlannerError(f"memory headroom {100 * headroom:g} % must be at least 0 and below "
+                           f"{100 * MAX_MEMORY_HEADROOM:g} % of a GPU's memory")
+    share = 1 - headroom
+    try:
+        planned = plan(model, cluster.with_memory_share(share), training, fixed, top_k, time_limit_s,
+                       unslowed=unslowed.with_memory_share(share) if unslowed else None, timer=timer,
+                       calibration=calibration, placement_evaluations=placement_evaluations,
+                       choose_optimizer_states=choose_optimizer_states)
+    except InfeasibleError as infeasible:
+        raise InfeasibleError(f"{infeasible} (with {100 * headroom:g} % of every GPU's memory left free: "
+                              f"--memory-headroom)") from None
+    trained = planned.training or training
+
+    def on_whole_memory(ranked: RankedPlan) -> RankedPlan:
+        def again(partition: Partition) -> Estimate:
+            return estimate(model, cluster, trained, ranked.config, partition, ranked.placement, timer=timer,
+                            calibration=calibration)
+
+        return replace(ranked, estimate=again(ranked.partition),
+                       uniform=again(Partition.uniform(model.num_layers, ranked.config.num_virtual_stages)))
+
+    return replace(planned, plans=tuple(on_whole_memory(ranked) for ranked in planned.plans))
 
 
 def _with_block_recompute(model: ModelSpec, cluster: Cluster, training: Training, found: SearchResult,
