@@ -8,7 +8,7 @@ import pandas as pd
 
 from planner.compare import Comparison
 from planner.config import ParallelConfig
-from planner.cost.estimate import BREAKDOWN_KEYS, Estimate
+from planner.cost.estimate import BREAKDOWN_KEYS, TIGHT_MEMORY_SHARE, Estimate
 from planner.explain import Alternative, Explanation
 from planner.gpu import GIB
 from planner.search.search import RankedPlan
@@ -215,9 +215,15 @@ def format_sweep(frame: pd.DataFrame, unit: str) -> str:
     rows = [("*" if r.pareto else "", r.gpu, r.num_gpus, r.parallelism or "does not fit",
              "-" if pd.isna(r.iteration_time_s) else f"{r.iteration_time_s:.3f} s",
              "-" if pd.isna(r.mfu) else f"{100 * r.mfu:.1f} %",
+             "-" if pd.isna(r.memory_share) else f"{100 * r.memory_share:.1f} %"
+                                                 + (" !" if r.memory_share > TIGHT_MEMORY_SHARE else ""),
              "-" if pd.isna(r.time_to_train_s) else f"{r.time_to_train_s / 86400:,.1f} d",
              "-" if pd.isna(r.gpu_hours) else f"{r.gpu_hours:,.0f}", _money(r.cost_usd),
              "-" if pd.isna(r.energy_kwh) else f"{r.energy_kwh / 1e3:,.1f}") for r in frame.itertuples()]
-    return "\n".join([format_table(("", "gpu", "GPUs", "best plan", "time/iter", "MFU", "to train", "GPU-hours",
-                                     "cost", "MWh"), rows),
-                      f"* Pareto front: nothing else is both faster and cheaper (cost in {unit})"])
+    lines = [format_table(("", "gpu", "GPUs", "best plan", "time/iter", "MFU", "memory", "to train", "GPU-hours",
+                           "cost", "MWh"), rows),
+             f"* Pareto front: nothing else is both faster and cheaper (cost in {unit})"]
+    if (frame["memory_share"] > TIGHT_MEMORY_SHARE).any():
+        lines.append(f"! needs more than {100 * TIGHT_MEMORY_SHARE:g} % of its GPUs' memory, where published runs both "
+                     f"ran and ran out of memory (--memory-headroom plans with room left)")
+    return "\n".join(lines)

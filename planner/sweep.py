@@ -40,6 +40,7 @@ class SweepPoint:
     cost: TrainingCost | None
     price: float | None = None
     note: str = ""
+    memory_share: float | None = None  # the share of its GPUs' memory the best plan needs (`Estimate.memory_share`)
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,8 @@ def sweep(model: ModelSpec, training: Training, gpus: Sequence[str], sizes: Sequ
         cost = training_cost(tokens, training.tokens_per_iteration, best.estimate.iteration_time_s,
                              [cluster.gpu_spec(g) for g in best.placement.gpus], prices.get(gpu))
         points.append(SweepPoint(gpu, size, spec, best.config, best.estimate.iteration_time_s, best.estimate.mfu,
-                                 cost, cost.cost_usd if priced else cost.gpu_hours))
+                                 cost, cost.cost_usd if priced else cost.gpu_hours,
+                                 memory_share=best.estimate.memory_share))
     return points
 
 
@@ -133,12 +135,12 @@ def cheapest_by(points: Sequence[SweepPoint], deadline_s: float) -> SweepPoint |
 def sweep_frame(points: Sequence[SweepPoint]) -> pd.DataFrame:
     """One row per swept cluster in SI units (what `sweep` prints and `--csv` writes)."""
     front = {id(p) for p in pareto_front(points)}
+    costs = ("time_to_train_s", "gpu_hours", "cost_usd", "energy_kwh")
     return pd.DataFrame([{
         "gpu": p.gpu, "num_gpus": p.num_gpus, "cluster": p.cluster,
         "parallelism": p.config.describe() if p.config else None, "iteration_time_s": p.iteration_time_s,
-        "mfu": p.mfu, **({key: None for key in ("time_to_train_s", "gpu_hours", "cost_usd", "energy_kwh")}
-                         if p.cost is None else {key: p.cost.as_dict()[key] for key in
-                                                  ("time_to_train_s", "gpu_hours", "cost_usd", "energy_kwh")}),
+        "mfu": p.mfu, "memory_share": p.memory_share,
+        **({key: None for key in costs} if p.cost is None else {key: p.cost.as_dict()[key] for key in costs}),
         "price": p.price, "pareto": id(p) in front, "note": p.note,
     } for p in points])
 

@@ -126,3 +126,14 @@ def test_sweep_plans_with_the_headroom_and_records_it() -> None:
     document = json.loads(result.stdout)
     assert document["memory_headroom"] == 0.1
     assert "cp=2" in document["points"][0]["parallelism"]  # the tight dp 4 tp 4 pp 4 layout is left out
+
+
+def test_sweep_shows_each_best_plans_memory_and_marks_the_tight_ones() -> None:
+    args = ("sweep", "--model", "llama3-70b", "--gpus", "64", "--global-batch", "512", "--seq-len", "8192", "--tokens",
+            "1e9")
+    tight = run(*args)
+    assert tight.exit_code == 0, tight.output
+    assert "98.3 % !" in tight.stdout and "! needs more than 95 % of its GPUs' memory" in tight.stdout
+    roomy = run(*args, "--memory-headroom", "10")
+    assert "79.9 %" in roomy.stdout and "! needs" not in roomy.stdout
+    assert json.loads(run(*args, "--json").stdout)["points"][0]["memory_share"] == pytest.approx(0.983, abs=5e-4)
