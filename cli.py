@@ -45,6 +45,7 @@ from planner.config import (
     Training,
 )
 from planner.cost.estimate import (
+    TIGHT_MEMORY_EVIDENCE,
     TIGHT_MEMORY_SHARE,
     Estimate,
     estimate,
@@ -123,8 +124,7 @@ def memory_headroom_option(command: Callable[..., Any]) -> Callable[..., Any]:
         "--memory-headroom", "headroom_pct", type=FiniteRange(0, 100 * MAX_MEMORY_HEADROOM, max_open=True),
         default=0.0, show_default=True, metavar="PCT",
         help=f"Percent of every GPU's memory the plans leave free: the search counts only the rest as capacity "
-             f"(published runs estimated above {100 * TIGHT_MEMORY_SHARE:g} % of it both ran and ran out of "
-             f"memory).")(command)
+             f"({TIGHT_MEMORY_EVIDENCE}).")(command)
 
 
 def problem_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -458,9 +458,7 @@ def echo_tight_memory(ranked: Sequence[Estimate]) -> None:
     first = ranked[0]
     if not TIGHT_MEMORY_SHARE < first.memory_share <= 1:
         return
-    tight = f"{100 * TIGHT_MEMORY_SHARE:g} %"
-    click.echo(f"memory margin   needs {100 * first.memory_share:.1f} % of its GPUs' memory: published runs "
-               f"estimated above {tight} both ran and ran out of memory")
+    click.echo(f"memory margin   needs {100 * first.memory_share:.1f} % of its GPUs' memory; {TIGHT_MEMORY_EVIDENCE}")
     roomy = [(number, result) for number, result in enumerate(ranked, 1) if result.memory_share <= TIGHT_MEMORY_SHARE]
     if len(ranked) > 1 and roomy:
         number, result = roomy[0]

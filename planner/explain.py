@@ -13,7 +13,13 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from planner.config import ParallelConfig, Recompute, Schedule
-from planner.cost.estimate import BREAKDOWN_KEYS, TIGHT_MEMORY_SHARE, Estimate, moe_load_headroom
+from planner.cost.estimate import (
+    BREAKDOWN_KEYS,
+    TIGHT_MEMORY_EVIDENCE,
+    TIGHT_MEMORY_SHARE,
+    Estimate,
+    moe_load_headroom,
+)
 from planner.cost.schedule import schedule_of
 from planner.errors import InfeasibleError, PlannerError
 from planner.frameworks import framework_named
@@ -99,8 +105,7 @@ class Explanation:
         if self.headroom_bytes < 0:
             return text + ": it does NOT fit; only changes that save memory help" + offload
         if share < 1 - TIGHT_MEMORY_SHARE:
-            text += ("; tight: a change that needs more memory will not fit, and published runs estimated this full "
-                     "both ran and ran out of memory (README, Memory margin)")
+            text += f"; tight: a change that needs more memory will not fit, and {TIGHT_MEMORY_EVIDENCE}"
         if self.moe_load_headroom is not None:
             text += (f"; a router sending its busiest expert rank more than {self.moe_load_headroom:.2f}x the mean "
                      f"routed tokens would not fit")

@@ -8,7 +8,7 @@ import pandas as pd
 
 from planner.compare import Comparison
 from planner.config import ParallelConfig
-from planner.cost.estimate import BREAKDOWN_KEYS, TIGHT_MEMORY_SHARE, Estimate
+from planner.cost.estimate import BREAKDOWN_KEYS, TIGHT_MEMORY_EVIDENCE, TIGHT_MEMORY_SHARE, Estimate
 from planner.explain import Alternative, Explanation
 from planner.gpu import GIB
 from planner.search.search import RankedPlan
@@ -224,6 +224,6 @@ def format_sweep(frame: pd.DataFrame, unit: str) -> str:
                            "cost", "MWh"), rows),
              f"* Pareto front: nothing else is both faster and cheaper (cost in {unit})"]
     if (frame["memory_share"] > TIGHT_MEMORY_SHARE).any():
-        lines.append(f"! needs more than {100 * TIGHT_MEMORY_SHARE:g} % of its GPUs' memory, where published runs both "
-                     f"ran and ran out of memory (--memory-headroom plans with room left)")
+        lines.append(f"! needs more than {100 * TIGHT_MEMORY_SHARE:g} % of its GPUs' memory; {TIGHT_MEMORY_EVIDENCE} "
+                     f"(--memory-headroom plans with room left)")
     return "\n".join(lines)

@@ -116,7 +116,7 @@ def test_explain_calls_a_plan_above_the_tight_share_tight_with_the_evidence(tmp_
     assert run("estimate", *TIGHT, *TIGHT_LAYOUT, "--out", str(path)).exit_code == 0
     result = run("explain", str(path))
     assert result.exit_code == 0, result.output
-    assert "will not fit, and published runs estimated this full both ran and ran out" in result.stdout
+    assert "will not fit, and published runs estimated above 95 % of their GPUs' memory both ran" in result.stdout
 
 
 def test_sweep_plans_with_the_headroom_and_records_it() -> None:
@@ -133,7 +133,7 @@ def test_sweep_shows_each_best_plans_memory_and_marks_the_tight_ones() -> None:
             "1e9")
     tight = run(*args)
     assert tight.exit_code == 0, tight.output
-    assert "98.3 % !" in tight.stdout and "! needs more than 95 % of its GPUs' memory" in tight.stdout
+    assert "98.3 % !" in tight.stdout and "! needs more than 95 % of its GPUs' memory; published runs" in tight.stdout
     roomy = run(*args, "--memory-headroom", "10")
     assert "79.9 %" in roomy.stdout and "! needs" not in roomy.stdout
     assert json.loads(run(*args, "--json").stdout)["points"][0]["memory_share"] == pytest.approx(0.983, abs=5e-4)

@@ -35,14 +35,18 @@ from planner.placement import GroupLinks, Placement, default_placement
 from planner.profile.analytic import AnalyticProfile, block_type_forward_flops, head_forward_flops
 from planner.profile.calibration import Calibration, default_calibration
 
-__all__ = ["BREAKDOWN_KEYS", "TIGHT_MEMORY_SHARE", "Estimate", "MemoryBreakdown", "StageEstimate", "estimate",
-           "fit_advice", "model_flops_per_iteration", "moe_load_fit_limit", "moe_load_headroom"]
+__all__ = ["BREAKDOWN_KEYS", "TIGHT_MEMORY_EVIDENCE", "TIGHT_MEMORY_SHARE", "Estimate", "MemoryBreakdown",
+           "StageEstimate", "estimate", "fit_advice", "model_flops_per_iteration", "moe_load_fit_limit",
+           "moe_load_headroom"]
 
 BREAKDOWN_KEYS = ("compute", "recompute", "bubble", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "optimizer", "other")
 TIGHT_MEMORY_SHARE = 0.95
 """Above this share of a GPU's memory an estimate that fits is no promise: published runs estimated between it and
 the whole memory both ran and ran out of memory (README "Memory margin", `python -m benchmarks.accuracy --margin`),
 so a plan there gets a warning and `planner plan --memory-headroom` plans with room left."""
+TIGHT_MEMORY_EVIDENCE = (f"published runs estimated above {100 * TIGHT_MEMORY_SHARE:g} % of their GPUs' memory both "
+                         f"ran and ran out of memory")
+"""What every warning about a plan above TIGHT_MEMORY_SHARE says."""
 
 
 @dataclass(frozen=True)
