@@ -10,7 +10,7 @@ from planner.errors import PlannerError
 from planner.resources import load_structured_file, profiles_dir
 
 __all__ = ["GIB", "PCIE4_HOST_LINK_BYTES_PER_S", "GPUSpec", "catalog_entry", "catalog_gpu_names", "gpu_from_dict",
-           "lookup_gpu"]
+           "lookup_gpu", "sustained_clock_ratio"]
 
 GIB = 1024**3
 _GB = 1e9
@@ -19,6 +19,12 @@ PCIE4_HOST_LINK_BYTES_PER_S = 25e9
 """GPU ↔ host bandwidth one GPU reaches over PCIe 4.0 x16 (A100 SXM hosts: 32 GB/s per direction on the wire,
 ~25 GB/s in pinned-memory cudaMemcpy, NVIDIA's bandwidthTest on DGX A100): `GPUSpec.host_link_bytes_per_s` where
 the catalog states none (`host_link_gbps` in profiles/gpus.yaml)."""
+
+
+def sustained_clock_ratio(watts: float, rated_watts: float) -> float:
+    """The clock a tensor-core-bound GPU sustains at board power `watts` relative to `rated_watts`: dynamic power
+    grows as f·V² with the voltage following the clock, about f³, so the clock goes as the cube root of the power."""
+    return (watts / rated_watts) ** (1 / 3)
 
 
 @dataclass(frozen=True)
@@ -65,12 +71,12 @@ class GPUSpec:
 
     @property
     def gemm_clock_ratio(self) -> float:
-        """The share of its rated GEMM rate a GPU capped below `rated_power_w` keeps: dynamic power grows as f·V² with
-        the voltage following the clock, about f³, so a tensor-core-bound GEMM, which draws the rated power at full
-        clock, runs at (limit / rated)^(1/3) of it; 1 at or above the rated power."""
+        """The share of its rated GEMM rate a GPU capped below `rated_power_w` keeps: a tensor-core-bound GEMM draws
+        the rated power at full clock, so under the cap it runs at `sustained_clock_ratio` of it; 1 at or above the
+        rated power."""
         if self.rated_power_w is None or self.tdp_w is None or self.tdp_w >= self.rated_power_w:
             return 1.0
-        return (self.tdp_w / self.rated_power_w) ** (1 / 3)
+        return sustained_clock_ratio(self.tdp_w, self.rated_power_w)
 
     def power_limited(self, watts: float) -> GPUSpec:
         """The same GPU run under a board power limit of `watts` (a site's cap, `nvidia-smi -pl`): its GEMMs slow by

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from cli import main
 from planner.cluster import load_cluster, parse_shorthand
 from planner.errors import PlannerError
-from planner.gpu import catalog_gpu_names, gpu_from_dict, lookup_gpu
+from planner.gpu import catalog_gpu_names, gpu_from_dict, lookup_gpu, sustained_clock_ratio
 from planner.model import load_model
 from planner.profile.analytic import AnalyticProfile, UnitSetting
 from planner.profile.calibration import default_calibration
@@ -149,6 +149,20 @@ def test_a_power_capped_part_runs_its_gemms_at_the_cube_root_of_its_power_share(
     assert gpu_from_dict("X", entry, "test").gemm_clock_ratio == 1.0  # 700 W limit over a 600 W rating
     with pytest.raises(PlannerError, match="rated_power_w must be a positive number of watts, got -1"):
         gpu_from_dict("X", {**entry, "rated_power_w": -1}, "test")
+
+
+def test_gb200_is_b200s_gpu_at_1200_w_so_its_gemm_rate_is_b200s_at_the_clock_that_power_sustains() -> None:
+    """No matmul benchmark of GB200 exists: its rate is B200's measured one (MAMF, at 1,000 W) at the clock 1,200 W
+    sustains, so GB200 capped to B200's 1,000 W runs its GEMMs at B200's rate, not at B200's share of GB200's higher
+    datasheet peak."""
+    b200, gb200 = lookup_gpu("B200"), lookup_gpu("GB200")
+    b200_rate = b200.peak_flops("bf16") * b200.matmul_efficiency
+    gb200_rate = gb200.peak_flops("bf16") * gb200.matmul_efficiency
+    assert sustained_clock_ratio(1200, 1000) == pytest.approx(1.0627, abs=1e-4)
+    assert gb200_rate == pytest.approx(b200_rate * sustained_clock_ratio(gb200.tdp_w, b200.tdp_w), rel=1e-3)
+    capped = gb200.power_limited(b200.tdp_w)
+    assert capped.peak_flops("bf16") * capped.matmul_efficiency * capped.gemm_clock_ratio == pytest.approx(
+        b200_rate, rel=1e-3)
 
 
 def test_gemms_of_a_capped_part_slow_by_its_clock_ratio_and_attention_keeps_its_rate() -> None:
