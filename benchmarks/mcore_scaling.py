@@ -33,6 +33,7 @@ from planner.cost.estimate import model_flops_per_iteration
 from planner.model import ModelSpec
 from planner.profile.calibration import default_calibration
 from planner.search.planning import plan
+from planner.search.search import RankedPlan
 from planner.search.space import FixedOptions
 
 __all__ = ["ROWS", "SEQ_LEN", "VOCAB", "ScalingRow", "fastest_plan", "published_iteration_s", "row_model",
@@ -83,6 +84,7 @@ def row_model(row: ScalingRow) -> ModelSpec:
 
 
 def row_training(row: ScalingRow) -> Training:
+    """The row's batch at the README's sequence, in BF16 on cuDNN attention."""
     return Training(global_batch=row.global_batch, seq_len=SEQ_LEN, dtype="bf16", attention="flash")
 
 
@@ -91,12 +93,11 @@ def published_iteration_s(row: ScalingRow) -> float:
     return model_flops_per_iteration(row_model(row), row_training(row)) / (row.tflops_per_gpu * 1e12 * row.gpus)
 
 
-def fastest_plan(row: ScalingRow, top_k: int = 1):
-    """Planner's fastest plans at the row's tensor, pipeline and data-parallel sizes, as Megatron-LM runs them."""
+def fastest_plan(row: ScalingRow) -> RankedPlan:
+    """Planner's fastest plan at the row's tensor, pipeline and data-parallel sizes, as Megatron-LM runs them."""
     cluster = parse_shorthand(f"{row.gpus // GPUS_PER_NODE}x{GPUS_PER_NODE}xH100-80GB")
     fixed = FixedOptions(tp=row.tp, pp=row.pp, dp=row.dp, framework="megatron")
-    return plan(row_model(row), cluster, row_training(row), fixed, top_k=top_k,
-                calibration=default_calibration()).plans[0]
+    return plan(row_model(row), cluster, row_training(row), fixed, top_k=1, calibration=default_calibration()).plans[0]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
