@@ -199,8 +199,9 @@ def _margin_bands() -> tuple[tuple[str, float, float], ...]:
 def margin_counts(calibration: Calibration) -> tuple[tuple[str, int, int], ...]:
     """Per band of estimated need (`_margin_bands`): how many published runs that ran, and how many documented as
     out of memory, were estimated in it."""
-    ran = [o.memory_share for s in sources() for o in outcomes(s.ran, calibration)]
-    ooms = [o.memory_share for s in sources() for o in outcomes(s.ooms, calibration)]
+    loaded = sources()
+    ran = [o.memory_share for s in loaded for o in outcomes(s.ran, calibration)]
+    ooms = [o.memory_share for s in loaded for o in outcomes(s.ooms, calibration)]
     return tuple((label, sum(low < share <= high for share in ran), sum(low < share <= high for share in ooms))
                  for label, low, high in _margin_bands())
 
