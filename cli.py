@@ -25,6 +25,7 @@ from planner.compare import compare_plans
 from planner.config import (
     ATTENTION_KERNELS,
     CUDA_GRAPH_MODES,
+    CUDA_GRAPH_MODULES,
     DEFAULT_LOCAL_QUEUE_DEPTH,
     DEFAULT_LORA_RANK,
     DEFAULT_LORA_TARGETS,
@@ -43,6 +44,7 @@ from planner.config import (
     Partition,
     Schedule,
     Training,
+    parse_cuda_graph_modules,
 )
 from planner.cost.estimate import (
     TIGHT_MEMORY_EVIDENCE,
@@ -156,6 +158,11 @@ def problem_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--cuda-graphs", type=click.Choice(CUDA_GRAPH_MODES), default="none", show_default=True,
                      help="Kernels launched one by one (none) or the whole iteration replayed as one CUDA graph "
                           "(full_iteration: Megatron-Core's --cuda-graph-impl, no host launch or MoE sync time)."),
+        click.option("--cuda-graph-modules", metavar="M[,M...]",
+                     help=f"Parts of every layer replayed from per-layer CUDA graphs, any of "
+                          f"{', '.join(CUDA_GRAPH_MODULES)} (Megatron-Core's --cuda-graph-impl transformer_engine "
+                          "--cuda-graph-scope; each part's launches become one replay, a dropless MoE layer's "
+                          "dispatch still syncs; with --cuda-graphs none)."),
         click.option("--moe-load-imbalance", type=FiniteRange(min=1.0), default=1.0, show_default=True, metavar="F",
                      help="MoE router: the busiest expert-parallel rank's routed tokens over the mean (1: "
                           "force-balanced, as Megatron-Bridge's benchmarks run; a router left to itself runs "
@@ -379,6 +386,7 @@ class TuningOptions:
     elementwise: str = "fused"
     fp8_recipe: str | None = None  # as given; None: the target framework's (`fp8_default`)
     cuda_graphs: str = "none"
+    cuda_graph_modules: str | None = None  # as given, comma-separated (parse_cuda_graph_modules)
     moe_load_imbalance: float = 1.0
     moe_capacity_factor: float | None = None
     cross_entropy: str = "fused"  # set by the target framework (`for_framework`), not an option of its own
@@ -390,8 +398,8 @@ class TuningOptions:
     def pop_from(cls, options: dict[str, Any]) -> TuningOptions:
         """Take these options out of a command's keyword options."""
         return cls(*(options.pop(name) for name in ("finetune", "lora_rank", "lora_targets", "optimizer_states",
-                                                     "elementwise", "fp8_recipe", "cuda_graphs", "moe_load_imbalance",
-                                                     "moe_capacity_factor")))
+                                                     "elementwise", "fp8_recipe", "cuda_graphs", "cuda_graph_modules",
+                                                     "moe_load_imbalance", "moe_capacity_factor")))
 
     def for_framework(self, framework: str | None) -> TuningOptions:
         """These options with the loss kernel `framework` runs at their element-wise setting, its default FP8 recipe
@@ -407,6 +415,8 @@ class TuningOptions:
                 "optimizer_states": "fp32" if self.optimizer_states == "auto" else self.optimizer_states,
                 "elementwise": self.elementwise, "cross_entropy": self.cross_entropy, "fp8_recipe": recipe,
                 "cuda_graphs": self.cuda_graphs, "fp8_saved_input": self.fp8_saved_input,
+                "cuda_graph_modules": (parse_cuda_graph_modules(self.cuda_graph_modules)
+                                       if self.cuda_graph_modules is not None else ()),
                 "fp8_tp_gather": dtype != "fp8" or framework_named(self.target).gathers_tp_in_fp8(recipe),
                 "moe_load_imbalance": self.moe_load_imbalance, "moe_capacity_factor": self.moe_capacity_factor}
 
@@ -501,6 +511,8 @@ def describe_tuning(model: ModelSpec, training: Training) -> str:
         text += f", {training.elementwise} element-wise kernels"
     if training.cuda_graphs != "none":
         text += f", {training.cuda_graphs.replace('_', '-')} CUDA graphs"
+    if training.cuda_graph_modules:
+        text += f", per-layer CUDA graphs of {','.join(training.cuda_graph_modules)}"
     if training.moe_expert_load != 1.0:
         text += f", busiest expert rank at {training.moe_expert_load:g}x the mean routed tokens"
     return text

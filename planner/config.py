@@ -21,6 +21,7 @@ __all__ = [
     "CP_COMMS",
     "CROSS_ENTROPY_KERNELS",
     "CUDA_GRAPH_MODES",
+    "CUDA_GRAPH_MODULES",
     "DEEPSPEED_OPTIMIZERS",
     "DEEPSPEED_PER_UNIT_ZERO3",
     "DEFAULT_LOCAL_QUEUE_DEPTH",
@@ -47,7 +48,9 @@ __all__ = [
     "Training",
     "deepspeed_zero3_collectives",
     "ep_overlap_why_not",
+    "graphed_recompute_why_not",
     "optimizer_sharding_of",
+    "parse_cuda_graph_modules",
     "parse_recompute_modules",
 ]
 
@@ -122,6 +125,13 @@ ELEMENTWISE_MODES = ("fused", "eager")
 # micro-batch captured once and replayed, dropless MoE padded to a static per-rank capacity so nothing syncs), where
 # the GPU runs the kernels back to back and no launch or sync time shows.
 CUDA_GRAPH_MODES = ("none", "full_iteration")
+# Parts of every layer Megatron-Core can capture in per-layer Transformer Engine CUDA graphs instead (--cuda-graph-impl
+# transformer_engine --cuda-graph-scope ..., core 0.16; forward and backward each replayed as one graph per part and
+# micro-batch), in its order: "attn" the attention half (TransformerLayer._forward_attention: input norm, QKV, RoPE,
+# attention core, output projection, residual add), "mlp" a dense layer's MLP half, "moe_router" an MoE layer's
+# pre-MLP norm, router and shared experts, "moe_preprocess" its token dispatcher's preprocessing (only with
+# moe_router). The rest of a dropless MoE layer stays eager: its dispatch waits on token counts read back to the host.
+CUDA_GRAPH_MODULES = ("attn", "mlp", "moe_router", "moe_preprocess")
 # How the loss runs over the logits (planner/cost/memory.py `LOSS_BYTES_PER_LOGIT` holds what each keeps): "fused",
 # Megatron-LM's vocab-parallel cross-entropy, in place on one fp32 copy; "eager", PyTorch's F.cross_entropy on an fp32
 # copy op by op (torchtitan before it compiled its loss, pytorch/torchtitan bbb1b616e of 2025-04-02, and since
@@ -163,15 +173,45 @@ def deepspeed_zero3_collectives(version: str) -> str:
     return "per-unit" if release >= DEEPSPEED_PER_UNIT_ZERO3 else "per-tensor"
 
 
-def parse_recompute_modules(text: str) -> tuple[str, ...]:
-    """`--recompute-modules layernorm,moe_act`: the named modules in Megatron's order (PlannerError naming the first
-    unknown one)."""
+def _parse_module_list(option: str, text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """A comma-separated option's names in `allowed`'s order, once each (PlannerError naming the first unknown one,
+    or the text when it names none)."""
     names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in RECOMPUTE_MODULES]
+    unknown = [name for name in names if name not in allowed]
     if unknown or not names:
-        raise PlannerError(f"--recompute-modules must be among {', '.join(RECOMPUTE_MODULES)} (comma-separated), "
+        raise PlannerError(f"{option} must be among {', '.join(allowed)} (comma-separated), "
                            f"got {(unknown[0] if unknown else text)!r}")
-    return tuple(name for name in RECOMPUTE_MODULES if name in names)
+    return tuple(name for name in allowed if name in names)
+
+
+def graphed_recompute_why_not(graphed: tuple[str, ...], recompute: Recompute, selective: frozenset[str],
+                              dropout: bool) -> str | None:
+    """Why Megatron-Core 0.16 refuses `recompute` (re-running the `selective` modules) beside per-layer CUDA graphs of
+    the `graphed` parts (Training.cuda_graph_modules), or None: full recompute (whole blocks are recomputed only under
+    a full-iteration graph), moe recompute where moe_router's graph covers part of the module, and with dropout the
+    attention core or MLP recomputed inside a graph that cannot redraw its masks."""
+    if not graphed:
+        return None
+    named = f"per-layer CUDA graphs of {','.join(graphed)}"
+    if recompute is Recompute.FULL:
+        return f"recompute full does not run with {named} (only a full-iteration graph recomputes whole blocks)"
+    redrawn = {"core_attn": "attn", "mlp": "mlp"} if dropout else {}
+    clash = next((m for m in sorted(selective)
+                  if (m == "moe" and "moe_router" in graphed) or redrawn.get(m) in graphed), None)
+    if clash is not None:
+        return (f"selective recompute of {clash} does not run with {named} (a recomputed module its graph covers in "
+                f"part, or whose dropout the replay cannot redraw)")
+    return None
+
+
+def parse_recompute_modules(text: str) -> tuple[str, ...]:
+    """`--recompute-modules layernorm,moe_act`: the named modules in Megatron's order."""
+    return _parse_module_list("--recompute-modules", text, RECOMPUTE_MODULES)
+
+
+def parse_cuda_graph_modules(text: str) -> tuple[str, ...]:
+    """`--cuda-graph-modules attn,moe_router`: the named CUDA_GRAPH_MODULES in Megatron's order."""
+    return _parse_module_list("--cuda-graph-modules", text, CUDA_GRAPH_MODULES)
 
 
 class Recompute(str, Enum):
@@ -201,7 +241,9 @@ class Training:
     work halved; the GPU's native kernel or FlashAttention-2's) or "unfused" (softmax/dropout materialised, as in
     Megatron-LM runs before FlashAttention).
     `elementwise` (ELEMENTWISE_MODES) is how the norms, RoPE and activation run: fused kernels or eager PyTorch's.
-    `cuda_graphs` (CUDA_GRAPH_MODES) is how the host launches the kernels: one by one, or one full-iteration graph.
+    `cuda_graphs` (CUDA_GRAPH_MODES) is how the host launches the kernels: one by one, or one full-iteration graph;
+    `cuda_graph_modules` (CUDA_GRAPH_MODULES, stored in that order) the parts of each layer replayed from per-layer
+    graphs instead (only with cuda_graphs "none"; moe_preprocess only with moe_router).
     `cross_entropy` (CROSS_ENTROPY_KERNELS) is how the loss over the logits runs: Megatron-LM's fused kernel, eager
     PyTorch's or torch.compile's; it sets what the loss holds in memory.
     `fp8_recipe` (FP8_RECIPES) is how dtype fp8 scales its GEMM operands (None with dtype fp8 takes "delayed"); it
@@ -238,6 +280,7 @@ class Training:
     fp8_recipe: str | None = None
     fp8_saved_input: str = "fp8"
     fp8_tp_gather: bool = True
+    cuda_graph_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.grad_bytes is None:
@@ -256,6 +299,7 @@ class Training:
             raise _not_one_of("training", "cross_entropy", self.cross_entropy, CROSS_ENTROPY_KERNELS)
         if self.cuda_graphs not in CUDA_GRAPH_MODES:
             raise _not_one_of("training", "cuda_graphs", self.cuda_graphs, CUDA_GRAPH_MODES)
+        self._check_cuda_graph_modules()
         if self.grad_bytes not in (2, 4):
             raise PlannerError(f"training: grad_bytes must be 2 or 4, got {self.grad_bytes!r}")
         for name in ("moe_load_imbalance", "moe_capacity_factor"):
@@ -263,6 +307,32 @@ class Training:
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not 1.0 <= value < float("inf")):
                 raise PlannerError(f"training: {name} must be a finite number >= 1, got {value!r}")
+
+    def _check_cuda_graph_modules(self) -> None:
+        """Store `cuda_graph_modules` in CUDA_GRAPH_MODULES' order, once each; refuse what Megatron-Core refuses:
+        unknown parts, moe_preprocess without moe_router, per-layer graphs beside a full-iteration one (one-line
+        errors)."""
+        modules = self.cuda_graph_modules
+        if isinstance(modules, str) or not isinstance(modules, (tuple, list)):
+            raise PlannerError(f"training: cuda_graph_modules must be a list of module names, got {modules!r}")
+        odd = next((name for name in modules if name not in CUDA_GRAPH_MODULES), None)
+        if odd is not None:
+            raise PlannerError(f"training: cuda_graph_modules must be among {', '.join(CUDA_GRAPH_MODULES)}, "
+                               f"got {odd!r}")
+        ordered = tuple(name for name in CUDA_GRAPH_MODULES if name in modules)
+        if "moe_preprocess" in ordered and "moe_router" not in ordered:
+            raise PlannerError("training: cuda_graph_modules moe_preprocess needs moe_router too (Megatron-Core "
+                               "captures the dispatcher's preprocessing only behind the router)")
+        if ordered and self.cuda_graphs != "none":
+            raise PlannerError(f"training: cuda_graph_modules {','.join(ordered)} need cuda_graphs 'none' (per-layer "
+                               f"graphs and a full-iteration one are different Megatron-Core implementations), got "
+                               f"{self.cuda_graphs!r}")
+        object.__setattr__(self, "cuda_graph_modules", ordered)
+
+    @property
+    def graphs_anything(self) -> bool:
+        """Whether any kernels are replayed from CUDA graphs (full-iteration or per-layer)."""
+        return self.cuda_graphs != "none" or bool(self.cuda_graph_modules)
 
     def _check_fp8_recipe(self) -> None:
         """A recipe only with dtype fp8, one of FP8_RECIPES; fp8 without one scales as Megatron-LM's default."""
@@ -560,15 +630,37 @@ class ParallelConfig:
             raise PlannerError(f"parallel config: cpu_offload_layers {layers} needs recompute none (Megatron-Core's "
                                f"CPU offloading does not run with activation recompute), got {self.recompute.value}")
 
-    def check_cpu_offload(self, num_layers: int, cuda_graphs: str) -> None:
+    def check_cpu_offload(self, num_layers: int, training: Training) -> None:
         """Megatron-Core offloads fewer blocks than the model has, and not under CUDA graphs."""
         layers = self.cpu_offload_layers
         if layers >= num_layers:
             raise PlannerError(f"parallel config: cpu_offload_layers {layers} must be below the model's {num_layers} "
                                f"blocks (Megatron-Core offloads fewer layers than it has)")
-        if layers and cuda_graphs != "none":
+        if layers and training.graphs_anything:
+            graphs = ",".join(training.cuda_graph_modules) or training.cuda_graphs
             raise PlannerError(f"parallel config: cpu_offload_layers {layers} does not run under CUDA graphs "
-                               f"(Megatron-Core refuses them with CPU offloading), got cuda_graphs {cuda_graphs!r}")
+                               f"(Megatron-Core refuses them with CPU offloading), got CUDA graphs {graphs!r}")
+
+    def check_cuda_graph_modules(self, training: Training, moe_layers: int, dense_layers: int, dropout: bool) -> None:
+        """What Megatron-Core 0.16's TransformerConfig refuses of per-layer CUDA graphs (Training.cuda_graph_modules)
+        in a model of `moe_layers` MoE and `dense_layers` dense blocks: moe_router without MoE layers, mlp without
+        dense ones, full recompute (only a full-iteration graph recomputes whole blocks), a selectively recomputed
+        module the graph covers only in part (moe under moe_router) or whose dropout the replay cannot redraw, and
+        moe_preprocess where the alltoall dispatcher's preprocessing syncs (a capacity factor)."""
+        modules = training.cuda_graph_modules
+        if not modules:
+            return
+        named = f"cuda_graph_modules {','.join(modules)}"
+        if "moe_router" in modules and not moe_layers:
+            raise PlannerError(f"training: {named}: moe_router needs MoE layers; the model has none")
+        if "mlp" in modules and not dense_layers:
+            raise PlannerError(f"training: {named}: mlp captures dense layers' MLPs; every layer of the model is MoE")
+        if (why := graphed_recompute_why_not(modules, self.recompute, self.selective_modules, dropout)) is not None:
+            raise PlannerError(f"parallel config: {why}")
+        if ("moe_preprocess" in modules and self.moe_dispatcher == "alltoall"
+                and training.moe_capacity_factor is not None):
+            raise PlannerError(f"training: {named}: the alltoall dispatcher's preprocessing syncs with a capacity "
+                               f"factor, so Megatron-Core cannot capture moe_preprocess there")
 
     def _check_recompute_num_layers(self) -> None:
         """`recompute_num_layers` is a positive block count (`_normalise` has dropped it without full recompute)."""

@@ -134,6 +134,8 @@ class Framework:
     loss_follows_compile: bool = False
     # it captures a whole iteration in one CUDA graph (Training.cuda_graphs "full_iteration")
     full_iteration_graphs: bool = False
+    # it captures parts of each layer in per-layer CUDA graphs (Training.cuda_graph_modules)
+    module_graphs: bool = False
     # Training.fp8_recipe values it runs, its default first (with --dtype fp8 and no --fp8-recipe)
     fp8_recipes: tuple[str, ...] = FP8_RECIPES
     # what its FP8 linears keep of their input for the weight gradient (Training.fp8_saved_input)
@@ -221,6 +223,8 @@ class Framework:
             return f"{self.version} has no eager element-wise kernels: it runs {self.fused_elementwise_only}"
         if training.cuda_graphs != "none" and not self.full_iteration_graphs:
             return f"{self.version} cannot capture a whole iteration in one CUDA graph"
+        if training.cuda_graph_modules and not self.module_graphs:
+            return f"{self.version} cannot capture parts of each layer in per-layer CUDA graphs"
         if training.dtype == "fp8" and training.fp8_recipe not in self.fp8_recipes:
             return (f"{self.version} has no {training.fp8_recipe} FP8 recipe (it runs "
                     f"{', '.join(self.fp8_recipes)})")
@@ -380,7 +384,7 @@ FRAMEWORKS: dict[str, Framework] = {
         "any", "any framework", _ALL_SCHEDULES, _ANY_SHARDING, _ANY_SHARDING, True, True, _CP_COMMS, True, True,
         _DISPATCHERS, True, True, True, _megatron_semantics, (0, True), searched_schedules=_UNSPLIT_SCHEDULES,
         optimizer_states=tuple((states, None) for states in OPTIMIZER_STATES), full_iteration_graphs=True,
-        activation_offload=True),
+        module_graphs=True, activation_offload=True),
     # ZeRO-2/3 through Megatron-FSDP (optim_grads / optim_grads_params), which it does not claim with PP; no
     # zero-bubble schedule (core_v0.16.1's delay_wgrad_compute only overlaps MoE all-to-all in its 1F1B)
     "megatron": Framework(
@@ -393,9 +397,11 @@ FRAMEWORKS: dict[str, Framework] = {
         fused_elementwise_only="Transformer Engine's fused norms, RoPE and activations",
         optimizer_states=(("fp32", None), ("cpu", frozenset({(0, True)}))),
         # --fp8-recipe's choices (TransformerConfig.fp8_recipe), delayed its default; full-iteration CUDA graphs
-        # as --cuda-graph-impl local --cuda-graph-scope full_iteration (core 0.16)
+        # as --cuda-graph-impl local --cuda-graph-scope full_iteration, per-layer ones as --cuda-graph-impl
+        # transformer_engine --cuda-graph-scope <parts> (core 0.16)
         fp8_recipes=("delayed", "tensorwise", "blockwise", "mxfp8"), full_iteration_graphs=True,
-        activation_offload=True),  # --cpu-offloading-num-layers (Transformer Engine's offload handler)
+        # activation offload: --cpu-offloading-num-layers (Transformer Engine's offload handler)
+        module_graphs=True, activation_offload=True),
     # ZeRO-2/3 only without PP (PipelineEngine asserts stage < 2); CP only as Ulysses, which planner's cp is not
     "deepspeed": Framework(
         "deepspeed", "DeepSpeed 0.19 (Megatron-DeepSpeed)", frozenset({Schedule.ONE_F_ONE_B}),

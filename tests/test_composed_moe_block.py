@@ -44,6 +44,18 @@ def test_a_host_bound_moe_block_is_its_launches() -> None:
     assert alltoall.forward_s == pytest.approx(13 * calibration.host_kernel_s + looped, rel=1e-12)
 
 
+def test_a_graphed_router_is_one_launch_of_the_moe_block() -> None:
+    """Under Megatron-Core's moe_router CUDA graph the norm, the router's GEMM, top-k and softmax and the shared
+    experts' 2 GEMMs (6 of the 11 Python-level launches) replay as one, forward and backward; an attention graph
+    changes nothing in a block without attention."""
+    calibration = full_overlap()
+    profile = AnalyticProfile(NEMOTRON, calibration)
+    looped = 32 * calibration.grouped_gemm_host_s
+    graphed = profile.block_times(MOE_BLOCK, replace(_setting(128), graphed_modules=("attn", "moe_router")), B200)
+    assert graphed.forward_s == pytest.approx(6 * calibration.host_kernel_s + looped, rel=1e-12)
+    assert graphed.backward_s == pytest.approx((2 * 5 + 1) * calibration.host_kernel_s + 2 * looped, rel=1e-12)
+
+
 def test_the_moe_block_moves_its_permutations() -> None:
     """The forward's GPU time (under a full-iteration CUDA graph, no host launches) pays the permute and un-permute
     of every routed copy, 6 copies × 2688 hidden values read and written; the alltoall dispatcher's two chunk sorts

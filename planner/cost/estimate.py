@@ -248,7 +248,9 @@ def estimate(
             raise PlannerError(f"{training.dtype} is not supported by {gpu.name} (pipeline rank {rank})")
 
     config.check_experts(model.num_experts)
-    config.check_cpu_offload(model.num_layers, training.cuda_graphs)
+    config.check_cpu_offload(model.num_layers, training)
+    config.check_cuda_graph_modules(training, model.num_moe_layers, model.num_layers - model.num_moe_layers,
+                                    model.dropout)
     if config.fp8_param_gather and (why := fp8_param_gather_why_not(training)):
         raise PlannerError(f"parallel config: fp8_param_gather {why}")
     rank_costs = rank_costs or [unit_costs(model, training, config, links.gpu[r], links.tp[r], timer, calibration,

@@ -149,6 +149,8 @@ def model_flags(model: ModelSpec, training: Training, dialect: Dialect) -> Model
         # scope, which needs the NaN check of loss and gradients off (arguments.py validate_args)
         flags += [("--cuda-graph-impl", "local"), ("--cuda-graph-scope", "full_iteration"),
                   ("--no-check-for-nan-in-loss-and-grad",)]
+    if lm and training.cuda_graph_modules:  # core 0.16: Transformer Engine's per-layer graphs of these parts
+        flags += [("--cuda-graph-impl", "transformer_engine"), ("--cuda-graph-scope", *training.cuda_graph_modules)]
     if lm:
         flags.append(("--attention-backend", _MEGATRON_ATTENTION_BACKENDS[training.attention]))
     elif training.attention != "unfused":

@@ -204,6 +204,7 @@ class UnitSetting:
     cuda_graphs: str = "none"  # Training.cuda_graphs: kernels launched one by one, or replayed as one graph
     fp8_recipe: str | None = None  # Training.fp8_recipe: how dtype fp8 scales its GEMM operands
     fp8_saved_input: str = "fp8"  # Training.fp8_saved_input: what an FP8 linear keeps of its input for wgrad
+    graphed_modules: tuple[str, ...] = ()  # Training.cuda_graph_modules: layer parts replayed from per-layer graphs
 
     @property
     def tokens(self) -> float:
@@ -569,9 +570,10 @@ class AnalyticProfile:
         forward = gemms + core_forward + scan_forward + elementwise + cast_forward
         backward = gemms + wgrad + core_backward + scan_backward + backward_elementwise + cast_backward
         if block.mlp is not None and block.mlp.is_moe and block.attention is None and block.mamba is None:
-            launched = kernels + view._moe_gemm_kernels(setting)
+            launched, launched_backward = view._launches(setting, kernels + view._moe_gemm_kernels(setting),
+                                                         moe=True, attention=False)
             forward = view._synced_forward(setting, gpu, forward, launched)
-            backward = view._host_bound(setting, backward, _BACKWARD_KERNELS_PER_FORWARD * launched,
+            backward = view._host_bound(setting, backward, launched_backward,
                                         _BACKWARD_KERNELS_PER_FORWARD * view._routed_kernels(setting)[1])
         return UnitTimes(forward, backward, core_forward, tuple(linears), core_backward, wgrad, modules)
 
@@ -729,26 +731,74 @@ class AnalyticProfile:
         return m.moe_top_k * setting.expert_load * m.expert_ffn_hidden_size / setting.tp
 
     def _block_kernels(self, setting: UnitSetting, moe: bool) -> tuple[float, float]:
-        """(memory-bound kernels, all kernels) a block's forward launches on one rank. GEMMs: one per attention
-        weight matrix and MLP matrix; an MoE block adds the router GEMM, its top-k and softmax, the shared experts'
-        GEMMs and the routed path's kernels (`_routed_kernels`). The unfused attention core's two batched GEMMs
-        count as GEMMs (`gemm_time` charges their launch), FlashAttention as one kernel."""
+        """(memory-bound kernels, all kernels) a block's forward launches on one rank: its attention half's and its
+        MLP half's (`_attention_kernels`, `_mlp_kernels`)."""
+        attention_memory, attention = self._attention_kernels(setting)
+        mlp_memory, mlp, _ = self._mlp_kernels(setting, moe)
+        return attention_memory + mlp_memory, attention + mlp
+
+    def _attention_kernels(self, setting: UnitSetting) -> tuple[float, float]:
+        """(memory-bound kernels, all kernels) of a block's attention half in the forward on one rank (Megatron-Core's
+        TransformerLayer._forward_attention): the input norm, RoPE on q and k, the residual add (of
+        `_BLOCK_ELEMENTWISE_KERNELS`), one GEMM per attention weight matrix, the core (FlashAttention one kernel;
+        unfused, two batched GEMMs, which `gemm_time` charges as GEMMs, and its softmax and copies) and half the
+        block's TP collectives."""
         m = self.model
-        elementwise = _BLOCK_ELEMENTWISE_KERNELS + (2 if m.position_embedding == "rope" else 0)
-        elementwise += _eager_extra_kernels(setting, 2, m.position_embedding == "rope", m.activation == "swiglu")
+        rope = m.position_embedding == "rope"
+        elementwise = 2 + (2 if rope else 0) + _eager_extra_kernels(setting, 1, rope, False)
         elementwise += 2 * _UNFUSED_ROPE_FORWARD[1] if self._unfused_rope(setting) else 0  # q and k
-        gemms = len(m.attention_linears())
-        if moe:
-            gemms += self._moe_gemm_kernels(setting)
-            elementwise += _ROUTER_KERNELS + self._routed_kernels(setting)[0] - 1  # the activation: one of the five
-        else:
-            gemms += m.mlp_matrices
-        core = 1
+        gemms, core = len(m.attention_linears()), 1
         if setting.attention == "unfused":
             gemms, core = gemms + 2, 0
             elementwise += _UNFUSED_ATTENTION_KERNELS - 2 + (1 if m.dropout else 0)
-        collectives = (4 if setting.sequence_parallel else 2) if setting.tp > 1 else 0
-        return elementwise, elementwise + gemms + core + collectives
+        return elementwise, elementwise + gemms + core + self._tp_collectives(setting) / 2
+
+    def _mlp_kernels(self, setting: UnitSetting, moe: bool) -> tuple[float, float, float]:
+        """(memory-bound kernels, all kernels, the router's) of a block's MLP half in the forward on one rank: the
+        pre-MLP norm, the residual add and the activation (of `_BLOCK_ELEMENTWISE_KERNELS`), half the block's TP
+        collectives, and a dense MLP's GEMMs or an MoE layer's router GEMM, top-k and softmax, shared experts' GEMMs
+        and routed path (`_routed_kernels`, the activation among its kernels). The router's kernels are what
+        Megatron-Core's moe_router CUDA-graph scope captures: the norm, the router and the shared experts."""
+        m = self.model
+        elementwise = 3 + _eager_extra_kernels(setting, 1, False, m.activation == "swiglu")
+        collectives = self._tp_collectives(setting) / 2
+        if not moe:
+            return elementwise, elementwise + m.mlp_matrices + collectives, 0.0
+        norm = 1 + _eager_extra_kernels(setting, 1, False, False)
+        router = norm + _ROUTER_KERNELS + self._moe_gemm_kernels(setting) - self._routed_kernels(setting)[1]
+        elementwise += _ROUTER_KERNELS + self._routed_kernels(setting)[0] - 1  # the activation: one of the three
+        return elementwise, elementwise + self._moe_gemm_kernels(setting) + collectives, router
+
+    @staticmethod
+    def _tp_collectives(setting: UnitSetting) -> int:
+        """NCCL kernels of a block's TP collectives in the forward: with sequence parallelism an all-gather and a
+        reduce-scatter around each half, else an all-reduce after each."""
+        return (4 if setting.sequence_parallel else 2) if setting.tp > 1 else 0
+
+    def _launches(self, setting: UnitSetting, kernels: float, moe: bool, attention: bool = True) -> tuple[float, float]:
+        """(forward, backward) host launches of a block whose forward runs `kernels`: the backward
+        `_BACKWARD_KERNELS_PER_FORWARD` per forward kernel, except that the graphed parts (`_graphed_kernels`)
+        launch one replay each way."""
+        graphed, graphs = self._graphed_kernels(setting, moe, attention)
+        return kernels - graphed + graphs, _BACKWARD_KERNELS_PER_FORWARD * (kernels - graphed) + graphs
+
+    def _graphed_kernels(self, setting: UnitSetting, moe: bool, attention: bool = True) -> tuple[float, int]:
+        """(kernels inside the per-layer CUDA graphs, graphs) of a block's forward on one rank
+        (UnitSetting.graphed_modules): the attention half under attn (if the block has one), a dense MLP half under
+        mlp, an MoE layer's router part under moe_router and, under moe_preprocess, the alltoall dispatcher's first
+        permutation, which its preprocessing runs before the sync (the flex dispatcher permutes after its dispatch).
+        The replay launches each graph from the host once."""
+        graphed, kernels, graphs = setting.graphed_modules, 0.0, 0
+        if attention and "attn" in graphed:
+            kernels, graphs = kernels + self._attention_kernels(setting)[1], graphs + 1
+        _, mlp, router = self._mlp_kernels(setting, moe)
+        if not moe and "mlp" in graphed:
+            kernels, graphs = kernels + mlp, graphs + 1
+        if moe and "moe_router" in graphed:
+            kernels, graphs = kernels + router, graphs + 1
+            if "moe_preprocess" in graphed and setting.dispatcher == "alltoall":
+                kernels += 1
+        return kernels, graphs
 
     def _moe_gemm_kernels(self, setting: UnitSetting) -> float:
         """GEMM kernels of an MoE layer's forward on one rank: the router's, the shared experts' and the routed
@@ -909,14 +959,15 @@ class AnalyticProfile:
         memory_kernels, kernels = self._block_kernels(setting, moe)
         elementwise += memory_kernels * self.calibration.kernel_launch_s
         forward = gemms + core_forward + elementwise + cast_forward
-        forward = (self._synced_forward(setting, gpu, forward, kernels) if moe
-                   else self._host_bound(setting, forward, kernels))
+        launched, launched_backward = self._launches(setting, kernels, moe)
+        forward = (self._synced_forward(setting, gpu, forward, launched) if moe
+                   else self._host_bound(setting, forward, launched))
         wgrad = self._block_of(_bf16_twin(setting), gpu, moe).weight_grad_s if self._bf16_wgrad(setting, gpu) \
             else gemms
         backward_elementwise = self._elementwise_backward(setting, gpu, elementwise, moe)
         looped = self._routed_kernels(setting)[1] if moe else 0.0
         backward = self._host_bound(setting, gemms + wgrad + core_backward + backward_elementwise + cast_backward,
-                                    _BACKWARD_KERNELS_PER_FORWARD * kernels, _BACKWARD_KERNELS_PER_FORWARD * looped)
+                                    launched_backward, _BACKWARD_KERNELS_PER_FORWARD * looped)
         # W: each linear layer's and the router's weight-gradient GEMM (as long as its forward GEMM at the
         # recipe's precision); the input-gradient GEMMs, the attention core's backward and the element-wise work
         # are B's
@@ -1064,4 +1115,5 @@ def unit_setting(training: Training, tp: int, micro_batch: int, sequence_paralle
                  etp: int = 1, dispatcher: str = "alltoall") -> UnitSetting:
     return UnitSetting(tp, micro_batch, training.seq_len, sequence_parallel, training.dtype, training.attention, cp,
                        ep, etp, training.expert_rank_load(ep), training.elementwise, dispatcher, training.cuda_graphs,
-                       training.fp8_recipe, "fp8" if training.keeps_fp8_inputs(tp) else training.fp8_saved_input)
+                       training.fp8_recipe, "fp8" if training.keeps_fp8_inputs(tp) else training.fp8_saved_input,
+                       training.cuda_graph_modules)

@@ -37,6 +37,7 @@ from planner.config import (
     Training,
     ep_overlap_why_not,
     fp8_param_gather_why_not,
+    graphed_recompute_why_not,
     optimizer_sharding_of,
     parse_recompute_modules,
 )
@@ -132,6 +133,26 @@ class FixedOptions:
                 "local_head": self.local_head or "linear"}
 
 
+def _selective(recompute: Recompute, modules: tuple[str, ...]) -> frozenset[str]:
+    """The modules a recompute option re-runs selectively (ParallelConfig.selective_modules)."""
+    return frozenset(modules) if recompute is Recompute.SELECTIVE else frozenset()
+
+
+def _check_graphed_parts(model: ModelSpec, training: Training, fixed: FixedOptions) -> None:
+    """The per-layer CUDA graphs fit the model, the dispatcher, and at least one recompute option left open
+    (ParallelConfig.check_cuda_graph_modules; the search skips the options they rule out)."""
+    if not training.cuda_graph_modules:
+        return
+    options = fixed.recompute_options()
+    allowed = [option for option in options
+               if graphed_recompute_why_not(training.cuda_graph_modules, *option[:1], _selective(*option),
+                                            model.dropout) is None]
+    recompute, modules = (allowed or options)[0]
+    ParallelConfig(dp=1, tp=1, pp=1, recompute=recompute, recompute_modules=modules,
+                   moe_dispatcher=fixed.moe_dispatcher or "alltoall").check_cuda_graph_modules(
+        training, model.num_moe_layers, model.num_layers - model.num_moe_layers, model.dropout)
+
+
 def _divisors(n: int) -> list[int]:
     """The divisors of n in increasing order, in O(√n) (a global batch may be 10⁸ sequences)."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
@@ -182,8 +203,8 @@ def _check_fixed(model: ModelSpec, cluster: Cluster, training: Training, fixed: 
     if fixed.cpu_offload_layers:  # what Megatron-Core allows with CPU offloading, checked as a configuration would be
         (recompute, _), *_ = fixed.recompute_options()
         ParallelConfig(dp=1, tp=1, pp=fixed.pp or 1, recompute=recompute,
-                       cpu_offload_layers=fixed.cpu_offload_layers).check_cpu_offload(model.num_layers,
-                                                                                       training.cuda_graphs)
+                       cpu_offload_layers=fixed.cpu_offload_layers).check_cpu_offload(model.num_layers, training)
+    _check_graphed_parts(model, training, fixed)
     if fixed.cp_comm is not None and fixed.cp_comm not in CP_COMMS:
         raise PlannerError(f"--cp-comm must be one of {', '.join(CP_COMMS)}, got {fixed.cp_comm!r}")
     if fixed.cp is not None and (why := _cp_allowed(fixed.cp, fixed.cp_comm, fixed.tp or 1, model, training)):
@@ -517,7 +538,9 @@ def _layouts(model: ModelSpec, cluster: Cluster, training: Training, fixed: Fixe
                          for (recompute, modules), overlap, comm, (ep, etp) in product(
                              recomputes, _tp_comm_overlaps(fixed, sp), comms, experts)
                          if (ep_overlap := _ep_overlap(ep, recompute, pp, vpp, fixed)) is not None
-                         and not (offload and recompute is not Recompute.NONE)]
+                         and not (offload and recompute is not Recompute.NONE)
+                         and graphed_recompute_why_not(training.cuda_graph_modules, recompute,
+                                                       _selective(recompute, modules), model.dropout) is None]
                 for zero_stage, dist_opt, hsdp in _sharding_options(dp * cp, fixed):
                     sharding = optimizer_sharding_of(zero_stage, dist_opt)
                     common = {**PARALLEL_DEFAULTS, "dp": dp, "tp": tp, "pp": pp, "micro_batch": micro_batch,
