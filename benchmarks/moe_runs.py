@@ -17,8 +17,10 @@ modules a row names ("selective: mlp, moe_act", "selective [layernorm, moe_act]"
 that states nothing runs its preset's modules where `PRESETS` knows them, else none; "none" and
 "selective []" recompute nothing.
 CUDA graphs: full-iteration graphs (`Training.cuda_graphs`) where the preset that ran the row's layout captures them
-(`Preset.full_iteration_graphs`); the partial Transformer Engine graphs other presets capture (attention, router,
-dispatcher preprocessing) leave the MoE layers' launches and syncs eager, as planner costs them.
+(`Preset.full_iteration_graphs`), and the per-layer Transformer Engine graphs of attention, router and dispatcher
+preprocessing other presets capture (`Preset.graphed_modules`, `Training.cuda_graph_modules`; the rest of each MoE
+layer stays eager and its dispatch still syncs). Mamba graphs are left out: planner counts no launches in a Mamba
+mixer.
 Dispatcher and EP overlap: the first dispatcher the row's dispatcher_routing names ("flex", "HybridEP" or
 "DeepEP": flex; "alltoall", "A2A": alltoall; the H100 rows quote the HEAD perf recipe there), else the flex
 backend of the preset that ran the row's layout in its release (`PRESETS`), else its model's presets' dispatcher
@@ -93,8 +95,9 @@ class Preset:
     """What a Megatron-Bridge performance preset sets that its rows do not state: recompute modules (empty: none),
     Megatron-Core's EP communication overlap (`overlap_moe_expert_parallel_comm`, the presets' `moe_a2a_overlap`) and
     the token dispatcher (None: the rule of `_dispatch`), whether it runs full-iteration CUDA graphs
-    (cuda_graph_impl "full_iteration": `Training.cuda_graphs`), its micro-batch where the row's own is contradicted
-    (None: the row's); `since`, the first NeMo container release whose presets set them ((): every release)."""
+    (cuda_graph_impl "full_iteration": `Training.cuda_graphs`) or per-layer Transformer Engine graphs of some parts
+    (`graphed_modules`: `Training.cuda_graph_modules`), its micro-batch where the row's own is contradicted (None: the
+    row's); `since`, the first NeMo container release whose presets set them ((): every release)."""
 
     recompute_modules: tuple[str, ...] = ()
     ep_overlap: bool = False
@@ -102,6 +105,7 @@ class Preset:
     since: tuple[int, ...] = ()
     full_iteration_graphs: bool = False
     micro_batch: int | None = None  # the preset's, where the row's stated one contradicts the row (`PRESETS`)
+    graphed_modules: tuple[str, ...] = ()
 
 
 # Megatron-Bridge performance presets, for rows that state no recompute, EP overlap or dispatcher but run the
@@ -150,33 +154,73 @@ class Preset:
 # * NEMOTRON_3_NANO_PRETRAIN_CONFIG_H100_FP8_CS_V1, 16 GPUs, EP 8, micro-batch 1, from v0.3.1 (26.02.01, the
 #   presets' first release) through v0.5.1: recompute ["moe", "layernorm", "core_attn", "moe_act"], HybridEP, no
 #   moe_a2a_overlap (HEAD's nemotron_3_nano_pretrain_16gpu_h100_fp8cs_config moved to EP 16, recompute ["layernorm"]).
+# Per-layer Transformer Engine CUDA graphs (cuda_graph_impl "transformer_engine", cuda_graph_scope; Megatron-Bridge's
+# scripts/performance applies each preset's and nothing else: no release turns them off by layout, GPU or precision),
+# per preset at v0.2.0-v0.5.1 (configs/<model>/*_workload_base_configs.py) and HEAD (perf_recipes/):
+# * [moe_router, moe_preprocess] (`_ROUTER_GRAPHS`): Qwen3-30B-A3B MXFP8 (FP8-MX) on GB300 (micro-batch 8), GB200 (4),
+#   B300 (8) in every release before their full-iteration graphs (v0.5.0), on B200 at micro-batch 1 (v0.2.0, v0.3.0);
+# * [attn, moe_router, moe_preprocess] (`_ATTENTION_ROUTER_GRAPHS`): Qwen3-30B-A3B MXFP8 on B200 at micro-batch 4 from
+#   v0.3.1; Qwen3-235B-A22B MXFP8 on GB300 (pp 4, EP 32, micro-batch 2) and GB200 (pp 8, EP 32) and DeepSeek-V3 MXFP8 on
+#   GB200 (pp 4 × vpp 4, EP 64) from v0.3.0 until v0.5.0's full-iteration graphs; DeepSeek-V3 and GPT-OSS-120B MXFP8 on
+#   B300 at v0.5.0 (DEEPSEEK_V3_PRETRAIN_CONFIG_B300_FP8_MX_V2, GPT_OSS_120B_PRETRAIN_CONFIG_B300_FP8_MX_V2);
+#   GPT-OSS-120B BF16 on GB300 (EP 64) and B300 (EP 64 at v0.3.0, EP 8 from v0.4.0) from v0.3.0;
+# * [attn, mamba, moe_router, moe_preprocess]: Nemotron-3-Nano MXFP8 on GB300, GB200, B300 and B200 in every release
+#   ([mamba] on H100), of which planner costs the attention and router parts (its Mamba and attention-only blocks are
+#   costed at their GPU time, so only its MoE layers' routers change).
+# DeepSeek-V3 on GB300 before v0.5.0 sets a scope but no implementation (no graphs); H100 presets and the B200 / B300
+# DeepSeek-V3 and Qwen3-235B-A22B ones before v0.5.0 capture none.
+_ROUTER_GRAPHS = ("moe_router", "moe_preprocess")
+_ATTENTION_ROUTER_GRAPHS = ("attn", "moe_router", "moe_preprocess")
 _HYBRIDEP = Preset(dispatcher="flex")
 _FULL_ITERATION = (Preset(ep_overlap=True, dispatcher="flex", since=(26, 6), full_iteration_graphs=True),)
 _GPT_OSS_RECOMPUTE = ("layernorm", "moe_act")
+_ROUTER_PRESETS = (Preset(graphed_modules=_ROUTER_GRAPHS), *_FULL_ITERATION)
+_ATTENTION_ROUTER_PRESETS = (Preset(graphed_modules=_ATTENTION_ROUTER_GRAPHS), *_FULL_ITERATION)
+_NEMOTRON_GRAPHS = (Preset(graphed_modules=_ATTENTION_ROUTER_GRAPHS),)
 PRESETS: dict[tuple[str, str, str, tuple[int, ...]], tuple[Preset, ...]] = {
     ("DeepSeek-V3", "GB300", "MXFP8", (1, 2, 8, 32, 2)): (Preset(("mla_up_proj",)),),
     ("DeepSeek-V3", "GB300", "MXFP8", (1, 2, 8, 32, 1)): (Preset(ep_overlap=True, full_iteration_graphs=True),),
     ("DeepSeek-V3", "B200", "MXFP8", (1, 8, 2, 32, 1)): (Preset(("mla_up_proj", "mlp"), ep_overlap=True),),
     ("DeepSeek-V3", "GB200", "MXFP8", (1, 4, 4, 64, 1)): (
-        Preset(("mla_up_proj",), ep_overlap=True, since=(26, 6), full_iteration_graphs=True),),
+        Preset(graphed_modules=_ATTENTION_ROUTER_GRAPHS),
+        Preset(("mla_up_proj",), ep_overlap=True, since=(26, 6), full_iteration_graphs=True)),
+    ("DeepSeek-V3", "B300", "MXFP8", (1, 8, 1, 8, 2)): (
+        Preset(graphed_modules=_ATTENTION_ROUTER_GRAPHS, since=(26, 6)),),
     ("GPT-OSS-120B", "B200", "BF16", (1, 1, 1, 8, 4)): (
         Preset(_GPT_OSS_RECOMPUTE), Preset(_GPT_OSS_RECOMPUTE, dispatcher="flex", since=(26, 4))),
     ("GPT-OSS-120B", "B200", "BF16", (1, 1, 1, 64, 4)): (Preset(_GPT_OSS_RECOMPUTE),),
     ("GPT-OSS-120B", "GB200", "BF16", (1, 1, 1, 64, 4)): (
         Preset(_GPT_OSS_RECOMPUTE), Preset(_GPT_OSS_RECOMPUTE, ep_overlap=True, dispatcher="flex", since=(26, 4))),
-    ("GPT-OSS-120B", "B300", "BF16", (1, 1, 1, 8, 4)): (Preset(dispatcher="flex", since=(26, 4)),),
+    ("GPT-OSS-120B", "GB300", "BF16", (1, 1, 1, 64, 4)): (
+        Preset(graphed_modules=_ATTENTION_ROUTER_GRAPHS, since=(26, 2)),),
+    ("GPT-OSS-120B", "B300", "BF16", (1, 1, 1, 64, 4)): (
+        Preset(graphed_modules=_ATTENTION_ROUTER_GRAPHS, since=(26, 2)),),
+    ("GPT-OSS-120B", "B300", "BF16", (1, 1, 1, 8, 4)): (
+        Preset(dispatcher="flex", since=(26, 4), graphed_modules=_ATTENTION_ROUTER_GRAPHS),),
+    ("GPT-OSS-120B", "B300", "MXFP8", (1, 1, 1, 8, 4)): (
+        Preset(graphed_modules=_ATTENTION_ROUTER_GRAPHS, since=(26, 6)),),
     ("GPT-OSS-120B", "H100", "BF16", (1, 4, 1, 8, 4)): (Preset(_GPT_OSS_RECOMPUTE, micro_batch=1),),
     ("GPT-OSS-120B", "GB300", "MXFP8", (1, 1, 1, 16, 4)): _FULL_ITERATION,
     ("GPT-OSS-120B", "GB200", "MXFP8", (1, 1, 1, 64, 4)): _FULL_ITERATION,
     ("Nemotron-3-Nano", "H100", "FP8", (1, 1, 1, 8, 1)): (Preset(("core_attn", "moe_act", "layernorm", "moe")),),
+    **{("Nemotron-3-Nano", gpu, "MXFP8", (1, 1, 1, 8, micro_batch)): _NEMOTRON_GRAPHS
+       for gpu, micro_batch in (("GB300", 4), ("GB200", 2), ("B300", 4), ("B200", 2))},
     ("Qwen3-235B-A22B", "H100", "FP8-CS", (2, 8, 4, 32, 1)): (Preset(ep_overlap=True),),
     ("Qwen3-30B-A3B", "H100", "FP8", (1, 2, 12, 8, 1)): (Preset(ep_overlap=True),),
-    ("Qwen3-30B-A3B", "GB300", "MXFP8", (1, 1, 1, 8, 8)): _FULL_ITERATION,
-    ("Qwen3-30B-A3B", "GB200", "MXFP8", (1, 1, 1, 8, 4)): _FULL_ITERATION,
-    ("Qwen3-30B-A3B", "B300", "MXFP8", (1, 1, 1, 8, 8)): (replace(_HYBRIDEP, since=(26, 2)), *_FULL_ITERATION),
-    ("Qwen3-30B-A3B", "B200", "MXFP8", (1, 1, 1, 8, 4)): (replace(_HYBRIDEP, since=(26, 4)),),
-    ("Qwen3-235B-A22B", "GB300", "MXFP8", (1, 4, 12, 32, 2)): _FULL_ITERATION,
-    ("Qwen3-235B-A22B", "GB200", "MXFP8", (1, 8, 3, 32, 1)): _FULL_ITERATION,
+    ("Qwen3-30B-A3B", "GB300", "MXFP8", (1, 1, 1, 8, 8)): _ROUTER_PRESETS,
+    ("Qwen3-30B-A3B", "GB200", "MXFP8", (1, 1, 1, 8, 4)): _ROUTER_PRESETS,
+    ("Qwen3-30B-A3B", "GB200", "FP8-MX", (1, 1, 1, 8, 4)): _ROUTER_PRESETS,
+    ("Qwen3-30B-A3B", "B300", "MXFP8", (1, 1, 1, 8, 8)): (
+        replace(_HYBRIDEP, since=(26, 2), graphed_modules=_ROUTER_GRAPHS), *_FULL_ITERATION),
+    ("Qwen3-30B-A3B", "B200", "MXFP8", (1, 1, 1, 8, 4)): (
+        Preset(graphed_modules=_ATTENTION_ROUTER_GRAPHS),
+        replace(_HYBRIDEP, since=(26, 4), graphed_modules=_ATTENTION_ROUTER_GRAPHS)),
+    **{("Qwen3-30B-A3B", "B200", precision, (1, 1, 1, 8, 1)): (Preset(graphed_modules=_ROUTER_GRAPHS),)
+       for precision in ("MXFP8", "FP8-MX")},
+    ("Qwen3-235B-A22B", "GB300", "MXFP8", (1, 4, 12, 32, 2)): _ATTENTION_ROUTER_PRESETS,
+    ("Qwen3-235B-A22B", "GB200", "MXFP8", (1, 8, 3, 32, 1)): _ATTENTION_ROUTER_PRESETS,
+    ("Qwen3-235B-A22B", "GB300", "MXFP8", (1, 4, 1, 32, 2)): (Preset(graphed_modules=_ATTENTION_ROUTER_GRAPHS),),
+    ("Qwen3-235B-A22B", "GB200", "MXFP8", (1, 8, 1, 32, 1)): (Preset(graphed_modules=_ATTENTION_ROUTER_GRAPHS),),
 }
 _RELEASE = re.compile(r"NeMo (\d+)\.(\d+)(?:\.(\d+))? container")
 _RECIPE_NAME = re.compile(r"\b\w+_pretrain_\w+_config\b")
@@ -331,7 +375,8 @@ def _run(row: pd.Series) -> Run:
     graphs = "full_iteration" if preset is not None and preset.full_iteration_graphs else "none"
     training = Training(global_batch=_int(row, "global_batch"), seq_len=int(row["seq_len"]),
                         **bridge_precision(str(row["precision"])), attention="flash",
-                        grad_bytes=BRIDGE_PERF_GRAD_BYTES, cuda_graphs=graphs)
+                        grad_bytes=BRIDGE_PERF_GRAD_BYTES, cuda_graphs=graphs,
+                        cuda_graph_modules=preset.graphed_modules if preset is not None else ())
     config = with_recipe_fp8_params(config, training.fp8_recipe)
     step, throughput = _number(row["step_time_s"]), _number(row["tokens_per_sec_per_gpu"])
     # a documented OOM states no time: NaN, never scored for time

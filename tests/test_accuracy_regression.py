@@ -80,12 +80,15 @@ RECORDED = {
     # host_overlap_softness fitted with it (twelfth session: passes near the host/GPU crossover overlap in part)
     # fits: the 41 timed runs predicted to fit and, from 2026-12-02 (thirteenth session), the Nemotron-3-Nano sweep's
     # two completed runs at the load its hot-rank reading implies; 12.0 % and all 42 once MB-177 (GPT-OSS-120B, 25.11,
-    # H100) runs its release's preset, micro-batch 1 with recompute, where its row copies the B200 row's figures
-    "Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (42, 0.120, 0.092, 44),
+    # H100) runs its release's preset, micro-batch 1 with recompute, where its row copies the B200 row's figures;
+    # 11.3 % with the per-layer CUDA graphs each row's preset captures (twenty-second session: the B200
+    # Qwen3-30B-A3B rows +12..+27 -> +6..+20 %)
+    "Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (42, 0.113, 0.092, 44),
     # 11.9 % once GB300's matmul efficiency is fitted on the long-context file's GB300 rows (tenth session); 11.5 %
     # with host_kernel_s fitted on vTrain (eleventh); 9.5 % with host_overlap_softness (twelfth); 9.1 % with GB200's
-    # matmul rate derived from B200's at GB200's 1,200 W (twenty-first)
-    "Megatron-Bridge MoE with EP (B300/GB200/GB300, force-balanced)": (95, 0.091, None, 95),
+    # matmul rate derived from B200's at GB200's 1,200 W (twenty-first); 9.9 % with the presets' per-layer CUDA graphs
+    # (twenty-second: most rack-scale rows were already fast, and their graphed launches make them faster)
+    "Megatron-Bridge MoE with EP (B300/GB200/GB300, force-balanced)": (95, 0.099, None, 95),
 }
 # source: documented OOM runs predicted not to fit (2026-12-02: the Nemotron-3-Nano sweep's MBS-012 and MBS-013 under a
 # balanced router; all four once its rows run at the router load the sweep's hot-rank reading implies, thirteenth

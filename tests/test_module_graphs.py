@@ -200,3 +200,19 @@ def test_megatron_export_names_the_transformer_engine_parts() -> None:
     document["training"]["cuda_graph_modules"] = ["mlp", "attn"]
     flags = parse_flags(export_megatron(parse_plan_document(document)).files["megatron_args.txt"])
     assert flags["--cuda-graph-impl"] == ["transformer_engine"] and flags["--cuda-graph-scope"] == ["attn", "mlp"]
+
+
+def test_moe_rows_run_their_presets_per_layer_graphs() -> None:
+    """Megatron-Bridge's Qwen3-30B-A3B MXFP8 presets on 8 B200 capture the router and its preprocessing (v0.3.0 at
+    micro-batch 1, MB-156), and attention too from v0.3.1 at micro-batch 4 (MB-133); GB300's the router until v0.5.0's
+    full-iteration graphs (MB-066, 26.04.01; MB-007, 26.08); Qwen3-235B-A22B on GB200 attention and router (MB-072);
+    H100 presets none (MB-043), nor a layout no preset of its release ran (GPT-OSS-120B BF16 on B300 at EP 8 in
+    26.02.01, MB-127)."""
+    from benchmarks.moe_runs import moe_runs
+
+    runs = {r.source.split()[-1]: r.training for rack in (False, True) for r in moe_runs(rack_scale=rack)[0]}
+    router, attention_router = ("moe_router", "moe_preprocess"), ("attn", "moe_router", "moe_preprocess")
+    assert runs["MB-156"].cuda_graph_modules == router and runs["MB-133"].cuda_graph_modules == attention_router
+    assert runs["MB-066"].cuda_graph_modules == router and runs["MB-072"].cuda_graph_modules == attention_router
+    assert (runs["MB-007"].cuda_graphs, runs["MB-007"].cuda_graph_modules) == ("full_iteration", ())
+    assert runs["MB-043"].cuda_graph_modules == () and runs["MB-127"].cuda_graph_modules == ()
