@@ -518,6 +518,11 @@ class ParallelConfig:
     # each TP rank sends 1/tp of a boundary tensor (Megatron-LM's scatter/gather, DeepSpeed's partitioned
     # pipeline transfers); off: every TP rank sends it whole
     p2p_scatter_gather: bool = True
+    # a boundary's activation and gradient cross at once, one each way over the full-duplex link (Megatron-LM's
+    # batched isend/irecv pairs, send_forward_recv_backward; torch.distributed.pipelining's batched sends and
+    # receives): one transfer time per boundary and micro-batch; off: one after the other (DeepSpeed's
+    # PipelineEngine, blocking p2p.send / p2p.recv of one tensor at a time)
+    p2p_duplex: bool = True
     overlap_tp_backward: bool = True  # backward TP all-reduce overlapped with wgrad GEMMs (Megatron-LM ≥ 2021-11)
     # SP all-gathers / reduce-scatters chunked and pipelined with their GEMMs: Megatron-LM's
     # --tp-comm-overlap (Transformer Engine userbuffers), torchtitan's async TP

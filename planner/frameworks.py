@@ -62,7 +62,7 @@ def _megatron_semantics(config: ParallelConfig) -> dict[str, bool | str]:
     """Megatron-LM: 1/tp of a boundary tensor per rank, gradient reduction and backward TP collectives overlapped,
     and with sharded optimizer states the weights' all-gather after the step (`megatron_overlaps_param_gather`);
     selective recompute of the attention core."""
-    return {"p2p_scatter_gather": True, "overlap_grad_reduce": True, "overlap_tp_backward": True,
+    return {"p2p_scatter_gather": True, "p2p_duplex": True, "overlap_grad_reduce": True, "overlap_tp_backward": True,
             "overlap_param_gather": megatron_overlaps_param_gather(config.optimizer_sharding),
             "selective_recompute": "attention", "sp_saves_gathered_input": False}
 
@@ -75,7 +75,8 @@ def _deepspeed_semantics(config: ParallelConfig) -> dict[str, bool | str]:
     the flush; without PP only ZeRO's overlap_comm hides the reduction (ZeRO-0 all-reduces after backward);
     Megatron-DeepSpeed's TP backward all-reduces are not overlapped; ZeRO-3 gathers a module's parameters
     together, prefetched (since v0.6.0; the per-tensor gathers before it are `zero3_collectives` "per-tensor")."""
-    return {"p2p_scatter_gather": True, "overlap_grad_reduce": config.pp == 1 and config.zero_stage >= 1,
+    return {"p2p_scatter_gather": True, "p2p_duplex": False,
+            "overlap_grad_reduce": config.pp == 1 and config.zero_stage >= 1,
             "overlap_param_gather": False, "overlap_tp_backward": False, "selective_recompute": "attention",
             "zero3_collectives": "per-unit", "fsdp_backward_prefetch": "pre", "sp_saves_gathered_input": False}
 
@@ -85,8 +86,9 @@ def _torchtitan_semantics(_config: ParallelConfig) -> dict[str, bool | str]:
     backward collectives are synchronous, and its colwise linears keep the all-gathered input of sequence
     parallelism for backward; selective recompute is its per-op SAC (the export's selective_ac_option "op");
     PyTorch's pipeline schedules wait on each step's batched sends and receives before the next action."""
-    return {"p2p_scatter_gather": True, "overlap_grad_reduce": True, "overlap_param_gather": False,
-            "overlap_tp_backward": False, "selective_recompute": "op", "zero3_collectives": "per-unit",
+    return {"p2p_scatter_gather": True, "p2p_duplex": True, "overlap_grad_reduce": True,
+            "overlap_param_gather": False, "overlap_tp_backward": False, "selective_recompute": "op",
+            "zero3_collectives": "per-unit",
             "overlap_p2p_comm": False, "fsdp_backward_prefetch": "pre", "sp_saves_gathered_input": True}
 
 

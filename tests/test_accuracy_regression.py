@@ -82,8 +82,9 @@ RECORDED = {
     # two completed runs at the load its hot-rank reading implies; 12.0 % and all 42 once MB-177 (GPT-OSS-120B, 25.11,
     # H100) runs its release's preset, micro-batch 1 with recompute, where its row copies the B200 row's figures;
     # 11.3 % with the per-layer CUDA graphs each row's preset captures (twenty-second session: the B200
-    # Qwen3-30B-A3B rows +12..+27 -> +6..+20 %)
-    "Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (42, 0.113, 0.092, 44),
+    # Qwen3-30B-A3B rows +12..+27 -> +6..+20 %); 10.9 % with Megatron-LM's 1F1B boundary transfers crossing both ways
+    # at once (ParallelConfig.p2p_duplex)
+    "Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (42, 0.109, 0.092, 44),
     # 11.9 % once GB300's matmul efficiency is fitted on the long-context file's GB300 rows (tenth session); 11.5 %
     # with host_kernel_s fitted on vTrain (eleventh); 9.5 % with host_overlap_softness (twelfth); 9.1 % with GB200's
     # matmul rate derived from B200's at GB200's 1,200 W (twenty-first); 9.9 % with the presets' per-layer CUDA graphs

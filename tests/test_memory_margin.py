@@ -18,7 +18,7 @@ from planner.model import load_model
 from planner.profile.calibration import default_calibration
 from planner.search.planning import plan
 
-# llama3-70b on 64 H100 at 8K tokens: the fastest layout needs 98 % of the memory, a 0.2 % slower one 80 %
+# llama3-70b on 64 H100 at 8K tokens: the fastest layout needs 98 % of the memory, a 0.6 % slower one 80 %
 TIGHT = ("--model", "llama3-70b", "--cluster", "8x8xH100-80GB", "--global-batch", "512", "--seq-len", "8192")
 TIGHT_LAYOUT = ("--dp", "4", "--tp", "4", "--pp", "4", "--micro-batch", "1", "--recompute", "none",
                 "--sequence-parallel", "--tp-comm-overlap", "--distributed-optimizer", "--partition", "19,21,21,19")
@@ -41,7 +41,7 @@ def test_plan_warns_when_its_best_plan_is_tight_and_names_the_roomier_one() -> N
     result = run("plan", *TIGHT)
     assert result.exit_code == 0, result.output
     assert "memory margin   needs 98.3 % of its GPUs' memory" in result.stdout
-    assert "plan 4 is 0.2 % slower and needs 79.9 %" in result.stdout
+    assert "plan 4 is 0.6 % slower and needs 79.9 %" in result.stdout
 
 
 def test_memory_headroom_plans_every_listed_plan_with_room_left_against_the_whole_memory() -> None:

@@ -4,6 +4,8 @@ hides behind compute; other schedules and torchtitan's PyTorch schedules wait on
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from test_export_plans import make_plan, parse_flags, plan_document
 
@@ -35,13 +37,17 @@ def _transfer(config: ParallelConfig, link) -> float:
 
 
 def test_interleaved_megatron_hides_the_transfer_behind_compute() -> None:
-    """Each of the two legs pays its latency and what of its transfer the hiding compute does not cover."""
+    """The activation and the gradient cross at once (`p2p_duplex`): the boundary pays one latency and what of one
+    transfer the hiding compute does not cover; sent one after the other, each of the two legs does."""
     link, calibration = _link(INTERLEAVED), default_calibration()
     transfer = _transfer(INTERLEAVED, link)
-    assert INTERLEAVED.p2p_overlapped
+    assert INTERLEAVED.p2p_overlapped and INTERLEAVED.p2p_duplex
     assert p2p_boundary_time(MODEL, TRAINING, INTERLEAVED, link, calibration, hidden_s=transfer) == pytest.approx(
-        2 * link.latency_s)
+        link.latency_s)
     assert p2p_boundary_time(MODEL, TRAINING, INTERLEAVED, link, calibration, hidden_s=transfer / 4) == pytest.approx(
+        link.latency_s + 0.75 * transfer)
+    one_by_one = replace(INTERLEAVED, p2p_duplex=False)
+    assert p2p_boundary_time(MODEL, TRAINING, one_by_one, link, calibration, hidden_s=transfer / 4) == pytest.approx(
         2 * (link.latency_s + 0.75 * transfer))
 
 
@@ -67,7 +73,32 @@ def test_other_schedules_and_opting_out_pay_the_transfer() -> None:
         link = _link(config)
         assert not config.p2p_overlapped
         assert p2p_boundary_time(MODEL, TRAINING, config, link, calibration, hidden_s=1.0) == pytest.approx(
-            2 * (link.latency_s + _transfer(config, link)))
+            link.latency_s + _transfer(config, link))
+        assert p2p_boundary_time(MODEL, TRAINING, replace(config, p2p_duplex=False), link, calibration,
+                                 hidden_s=1.0) == pytest.approx(2 * (link.latency_s + _transfer(config, link)))
+
+
+def test_deepspeed_sends_one_tensor_at_a_time_megatron_and_torchtitan_both_ways_at_once() -> None:
+    """DeepSpeed's PipelineEngine sends and receives with blocking p2p.send / p2p.recv, one tensor per instruction;
+    Megatron-LM batches each step's send and receive (send_forward_recv_backward), as PyTorch's pipeline schedules
+    do, so the activation and the gradient share the full-duplex link's two directions."""
+    config = ParallelConfig(dp=2, tp=4, pp=4, zero_stage=1)
+    assert not FRAMEWORKS["deepspeed"].runs(config).p2p_duplex
+    assert FRAMEWORKS["megatron"].runs(config).p2p_duplex and FRAMEWORKS["torchtitan"].runs(config).p2p_duplex
+    from benchmarks.validation_runs import bloom_runs
+    assert not any(run.config.p2p_duplex for run in bloom_runs()[:5])
+
+
+def test_plan_files_keep_the_duplex_flag_and_old_ones_read_true() -> None:
+    document = plan_document()
+    assert document["parallelism"]["p2p_duplex"] is True
+    document["parallelism"]["p2p_duplex"] = False
+    assert not parse_plan_document(document).parallel.p2p_duplex
+    del document["parallelism"]["p2p_duplex"]
+    assert parse_plan_document(document).parallel.p2p_duplex
+    document["parallelism"]["p2p_duplex"] = "no"
+    with pytest.raises(PlannerError, match=r"parallelism\.p2p_duplex must be true or false"):
+        parse_plan_document(document)
 
 
 def test_overlap_outside_the_interleaved_schedule_is_refused() -> None:

@@ -675,10 +675,11 @@ def p2p_boundary_time(model: ModelSpec, training: Training, config: ParallelConf
     optimisation of Narayanan et al. §4.1, DeepSpeed's partitioned pipeline transfers) and the receiver re-gathers
     it over NVLink; with `p2p_scatter_gather` off every TP rank sends the whole tensor.
     A context-parallel rank sends its seq_len / cp tokens. Under local learning only the activation crosses
-    (`PipelineSchedule.boundary_legs`). Overlapped (`ParallelConfig.p2p_overlapped`) the latency and what of the
-    transfer `hidden_s` of compute does not cover show.
+    (`PipelineSchedule.boundary_legs`); where the activation and the gradient cross at once
+    (`ParallelConfig.p2p_duplex`) the boundary takes one transfer's time. Overlapped
+    (`ParallelConfig.p2p_overlapped`) the latency and what of the transfer `hidden_s` of compute does not cover show.
     """
-    legs = schedule_of(config.schedule).boundary_legs
+    legs = 1 if config.p2p_duplex else schedule_of(config.schedule).boundary_legs
     transfer = p2p_time(boundary_tensor_bytes(model, training, config), link, calibration)
     if config.p2p_overlapped:  # the transfer runs behind `hidden_s` of compute; its latency does not
         return legs * (link.latency_s + max(0.0, transfer - link.latency_s - hidden_s))
