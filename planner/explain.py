@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from planner.config import ParallelConfig, Recompute, Schedule
+from planner.config import ParallelConfig, Recompute, Schedule, Training
 from planner.cost.estimate import (
     BREAKDOWN_KEYS,
     TIGHT_MEMORY_EVIDENCE,
@@ -24,6 +24,7 @@ from planner.cost.schedule import schedule_of
 from planner.errors import InfeasibleError, PlannerError
 from planner.frameworks import framework_named
 from planner.gpu import GIB
+from planner.model import ModelSpec
 from planner.replay import PlanProblem
 from planner.search.planning import plan
 from planner.search.space import FixedOptions
@@ -226,20 +227,43 @@ def _planned(problem: PlanProblem, config: ParallelConfig, time_limit_s: float) 
     return found.best.estimate.iteration_time_s, True
 
 
+def graphable_parts(model: ModelSpec, training: Training, config: ParallelConfig) -> tuple[str, ...]:
+    """The parts of every layer per-layer CUDA graphs (Training.cuda_graph_modules) could capture in this plan:
+    attention, a dense layer's MLP, an MoE layer's router and its preprocessing (without the preprocessing where the
+    alltoall dispatcher syncs in it); none where its recompute rules them out (`check_cuda_graph_modules`)."""
+    moe_layers, dense_layers = model.num_moe_layers, model.num_layers - model.num_moe_layers
+    syncs = config.moe_dispatcher == "alltoall" and training.moe_capacity_factor is not None
+    parts = ("attn", *(("mlp",) if dense_layers else ()),
+             *(("moe_router",) + (() if syncs else ("moe_preprocess",)) if moe_layers else ()))
+    try:
+        config.check_cuda_graph_modules(replace(training, cuda_graph_modules=parts), moe_layers, dense_layers,
+                                        model.dropout)
+    except PlannerError:
+        return ()
+    return parts
+
+
 def _graphed_what_if(problem: PlanProblem, base_s: float, host_s: float, time_limit_s: float,
                      framework: str = "any") -> list[Alternative]:
-    """For an eager plan held back by the host (`host_s`, at least HOST_BOUND_SHARE of `base_s`) whose `framework`
-    can capture a whole iteration: the same layout with the iteration in one CUDA graph (`Training.cuda_graphs`),
-    which launches nothing from the host, re-planned like the other what-ifs."""
-    if (problem.training.cuda_graphs != "none" or host_s < HOST_BOUND_SHARE * base_s
-            or not framework_named(framework).full_iteration_graphs):
+    """For an eager plan held back by the host (`host_s`, at least HOST_BOUND_SHARE of `base_s`): the same layout
+    with the iteration in one CUDA graph (`Training.cuda_graphs`), which launches nothing from the host, and with
+    per-layer graphs of the parts `graphable_parts` allows (`Training.cuda_graph_modules`), each where the plan's
+    `framework` captures them, re-planned like the other what-ifs."""
+    training = problem.training
+    if training.graphs_anything or host_s < HOST_BOUND_SHARE * base_s:
         return []
-    graphed = replace(problem, training=replace(problem.training, cuda_graphs="full_iteration"))
-    seconds, valid = _planned(graphed, problem.config, time_limit_s)
-    if not valid:
-        return []
-    return [Alternative("cuda graphs none→full_iteration", problem.config, seconds,
-                        None if seconds is None else seconds - base_s)]
+    target, parts = framework_named(framework), graphable_parts(problem.model, training, problem.config)
+    steps = []
+    if target.full_iteration_graphs:
+        steps.append(("cuda graphs none→full_iteration", replace(training, cuda_graphs="full_iteration")))
+    if target.module_graphs and parts:
+        steps.append((f"cuda graph modules none→{','.join(parts)}", replace(training, cuda_graph_modules=parts)))
+    found = []
+    for change, graphed in steps:
+        seconds, valid = _planned(replace(problem, training=graphed), problem.config, time_limit_s)
+        if valid:
+            found.append(Alternative(change, problem.config, seconds, None if seconds is None else seconds - base_s))
+    return found
 
 
 def explain(problem: PlanProblem, result: Estimate, top_k: int = 5, time_limit_s: float = 1.0,

@@ -46,6 +46,11 @@ def write_plan(tmp_path: Path, name: str, *args: str) -> Path:
 GRAPHS = "cuda graphs none→full_iteration"  # changes how the host launches, outside the layout search
 
 
+def _graphs(change: str) -> bool:
+    """Whether a what-if changes how the host launches (a full-iteration or per-layer CUDA graphs), not the layout."""
+    return change.startswith("cuda graph")
+
+
 def test_a_poor_plans_best_change_is_its_fastest_neighbour_and_no_faster_than_the_search(tmp_path: Path) -> None:
     """The best change is the fastest what-if; the fastest layout step is no faster than the search's best plan
     (the CUDA-graphs what-if, for this host-bound tiny model, may be: the search plans eager launches)."""
@@ -55,7 +60,7 @@ def test_a_poor_plans_best_change_is_its_fastest_neighbour_and_no_faster_than_th
     best = explanation.best_change
     assert best is not None and best.delta_s < 0
     assert best.iteration_time_s == min(w.iteration_time_s for w in explanation.what_ifs if w.iteration_time_s)
-    layout = min(w.iteration_time_s for w in explanation.what_ifs if w.iteration_time_s and w.change != GRAPHS)
+    layout = min(w.iteration_time_s for w in explanation.what_ifs if w.iteration_time_s and not _graphs(w.change))
     searched = plan(problem.model, problem.cluster, problem.training, None, 1).best.estimate.iteration_time_s
     assert layout >= searched * (1 - 1e-9)
     assert explanation.alternatives[0].iteration_time_s == pytest.approx(searched)
@@ -65,9 +70,9 @@ def test_the_searchs_best_plan_has_no_single_layout_change_that_buys_anything(tm
     problem = problem_of(load_plan(write_plan(tmp_path, "best", "plan", *SMALL)))
     result = problem.estimate()
     explanation = explain(problem, result)
-    assert explanation.best_change is None or explanation.best_change.change == GRAPHS
+    assert explanation.best_change is None or _graphs(explanation.best_change.change)
     assert all(w.delta_s is None or w.delta_s >= -WORTH_IT * result.iteration_time_s
-               for w in explanation.what_ifs if w.change != GRAPHS)
+               for w in explanation.what_ifs if not _graphs(w.change))
 
 
 def test_neighbours_are_one_step_of_one_knob_on_the_same_gpus(tmp_path: Path) -> None:
@@ -128,8 +133,27 @@ def test_a_host_bound_plans_what_ifs_include_cuda_graphs_which_save_the_launches
     assert graphed[0].delta_s == pytest.approx(-explanation.host_launch_s, rel=1e-6)
     assert explanation.best_change == graphed[0]
     assert explanation.as_dict()["host_launch_s"] == explanation.host_launch_s
-    # DeepSpeed cannot capture a whole iteration: no such step for a plan it is to run
+    # per-layer graphs of attention and the MLP save part of it: the embedding and head stay launched one by one
+    per_layer = [w for w in explanation.what_ifs if w.change == "cuda graph modules none→attn,mlp"]
+    assert len(per_layer) == 1 and graphed[0].delta_s < per_layer[0].delta_s < 0
+    # DeepSpeed cannot capture a whole iteration or per-layer parts: no such step for a plan it is to run
     assert not _graphed_what_if(thin, result.iteration_time_s, explanation.host_launch_s, 1.0, "deepspeed")
+    assert [w.change for w in _graphed_what_if(thin, result.iteration_time_s, explanation.host_launch_s, 1.0,
+                                               "megatron")] == [GRAPHS, "cuda graph modules none→attn,mlp"]
+
+
+def test_graphable_parts_follow_the_model_and_the_recompute() -> None:
+    from planner.config import ParallelConfig, Recompute, Training
+    from planner.explain import graphable_parts
+    from planner.model import load_model
+
+    def parts(model: str, **config: object) -> tuple[str, ...]:
+        return graphable_parts(load_model(model), Training(), ParallelConfig(dp=8, tp=1, pp=1, **config))
+
+    assert parts("llama3-8b") == ("attn", "mlp")
+    assert parts("qwen3-30b-a3b") == ("attn", "moe_router", "moe_preprocess")
+    assert parts("deepseek-v3") == ("attn", "mlp", "moe_router", "moe_preprocess")
+    assert parts("llama3-8b", recompute=Recompute.FULL) == ()
 
 
 def test_explain_json_is_one_document(tmp_path: Path) -> None:
