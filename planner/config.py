@@ -662,10 +662,14 @@ class ParallelConfig:
             raise PlannerError(f"training: {named}: mlp captures dense layers' MLPs; every layer of the model is MoE")
         if (why := graphed_recompute_why_not(modules, self.recompute, self.selective_modules, dropout)) is not None:
             raise PlannerError(f"parallel config: {why}")
-        if ("moe_preprocess" in modules and self.moe_dispatcher == "alltoall"
-                and training.moe_capacity_factor is not None):
+        if "moe_preprocess" in modules and self.preprocess_syncs(training):
             raise PlannerError(f"training: {named}: the alltoall dispatcher's preprocessing syncs with a capacity "
                                f"factor, so Megatron-Core cannot capture moe_preprocess there")
+
+    def preprocess_syncs(self, training: Training) -> bool:
+        """Whether the token dispatcher's preprocessing reads token counts back to the host, so that Megatron-Core
+        cannot capture it (moe_preprocess): the alltoall dispatcher's under a capacity factor."""
+        return self.moe_dispatcher == "alltoall" and training.moe_capacity_factor is not None
 
     def _check_recompute_num_layers(self) -> None:
         """`recompute_num_layers` is a positive block count (`_normalise` has dropped it without full recompute)."""

@@ -232,15 +232,17 @@ def graphable_parts(model: ModelSpec, training: Training, config: ParallelConfig
     attention, a dense layer's MLP, an MoE layer's router and its preprocessing (without the preprocessing where the
     alltoall dispatcher syncs in it); none where its recompute rules them out (`check_cuda_graph_modules`)."""
     moe_layers, dense_layers = model.num_moe_layers, model.num_layers - model.num_moe_layers
-    syncs = config.moe_dispatcher == "alltoall" and training.moe_capacity_factor is not None
-    parts = ("attn", *(("mlp",) if dense_layers else ()),
-             *(("moe_router",) + (() if syncs else ("moe_preprocess",)) if moe_layers else ()))
+    parts = ["attn"]
+    if dense_layers:
+        parts.append("mlp")
+    if moe_layers:
+        parts += ["moe_router"] if config.preprocess_syncs(training) else ["moe_router", "moe_preprocess"]
     try:
-        config.check_cuda_graph_modules(replace(training, cuda_graph_modules=parts), moe_layers, dense_layers,
+        config.check_cuda_graph_modules(replace(training, cuda_graph_modules=tuple(parts)), moe_layers, dense_layers,
                                         model.dropout)
     except PlannerError:
         return ()
-    return parts
+    return tuple(parts)
 
 
 def _graphed_what_if(problem: PlanProblem, base_s: float, host_s: float, time_limit_s: float,

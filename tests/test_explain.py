@@ -154,6 +154,9 @@ def test_graphable_parts_follow_the_model_and_the_recompute() -> None:
     assert parts("qwen3-30b-a3b") == ("attn", "moe_router", "moe_preprocess")
     assert parts("deepseek-v3") == ("attn", "mlp", "moe_router", "moe_preprocess")
     assert parts("llama3-8b", recompute=Recompute.FULL) == ()
+    dropping = Training(moe_capacity_factor=1.25)  # the alltoall dispatcher's preprocessing syncs there
+    assert graphable_parts(load_model("qwen3-30b-a3b"), dropping, ParallelConfig(dp=8, tp=1, pp=1)) == (
+        "attn", "moe_router")
 
 
 def test_explain_json_is_one_document(tmp_path: Path) -> None:
