@@ -52,6 +52,7 @@ __all__ = [
     "optimizer_sharding_of",
     "parse_cuda_graph_modules",
     "parse_recompute_modules",
+    "recomputes_pre_mlp_norm",
 ]
 
 DTYPES = ("bf16", "fp16", "fp8")
@@ -202,6 +203,14 @@ def graphed_recompute_why_not(graphed: tuple[str, ...], recompute: Recompute, se
         return (f"selective recompute of {clash} does not run with {named} (a recomputed module its graph covers in "
                 f"part, or whose dropout the replay cannot redraw)")
     return None
+
+
+def recomputes_pre_mlp_norm(graphed: tuple[str, ...], dispatcher: str) -> bool:
+    """Whether the layernorm recompute module re-runs an MoE layer's pre-MLP norm beside per-layer CUDA graphs of the
+    `graphed` parts: Megatron-Core 0.16 (transformer_layer.py, can_recompute_pre_mlp_layernorm_for_cudagraph) turns
+    it off under a moe_router graph, which returns the norm's output from a static buffer, unless moe_preprocess is
+    graphed too with the alltoall dispatcher, whose graph consumes it inside."""
+    return "moe_router" not in graphed or ("moe_preprocess" in graphed and dispatcher == "alltoall")
 
 
 def parse_recompute_modules(text: str) -> tuple[str, ...]:

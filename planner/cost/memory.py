@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 
-from planner.config import ParallelConfig, Recompute, Training
+from planner.config import ParallelConfig, Recompute, Training, recomputes_pre_mlp_norm
 from planner.cost.schedule import schedule_of
 from planner.finetune import (
     ADAM_STATE_BYTES,
@@ -322,13 +322,13 @@ def megatron_saved_tensors(block: BlockSpec, training: Training, config: Paralle
     s, b, t = seq_len / cp, config.micro_batch, config.tp
     tokens, sbh = s * b, s * b * block.hidden_size / (t if config.sequence_parallel else 1)
     linear_input = s * b * block.hidden_size / config.column_input_shards()
-    return (*normed_input_tensors(block, training, sbh, linear_input, t),
+    return (*normed_input_tensors(block, training, sbh, linear_input, t, config.moe_dispatcher),
             *attention_tensors(block, training, tokens, t, seq_len),
             *mlp_tensors(block, training, tokens, t, config.ep))
 
 
 def normed_input_tensors(block: BlockSpec, training: Training, sbh: float, linear_input: float,
-                         tp: int) -> tuple[SavedTensor, ...]:
+                         tp: int, dispatcher: str = "alltoall") -> tuple[SavedTensor, ...]:
     """Each sub-layer's norm output as it is kept (`sbh`: one hidden-wide 16-bit-less tensor's elements on this
     rank; `linear_input`: the same tensor as a column-parallel linear keeps it, `ParallelConfig.column_input_shards`).
     Attention and a dense MLP fuse their norm into the first linear (Transformer Engine's
@@ -338,14 +338,17 @@ def normed_input_tensors(block: BlockSpec, training: Training, sbh: float, linea
     dispatcher, read in 16 bits (and the shared experts keep their FP8 copy in FP8 training). The `layernorm`
     module discards the outputs of the norms of their own (transformer_layer.py: CheckpointWithoutOutput around
     input_layernorm / pre_mlp_layernorm, skipped for fused ones); `mlp` discards the dense MLP's, since its
-    checkpoint keeps only the MLP's input, the residual stream; `moe` keeps its input, the norm's output."""
+    checkpoint keeps only the MLP's input, the residual stream; `moe` keeps its input, the norm's output. Under a
+    moe_router CUDA graph the pre-MLP norm's output stays unless `recomputes_pre_mlp_norm` (`dispatcher`: the
+    token dispatcher)."""
     saved = _saved_input_bytes(training, tp)
     tensors = []
     if block.attention is not None or block.mamba is not None:
         separate = block.attention is not None and block.attention.is_mla
         tensors.append(_tensor(saved * (sbh if separate else linear_input), *(("layernorm",) if separate else ())))
     if block.mlp is not None and block.mlp.is_moe:
-        tensors.append(_tensor(2 * sbh, "layernorm"))
+        pre_mlp_norm = recomputes_pre_mlp_norm(training.cuda_graph_modules, dispatcher)
+        tensors.append(_tensor(2 * sbh, *(("layernorm",) if pre_mlp_norm else ())))
         if training.dtype == "fp8" and block.mlp.shared_expert_ffn_hidden_size:
             tensors.append(_tensor(saved * sbh, "layernorm", "moe", "shared_experts"))
     elif block.mlp is not None:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cache
 
-from planner.config import Training
+from planner.config import Training, recomputes_pre_mlp_norm
 from planner.errors import PlannerError
 from planner.gpu import GPUSpec
 from planner.model import AttentionSpec, BlockSpec, MlpSpec, ModelSpec, UnitKind
@@ -997,11 +997,12 @@ class AnalyticProfile:
                           has_mlp: bool = True) -> tuple[tuple[str, float], ...]:
         """`UnitTimes.module_forward_s` of one block of this one-block model (an MoE MLP if `moe`, none unless
         `has_mlp`): layernorm re-runs the norms that are modules of their own (MLA's input norm, an MoE layer's
-        pre-MLP norm); mla_up_proj MLA's up projections and RoPE; mlp a dense MLP's GEMMs, activation and the norm
-        fused into its first linear; moe the router, the permutes, the routed and shared experts and their
-        activations; moe_act the routed experts' activation; shared_experts the shared experts' GEMMs and
-        activation. Each element-wise kernel at HBM bandwidth plus one launch. The communication they re-run (moe's
-        dispatch and combine, mlp's TP collectives) is the cost model's (cost/time.py)."""
+        pre-MLP norm where a router CUDA graph does not keep it, `recomputes_pre_mlp_norm`); mla_up_proj MLA's up
+        projections and RoPE; mlp a dense MLP's GEMMs, activation and the norm fused into its first linear; moe the
+        router, the permutes, the routed and shared experts and their activations; moe_act the routed experts'
+        activation; shared_experts the shared experts' GEMMs and activation. Each element-wise kernel at HBM
+        bandwidth plus one launch. The communication they re-run (moe's dispatch and combine, mlp's TP collectives)
+        is the cost model's (cost/time.py)."""
         m, t = self.model, setting.tp
         width = m.hidden_size / t if setting.sequence_parallel else m.hidden_size
         per_element = self._activation_bytes_per_channel()
@@ -1010,7 +1011,8 @@ class AnalyticProfile:
             return self.memory_time(gpu, setting.tokens * bytes_per_token) + self.calibration.kernel_launch_s
 
         norm = kernel(4 * width)
-        parts = {"layernorm": norm * (m.is_mla + (moe and has_mlp))}
+        pre_mlp_norm = moe and has_mlp and recomputes_pre_mlp_norm(setting.graphed_modules, setting.dispatcher)
+        parts = {"layernorm": norm * (m.is_mla + pre_mlp_norm)}
         if m.is_mla:
             parts["mla_up_proj"] = self._mla_up_linears(setting, gpu) + kernel(4 * (m.query_width + m.kv_width) / t)
         if has_mlp and not moe:
