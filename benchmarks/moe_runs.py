@@ -19,8 +19,8 @@ that states nothing runs its preset's modules where `PRESETS` knows them, else n
 CUDA graphs: full-iteration graphs (`Training.cuda_graphs`) where the preset that ran the row's layout captures them
 (`Preset.full_iteration_graphs`), and the per-layer Transformer Engine graphs of attention, router and dispatcher
 preprocessing other presets capture (`Preset.graphed_modules`, `Training.cuda_graph_modules`; the rest of each MoE
-layer stays eager and its dispatch still syncs). Mamba graphs are left out: planner counts no launches in a Mamba
-mixer.
+layer stays eager and its dispatch still syncs; Mamba layers' graphs are listed as the presets set them and change
+nothing in the estimate, which counts no launches in a Mamba mixer).
 Dispatcher and EP overlap: the first dispatcher the row's dispatcher_routing names ("flex", "HybridEP" or
 "DeepEP": flex; "alltoall", "A2A": alltoall; the H100 rows quote the HEAD perf recipe there), else the flex
 backend of the preset that ran the row's layout in its release (`PRESETS`), else its model's presets' dispatcher
@@ -165,8 +165,8 @@ class Preset:
 #   B300 at v0.5.0 (DEEPSEEK_V3_PRETRAIN_CONFIG_B300_FP8_MX_V2, GPT_OSS_120B_PRETRAIN_CONFIG_B300_FP8_MX_V2);
 #   GPT-OSS-120B BF16 on GB300 (EP 64) and B300 (EP 64 at v0.3.0, EP 8 from v0.4.0) from v0.3.0;
 # * [attn, mamba, moe_router, moe_preprocess]: Nemotron-3-Nano MXFP8 on GB300, GB200, B300 and B200 in every release
-#   ([mamba] on H100), of which planner costs the attention and router parts (its Mamba and attention-only blocks are
-#   costed at their GPU time, so only its MoE layers' routers change).
+#   ([mamba] on H100); its Mamba and attention-only blocks are costed at their GPU time, so only its MoE layers'
+#   routers change.
 # DeepSeek-V3 on GB300 before v0.5.0 sets a scope but no implementation (no graphs); H100 presets and the B200 / B300
 # DeepSeek-V3 and Qwen3-235B-A22B ones before v0.5.0 capture none.
 _ROUTER_GRAPHS = ("moe_router", "moe_preprocess")
@@ -176,7 +176,7 @@ _FULL_ITERATION = (Preset(ep_overlap=True, dispatcher="flex", since=(26, 6), ful
 _GPT_OSS_RECOMPUTE = ("layernorm", "moe_act")
 _ROUTER_PRESETS = (Preset(graphed_modules=_ROUTER_GRAPHS), *_FULL_ITERATION)
 _ATTENTION_ROUTER_PRESETS = (Preset(graphed_modules=_ATTENTION_ROUTER_GRAPHS), *_FULL_ITERATION)
-_NEMOTRON_GRAPHS = (Preset(graphed_modules=_ATTENTION_ROUTER_GRAPHS),)
+_NEMOTRON_GRAPHS = (Preset(graphed_modules=(*_ATTENTION_ROUTER_GRAPHS, "mamba")),)
 PRESETS: dict[tuple[str, str, str, tuple[int, ...]], tuple[Preset, ...]] = {
     ("DeepSeek-V3", "GB300", "MXFP8", (1, 2, 8, 32, 2)): (Preset(("mla_up_proj",)),),
     ("DeepSeek-V3", "GB300", "MXFP8", (1, 2, 8, 32, 1)): (Preset(ep_overlap=True, full_iteration_graphs=True),),
@@ -202,7 +202,8 @@ PRESETS: dict[tuple[str, str, str, tuple[int, ...]], tuple[Preset, ...]] = {
     ("GPT-OSS-120B", "H100", "BF16", (1, 4, 1, 8, 4)): (Preset(_GPT_OSS_RECOMPUTE, micro_batch=1),),
     ("GPT-OSS-120B", "GB300", "MXFP8", (1, 1, 1, 16, 4)): _FULL_ITERATION,
     ("GPT-OSS-120B", "GB200", "MXFP8", (1, 1, 1, 64, 4)): _FULL_ITERATION,
-    ("Nemotron-3-Nano", "H100", "FP8", (1, 1, 1, 8, 1)): (Preset(("core_attn", "moe_act", "layernorm", "moe")),),
+    ("Nemotron-3-Nano", "H100", "FP8", (1, 1, 1, 8, 1)): (
+        Preset(("core_attn", "moe_act", "layernorm", "moe"), graphed_modules=("mamba",)),),
     **{("Nemotron-3-Nano", gpu, "MXFP8", (1, 1, 1, 8, micro_batch)): _NEMOTRON_GRAPHS
        for gpu, micro_batch in (("GB300", 4), ("GB200", 2), ("B300", 4), ("B200", 2))},
     ("Qwen3-235B-A22B", "H100", "FP8-CS", (2, 8, 4, 32, 1)): (Preset(ep_overlap=True),),

@@ -131,8 +131,9 @@ CUDA_GRAPH_MODES = ("none", "full_iteration")
 # micro-batch), in its order: "attn" the attention half (TransformerLayer._forward_attention: input norm, QKV, RoPE,
 # attention core, output projection, residual add), "mlp" a dense layer's MLP half, "moe_router" an MoE layer's
 # pre-MLP norm, router and shared experts, "moe_preprocess" its token dispatcher's preprocessing (only with
-# moe_router). The rest of a dropless MoE layer stays eager: its dispatch waits on token counts read back to the host.
-CUDA_GRAPH_MODULES = ("attn", "mlp", "moe_router", "moe_preprocess")
+# moe_router), "mamba" a Mamba layer. The rest of a dropless MoE layer stays eager: its dispatch waits on token counts
+# read back to the host.
+CUDA_GRAPH_MODULES = ("attn", "mlp", "moe_router", "moe_preprocess", "mamba")
 # How the loss runs over the logits (planner/cost/memory.py `LOSS_BYTES_PER_LOGIT` holds what each keeps): "fused",
 # Megatron-LM's vocab-parallel cross-entropy, in place on one fp32 copy; "eager", PyTorch's F.cross_entropy on an fp32
 # copy op by op (torchtitan before it compiled its loss, pytorch/torchtitan bbb1b616e of 2025-04-02, and since
@@ -655,20 +656,24 @@ class ParallelConfig:
             raise PlannerError(f"parallel config: cpu_offload_layers {layers} does not run under CUDA graphs "
                                f"(Megatron-Core refuses them with CPU offloading), got CUDA graphs {graphs!r}")
 
-    def check_cuda_graph_modules(self, training: Training, moe_layers: int, dense_layers: int, dropout: bool) -> None:
+    def check_cuda_graph_modules(self, training: Training, layer_kinds: tuple[int, int, int], dropout: bool) -> None:
         """What Megatron-Core 0.16's TransformerConfig refuses of per-layer CUDA graphs (Training.cuda_graph_modules)
-        in a model of `moe_layers` MoE and `dense_layers` dense blocks: moe_router without MoE layers, mlp without
-        dense ones, full recompute (only a full-iteration graph recomputes whole blocks), a selectively recomputed
-        module the graph covers only in part (moe under moe_router) or whose dropout the replay cannot redraw, and
-        moe_preprocess where the alltoall dispatcher's preprocessing syncs (a capacity factor)."""
+        in a model of `layer_kinds` (ModelSpec.layer_kind_counts: MoE, dense-MLP and Mamba blocks): moe_router
+        without MoE layers, mlp without a dense MLP (and mamba without a Mamba layer, which would capture nothing),
+        full recompute (only a full-iteration graph recomputes whole blocks), a selectively recomputed module the graph
+        covers only in part (moe under moe_router) or whose dropout the replay cannot redraw, and moe_preprocess where
+        the alltoall dispatcher's preprocessing syncs (a capacity factor)."""
         modules = training.cuda_graph_modules
         if not modules:
             return
         named = f"cuda_graph_modules {','.join(modules)}"
+        moe_layers, dense_layers, mamba_layers = layer_kinds
         if "moe_router" in modules and not moe_layers:
             raise PlannerError(f"training: {named}: moe_router needs MoE layers; the model has none")
         if "mlp" in modules and not dense_layers:
-            raise PlannerError(f"training: {named}: mlp captures dense layers' MLPs; every layer of the model is MoE")
+            raise PlannerError(f"training: {named}: mlp captures dense MLPs; the model has none")
+        if "mamba" in modules and not mamba_layers:
+            raise PlannerError(f"training: {named}: mamba captures Mamba layers; the model has none")
         if (why := graphed_recompute_why_not(modules, self.recompute, self.selective_modules, dropout)) is not None:
             raise PlannerError(f"parallel config: {why}")
         if "moe_preprocess" in modules and self.preprocess_syncs(training):

@@ -231,14 +231,14 @@ def graphable_parts(model: ModelSpec, training: Training, config: ParallelConfig
     """The parts of every layer per-layer CUDA graphs (Training.cuda_graph_modules) could capture in this plan:
     attention, a dense layer's MLP, an MoE layer's router and its preprocessing (without the preprocessing where the
     alltoall dispatcher syncs in it); none where its recompute rules them out (`check_cuda_graph_modules`)."""
-    moe_layers, dense_layers = model.num_moe_layers, model.num_layers - model.num_moe_layers
+    moe_layers, dense_layers, _ = model.layer_kind_counts
     parts = ["attn"]
     if dense_layers:
         parts.append("mlp")
     if moe_layers:
         parts += ["moe_router"] if config.preprocess_syncs(training) else ["moe_router", "moe_preprocess"]
     try:
-        config.check_cuda_graph_modules(replace(training, cuda_graph_modules=tuple(parts)), moe_layers, dense_layers,
+        config.check_cuda_graph_modules(replace(training, cuda_graph_modules=tuple(parts)), model.layer_kind_counts,
                                         model.dropout)
     except PlannerError:
         return ()

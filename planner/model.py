@@ -656,6 +656,13 @@ class ModelSpec:
         """Blocks with routed experts (all but the first dense ones); 0 for a dense model."""
         return sum(1 for block in self.blocks if block.mlp is not None and block.mlp.is_moe)
 
+    @cached_property
+    def layer_kind_counts(self) -> tuple[int, int, int]:
+        """(blocks with routed experts, blocks with a dense MLP, blocks with a Mamba mixer): the layer parts
+        Megatron-Core's per-layer CUDA graphs capture apart (Training.cuda_graph_modules)."""
+        dense = sum(1 for block in self.blocks if block.mlp is not None and not block.mlp.is_moe)
+        return self.num_moe_layers, dense, sum(1 for block in self.blocks if block.mamba is not None)
+
     @property
     def expert_ffn_hidden_size(self) -> int:
         return self.moe_ffn_hidden_size or self.ffn_hidden_size

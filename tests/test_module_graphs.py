@@ -36,11 +36,12 @@ def _setting(seq_len: int, graphed: tuple[str, ...] = (), **fields: object) -> U
 
 
 def test_parts_are_stored_in_megatron_order_once_and_bad_ones_refused() -> None:
-    assert CUDA_GRAPH_MODULES == ("attn", "mlp", "moe_router", "moe_preprocess")
+    assert CUDA_GRAPH_MODULES == ("attn", "mlp", "moe_router", "moe_preprocess", "mamba")
     assert Training().cuda_graph_modules == ()
     assert Training(cuda_graph_modules=["moe_preprocess", "attn", "moe_router", "attn"]).cuda_graph_modules == (
         "attn", "moe_router", "moe_preprocess")
     assert parse_cuda_graph_modules(" moe_router,attn ") == ("attn", "moe_router")
+    assert parse_cuda_graph_modules("mamba,attn") == ("attn", "mamba")
     for bad, message in ((("moe",), "must be among"), ("attn", "list of module names"),
                          (("moe_preprocess",), "needs moe_router")):
         with pytest.raises(PlannerError, match=message):
@@ -111,7 +112,9 @@ def test_a_gpu_bound_block_is_the_same_either_way_and_dense_parts_need_mlp() -> 
 
 @pytest.mark.parametrize(("model", "parts", "config", "training", "message"), [
     (LLAMA, ("moe_router",), {}, {}, "needs MoE layers"),
-    (QWEN, ("mlp",), {}, {}, "every layer of the model is MoE"),
+    (QWEN, ("mlp",), {}, {}, "mlp captures dense MLPs; the model has none"),
+    (load_model("nemotron-3-nano-30b-a3b"), ("mlp",), {}, {}, "mlp captures dense MLPs; the model has none"),
+    (QWEN, ("mamba",), {}, {}, "mamba captures Mamba layers; the model has none"),
     (LLAMA, ("attn",), {"recompute": Recompute.FULL}, {}, "recompute full does not run"),
     (QWEN, ("moe_router",), {"recompute": Recompute.SELECTIVE, "recompute_modules": ("moe",)}, {},
      "selective recompute of moe"),
@@ -122,8 +125,8 @@ def test_a_gpu_bound_block_is_the_same_either_way_and_dense_parts_need_mlp() -> 
 def test_what_megatron_core_refuses_beside_per_layer_graphs(model, parts, config, training, message) -> None:
     parallel = ParallelConfig(dp=8, tp=1, pp=1, **config)
     with pytest.raises(PlannerError, match=message):
-        parallel.check_cuda_graph_modules(Training(cuda_graph_modules=parts, **training), model.num_moe_layers,
-                                          model.num_layers - model.num_moe_layers, model.dropout)
+        parallel.check_cuda_graph_modules(Training(cuda_graph_modules=parts, **training), model.layer_kind_counts,
+                                          model.dropout)
 
 
 def test_graphed_core_attention_recompute_is_fine_without_dropout() -> None:
@@ -158,7 +161,7 @@ def test_cli_graphed_parts_save_host_time_and_are_named() -> None:
     (["--cuda-graph-modules", "attn,moe"], "--cuda-graph-modules must be among attn, mlp, moe_router"),
     (["--cuda-graph-modules", "moe_preprocess"], "needs moe_router too"),
     (["--cuda-graph-modules", "attn", "--cuda-graphs", "full_iteration"], "need cuda_graphs 'none'"),
-    (["--cuda-graph-modules", "mlp"], "every layer of the model is MoE"),
+    (["--cuda-graph-modules", "mlp"], "mlp captures dense MLPs; the model has none"),
     (["--cuda-graph-modules", "attn", "--recompute", "full"], "recompute full does not run"),
     (["--cuda-graph-modules", "attn", "--framework", "torchtitan"], "cannot capture parts of each layer"),
     (["--cuda-graph-modules", "attn", "--framework", "deepspeed"], "cannot capture parts of each layer"),
@@ -216,3 +219,24 @@ def test_moe_rows_run_their_presets_per_layer_graphs() -> None:
     assert runs["MB-066"].cuda_graph_modules == router and runs["MB-072"].cuda_graph_modules == attention_router
     assert (runs["MB-007"].cuda_graphs, runs["MB-007"].cuda_graph_modules) == ("full_iteration", ())
     assert runs["MB-043"].cuda_graph_modules == () and runs["MB-127"].cuda_graph_modules == ()
+    # Nemotron-3-Nano's presets graph its Mamba layers too (on H100 only them)
+    assert runs["MB-050"].cuda_graph_modules == ("mamba",)
+    assert runs["MB-011"].cuda_graph_modules == (*attention_router, "mamba")
+
+
+def test_mamba_graphs_change_the_export_not_the_estimate() -> None:
+    """planner counts no launches in a Mamba mixer (its blocks are costed at their GPU time), so graphing them, as
+    Megatron-Bridge's Nemotron-3-Nano presets do, leaves the estimate as it is; the layer-kind counts say which parts a
+    hybrid stack has."""
+    from planner.cluster import load_cluster
+    from planner.cost.estimate import estimate
+
+    nemotron = load_model("nemotron-3-nano-30b-a3b")
+    moe, dense, mamba = nemotron.layer_kind_counts
+    assert moe > 0 and dense == 0 and mamba > 0 and QWEN.layer_kind_counts == (QWEN.num_layers, 0, 0)
+    config = ParallelConfig(dp=8, tp=1, pp=1, ep=8, moe_dispatcher="flex")
+    cluster, training = load_cluster("1x8xB200"), Training(global_batch=64, seq_len=4096)
+    eager = estimate(nemotron, cluster, training, config).iteration_time_s
+    mamba_only = estimate(nemotron, cluster, Training(global_batch=64, seq_len=4096, cuda_graph_modules=("mamba",)),
+                          config).iteration_time_s
+    assert mamba_only == eager

@@ -249,8 +249,7 @@ def estimate(
 
     config.check_experts(model.num_experts)
     config.check_cpu_offload(model.num_layers, training)
-    config.check_cuda_graph_modules(training, model.num_moe_layers, model.num_layers - model.num_moe_layers,
-                                    model.dropout)
+    config.check_cuda_graph_modules(training, model.layer_kind_counts, model.dropout)
     if config.fp8_param_gather and (why := fp8_param_gather_why_not(training)):
         raise PlannerError(f"parallel config: fp8_param_gather {why}")
     rank_costs = rank_costs or [unit_costs(model, training, config, links.gpu[r], links.tp[r], timer, calibration,

@@ -150,7 +150,7 @@ def _check_graphed_parts(model: ModelSpec, training: Training, fixed: FixedOptio
     recompute, modules = (allowed or options)[0]
     ParallelConfig(dp=1, tp=1, pp=1, recompute=recompute, recompute_modules=modules,
                    moe_dispatcher=fixed.moe_dispatcher or "alltoall").check_cuda_graph_modules(
-        training, model.num_moe_layers, model.num_layers - model.num_moe_layers, model.dropout)
+        training, model.layer_kind_counts, model.dropout)
 
 
 def _divisors(n: int) -> list[int]:
