@@ -665,7 +665,7 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
                                calibration_path, links_path, slowdowns, tuning)
         config = complete_config(fixed, problem.model, problem.cluster, problem.training)
         if fixed.framework:
-            framework_named(fixed.framework).require_training(problem.training, config)
+            framework_named(fixed.framework).for_model(problem.model).require_training(problem.training, config)
         split = parse_partition(partition, problem.model) if partition else None
         placement, framework = default_placement(problem.cluster, config), fixed.framework or "any"
     model, cluster, training, calibration, timer = (problem.model, problem.cluster, problem.training,

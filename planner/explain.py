@@ -254,7 +254,8 @@ def _graphed_what_if(problem: PlanProblem, base_s: float, host_s: float, time_li
     training = problem.training
     if training.graphs_anything or host_s < HOST_BOUND_SHARE * base_s:
         return []
-    target, parts = framework_named(framework), graphable_parts(problem.model, training, problem.config)
+    target = framework_named(framework).for_model(problem.model)
+    parts = graphable_parts(problem.model, training, problem.config)
     steps = []
     if target.full_iteration_graphs:
         steps.append(("cuda graphs none→full_iteration", replace(training, cuda_graphs="full_iteration")))

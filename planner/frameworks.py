@@ -134,8 +134,10 @@ class Framework:
     # it runs the loss as PyTorch's F.cross_entropy, compiled with the model when its element-wise kernels are
     # (torchtitan compiles its loss since pytorch/torchtitan bbb1b616e, 2025-04); False: Megatron-LM's fused kernel
     loss_follows_compile: bool = False
-    # it captures a whole iteration in one CUDA graph (Training.cuda_graphs "full_iteration")
+    # it captures a whole iteration in one CUDA graph (Training.cuda_graphs "full_iteration"); where it cannot for a
+    # model it otherwise could, why (`model_limits`)
     full_iteration_graphs: bool = False
+    full_iteration_graphs_why_not: str | None = None
     # it captures parts of each layer in per-layer CUDA graphs (Training.cuda_graph_modules)
     module_graphs: bool = False
     # Training.fp8_recipe values it runs, its default first (with --dtype fp8 and no --fp8-recipe)
@@ -224,7 +226,8 @@ class Framework:
         if training.elementwise == "eager" and self.fused_elementwise_only:
             return f"{self.version} has no eager element-wise kernels: it runs {self.fused_elementwise_only}"
         if training.cuda_graphs != "none" and not self.full_iteration_graphs:
-            return f"{self.version} cannot capture a whole iteration in one CUDA graph"
+            why = f" ({self.full_iteration_graphs_why_not})" if self.full_iteration_graphs_why_not else ""
+            return f"{self.version} cannot capture a whole iteration in one CUDA graph{why}"
         if training.cuda_graph_modules and not self.module_graphs:
             return f"{self.version} cannot capture parts of each layer in per-layer CUDA graphs"
         if training.dtype == "fp8" and training.fp8_recipe not in self.fp8_recipes:
@@ -365,6 +368,19 @@ def _torchtitan_model_limits(framework: Framework, model: ModelSpec) -> dict[str
             "cp_comms": framework.cp_comms if flavor.context_parallel else frozenset()}
 
 
+def _megatron_model_limits(framework: Framework, model: ModelSpec) -> dict[str, object]:
+    """What Megatron-LM core 0.16 runs of `model`: no full-iteration CUDA graph of a model with dropless MoE layers,
+    whose token dispatcher reads the routed token counts back to the host mid-layer (a sync no graph can capture;
+    core 0.16's arguments.py asks for --moe-pad-experts-for-cuda-graph-inference, which pads only at inference).
+    Megatron-Bridge's 26.06 presets capture such iterations on Megatron-Core 0.18's per-rank expert capacity
+    (moe_expert_rank_capacity_factor) and paged stash, which planner's "any" target stands for."""
+    if not model.is_moe:
+        return {}
+    return {"full_iteration_graphs": False, "full_iteration_graphs_why_not": (
+        "its dropless MoE layers read token counts back to the host mid-layer; --cuda-graph-modules captures the "
+        "parts before that")}
+
+
 def _sharding_name(sharding: tuple[int, bool]) -> str:
     zero_stage, distributed_optimizer = sharding
     if distributed_optimizer:
@@ -403,7 +419,7 @@ FRAMEWORKS: dict[str, Framework] = {
         # transformer_engine --cuda-graph-scope <parts> (core 0.16)
         fp8_recipes=("delayed", "tensorwise", "blockwise", "mxfp8"), full_iteration_graphs=True,
         # activation offload: --cpu-offloading-num-layers (Transformer Engine's offload handler)
-        module_graphs=True, activation_offload=True),
+        module_graphs=True, activation_offload=True, model_limits=_megatron_model_limits),
     # ZeRO-2/3 only without PP (PipelineEngine asserts stage < 2); CP only as Ulysses, which planner's cp is not
     "deepspeed": Framework(
         "deepspeed", "DeepSpeed 0.19 (Megatron-DeepSpeed)", frozenset({Schedule.ONE_F_ONE_B}),

@@ -240,3 +240,19 @@ def test_mamba_graphs_change_the_export_not_the_estimate() -> None:
     mamba_only = estimate(nemotron, cluster, Training(global_batch=64, seq_len=4096, cuda_graph_modules=("mamba",)),
                           config).iteration_time_s
     assert mamba_only == eager
+
+
+def test_megatron_core_0_16_refuses_a_full_iteration_graph_of_a_dropless_moe_model() -> None:
+    """Its dispatcher syncs mid-layer, which no graph captures; per-layer graphs are the way there, and "any" keeps the
+    full-iteration estimate (Megatron-Bridge's 26.06 presets, on Megatron-Core 0.18's per-rank expert capacity)."""
+    from planner.frameworks import framework_named
+
+    megatron = framework_named("megatron")
+    full = Training(cuda_graphs="full_iteration")
+    assert megatron.for_model(load_model("llama3-8b")).training_why_not(full) is None
+    assert "dropless MoE layers" in megatron.for_model(QWEN).training_why_not(full)
+    assert framework_named("any").for_model(QWEN).training_why_not(full) is None
+    assert megatron.for_model(QWEN).training_why_not(Training(cuda_graph_modules=("attn", "moe_router"))) is None
+    result = CliRunner().invoke(main, [*QWEN_ESTIMATE, "--cuda-graphs", "full_iteration", "--framework", "megatron"])
+    assert result.exit_code == 2 and "dropless MoE layers" in result.output and "Traceback" not in result.output
+    assert CliRunner().invoke(main, [*QWEN_ESTIMATE, "--cuda-graphs", "full_iteration"]).exit_code == 0

@@ -58,7 +58,7 @@ def _export_runnable(target: str, plan: Plan) -> ExportResult:
                            f"runnable PyTorch reference")
     framework = framework_named(target)
     framework.require(plan.parallel, plan.model, plan.blocks_per_stage)
-    framework.require_training(plan.training, plan.parallel)
+    framework.for_model(plan.model).require_training(plan.training, plan.parallel)
     result = _EXPORTERS[target](plan)
     if framework.runs(plan.parallel) == plan.parallel:
         return result

@@ -79,7 +79,7 @@ def plan(
         return _with_headroom(model, cluster, training, fixed, top_k, time_limit_s, memory_headroom, unslowed=unslowed,
                               timer=timer, calibration=calibration, placement_evaluations=placement_evaluations,
                               choose_optimizer_states=choose_optimizer_states)
-    framework = framework_named(fixed.framework if fixed and fixed.framework else "any")
+    framework = framework_named(fixed.framework if fixed and fixed.framework else "any").for_model(model)
     framework.require_training(training)
     try:
         found = search(model, cluster, training, fixed, top_k, time_limit_s, timer=timer, calibration=calibration)
@@ -199,7 +199,7 @@ def _with_memory_saving_states(model: ModelSpec, cluster: Cluster, training: Tra
                                infeasible: InfeasibleError) -> tuple[SearchResult, Training]:
     """The fastest search result over MEMORY_SAVING_OPTIMIZER_STATES the framework runs, with its training;
     `infeasible` (what the caller's states lack) when none fits."""
-    framework = framework_named(fixed.framework if fixed and fixed.framework else "any")
+    framework = framework_named(fixed.framework if fixed and fixed.framework else "any").for_model(model)
     best: tuple[SearchResult, Training] | None = None
     tried = []
     for states in MEMORY_SAVING_OPTIMIZER_STATES:
