@@ -226,7 +226,7 @@ def test_issue_example_qlora_70b_fits_one_a100() -> None:
     (["--finetune", "qlora", "--dtype", "fp8"], "use dtype bf16 or fp16, got fp8"),
     (["--finetune", "lora", "--lora-rank", "4096"], "lora rank 4096 must be below 1024"),
     (["--finetune", "partial"], "'partial' is not one of 'full', 'lora', 'qlora'"),
-    (["--finetune", "lora", "--framework", "torchtitan"], "torchtitan 0.2.2 cannot fine-tune with lora"),
+    (["--finetune", "lora", "--framework", "torchtitan"], "torchtitan 0.2.2's llama3 cannot fine-tune with lora"),
     (["--optimizer-states", "8bit", "--framework", "megatron"], "has no 8bit optimizer states"),
 ])
 def test_bad_fine_tuning_options_exit_2_with_one_line(args, message) -> None:
