@@ -480,10 +480,12 @@ def framework_named(name: str) -> Framework:
 
 
 def runs_on(config: ParallelConfig, model: ModelSpec | None = None,
-            blocks_per_chunk: Sequence[int] | None = None) -> list[str]:
+            blocks_per_chunk: Sequence[int] | None = None, training: Training | None = None) -> list[str]:
     """The targets that run `config` exactly as planned (its layout; each with its own execution semantics), of
     `model` when given (`Framework.for_model`), over chunks of `blocks_per_chunk` blocks when given (a block
-    recompute some targets run only for some splits)."""
+    recompute some targets run only for some splits), and with `training`'s options when given (fine-tuning, FP8
+    recipe, element-wise kernels, CUDA graphs, optimizer states: `Framework.training_why_not`)."""
     targets = [FRAMEWORKS[name] if model is None else FRAMEWORKS[name].for_model(model) for name in TARGET_NAMES]
     return [target.name for target in targets
-            if target.why_not(config) is None and target.block_recompute_why_not(config, blocks_per_chunk) is None]
+            if target.why_not(config) is None and target.block_recompute_why_not(config, blocks_per_chunk) is None
+            and (training is None or target.training_why_not(training, config) is None)]

@@ -90,7 +90,8 @@ def build_plan_document(
     document: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "framework": framework,
-        "runs_on": runs_on(config, model, [end - start for start, end in (stage.blocks for stage in result.stages)]),
+        "runs_on": runs_on(config, model, [end - start for start, end in (stage.blocks for stage in result.stages)],
+                           training),
         "model": {**model.to_dict(), "num_parameters": model.num_parameters},
         "cluster": cluster_record(cluster),
         "training": training_record(training),

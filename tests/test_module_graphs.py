@@ -256,3 +256,15 @@ def test_megatron_core_0_16_refuses_a_full_iteration_graph_of_a_dropless_moe_mod
     result = CliRunner().invoke(main, [*QWEN_ESTIMATE, "--cuda-graphs", "full_iteration", "--framework", "megatron"])
     assert result.exit_code == 2 and "dropless MoE layers" in result.output and "Traceback" not in result.output
     assert CliRunner().invoke(main, [*QWEN_ESTIMATE, "--cuda-graphs", "full_iteration"]).exit_code == 0
+
+
+def test_runs_on_names_only_the_targets_that_run_the_plans_graphs(tmp_path) -> None:
+    """A plan's `runs_on` lists the targets that run it exactly as planned, its training options included: per-layer
+    graphs leave Megatron-LM alone where the eager plan of the same layout runs on torchtitan too."""
+    args = ["estimate", "--model", "llama3-8b", "--cluster", "1x8xH100-80GB", "--global-batch", "64", "--tp", "1",
+            "--pp", "1", "--dp", "8", "--zero", "3"]
+    eager, graphed = tmp_path / "eager.json", tmp_path / "graphed.json"
+    assert CliRunner().invoke(main, [*args, "--out", str(eager)]).exit_code == 0
+    assert CliRunner().invoke(main, [*args, "--cuda-graph-modules", "attn,mlp", "--out", str(graphed)]).exit_code == 0
+    assert "torchtitan" in json.loads(eager.read_text())["runs_on"]
+    assert json.loads(graphed.read_text())["runs_on"] == ["megatron"]
