@@ -74,6 +74,22 @@ def test_the_two_halves_count_every_kernel_of_the_block_once(model, fields) -> N
         assert 0 <= router < mlp and (router > 0) == moe
 
 
+def test_the_halves_hold_the_kernels_the_block_launches() -> None:
+    """At tp 4 with sequence parallelism: Llama-3-8B's attention half launches its norm, residual add, RoPE on q and
+    k, 2 GEMMs, the FlashAttention kernel and an all-gather and a reduce-scatter (9, 4 memory-bound); its MLP half
+    the norm, residual add, activation, 3 GEMMs and 2 collectives (8, 3). Qwen3-30B-A3B's MoE half adds the router's
+    top-k and softmax and the routed path's permute, un-permute and activation over 16 local experts (7 memory-bound;
+    42 in all with the router GEMM and 32 grouped-linear GEMMs), 4 of them the router's: norm, GEMM, top-k, softmax.
+    The block's 17 and 51 kernels are what `_block_kernels` counted before the halves."""
+    def halves(model, moe: bool) -> tuple:
+        profile = AnalyticProfile(model, full_overlap())
+        setting = _setting(4096, tp=4, sequence_parallel=True, ep=8 if moe else 1)
+        return profile._attention_kernels(setting), profile._mlp_kernels(setting, moe)
+
+    assert halves(LLAMA, False) == ((4, 9), (3, 8, 0))
+    assert halves(QWEN, True) == ((4, 9), (7, 42, 4))
+
+
 def test_graphed_parts_launch_once_each_in_both_passes() -> None:
     """At 128 tokens the Qwen3-30B-A3B block is host-bound in both its synced halves: eagerly 15 kernels from Python
     and 32 from the grouped GEMM loop; with the attention half and the router replayed, the Python launches drop by

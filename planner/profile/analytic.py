@@ -764,10 +764,11 @@ class AnalyticProfile:
         collectives = self._tp_collectives(setting) / 2
         if not moe:
             return elementwise, elementwise + m.mlp_matrices + collectives, 0.0
-        norm = 1 + _eager_extra_kernels(setting, 1, False, False)
-        router = norm + _ROUTER_KERNELS + self._moe_gemm_kernels(setting) - self._routed_kernels(setting)[1]
-        elementwise += _ROUTER_KERNELS + self._routed_kernels(setting)[0] - 1  # the activation: one of the three
-        return elementwise, elementwise + self._moe_gemm_kernels(setting) + collectives, router
+        routed_memory, routed_gemms = self._routed_kernels(setting)
+        gemms = self._moe_gemm_kernels(setting)
+        router = 1 + _eager_extra_kernels(setting, 1, False, False) + _ROUTER_KERNELS + gemms - routed_gemms
+        elementwise += _ROUTER_KERNELS + routed_memory - 1  # the activation: one of the three
+        return elementwise, elementwise + gemms + collectives, router
 
     @staticmethod
     def _tp_collectives(setting: UnitSetting) -> int:
@@ -789,6 +790,8 @@ class AnalyticProfile:
         permutation, which its preprocessing runs before the sync (the flex dispatcher permutes after its dispatch).
         The replay launches each graph from the host once."""
         graphed, kernels, graphs = setting.graphed_modules, 0.0, 0
+        if not graphed:
+            return kernels, graphs
         if attention and "attn" in graphed:
             kernels, graphs = kernels + self._attention_kernels(setting)[1], graphs + 1
         _, mlp, router = self._mlp_kernels(setting, moe)

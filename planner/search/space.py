@@ -138,16 +138,21 @@ def _selective(recompute: Recompute, modules: tuple[str, ...]) -> frozenset[str]
     return frozenset(modules) if recompute is Recompute.SELECTIVE else frozenset()
 
 
+def _graphed_recomputes(model: ModelSpec, training: Training,
+                        fixed: FixedOptions) -> list[tuple[Recompute, tuple[str, ...]]]:
+    """The (recompute, recompute_modules) options `fixed` leaves open that the training's per-layer CUDA graphs allow
+    (`graphed_recompute_why_not`; all of them without graphs)."""
+    return [(recompute, modules) for recompute, modules in fixed.recompute_options()
+            if graphed_recompute_why_not(training.cuda_graph_modules, recompute, _selective(recompute, modules),
+                                         model.dropout) is None]
+
+
 def _check_graphed_parts(model: ModelSpec, training: Training, fixed: FixedOptions) -> None:
     """The per-layer CUDA graphs fit the model, the dispatcher, and at least one recompute option left open
     (ParallelConfig.check_cuda_graph_modules; the search skips the options they rule out)."""
     if not training.cuda_graph_modules:
         return
-    options = fixed.recompute_options()
-    allowed = [option for option in options
-               if graphed_recompute_why_not(training.cuda_graph_modules, *option[:1], _selective(*option),
-                                            model.dropout) is None]
-    recompute, modules = (allowed or options)[0]
+    recompute, modules = (_graphed_recomputes(model, training, fixed) or fixed.recompute_options())[0]
     ParallelConfig(dp=1, tp=1, pp=1, recompute=recompute, recompute_modules=modules,
                    moe_dispatcher=fixed.moe_dispatcher or "alltoall").check_cuda_graph_modules(
         training, model.layer_kind_counts, model.dropout)
@@ -511,7 +516,7 @@ def runnable_by_framework(configs: Iterable[ParallelConfig], fixed: FixedOptions
 
 def _layouts(model: ModelSpec, cluster: Cluster, training: Training, fixed: FixedOptions) -> Iterator[ParallelConfig]:
     """Every valid configuration in a fixed, deterministic order, whichever framework runs it."""
-    recomputes, local = fixed.recompute_options(), fixed.local_options()
+    recomputes, local = _graphed_recomputes(model, training, fixed), fixed.local_options()
     _check_fixed_experts(model, cluster, fixed)
     offload = fixed.cpu_offload_layers or 0
     # FP8 weights wherever they are sharded, unless the user says otherwise: they gather in half the bytes, and
@@ -538,9 +543,7 @@ def _layouts(model: ModelSpec, cluster: Cluster, training: Training, fixed: Fixe
                          for (recompute, modules), overlap, comm, (ep, etp) in product(
                              recomputes, _tp_comm_overlaps(fixed, sp), comms, experts)
                          if (ep_overlap := _ep_overlap(ep, recompute, pp, vpp, fixed)) is not None
-                         and not (offload and recompute is not Recompute.NONE)
-                         and graphed_recompute_why_not(training.cuda_graph_modules, recompute,
-                                                       _selective(recompute, modules), model.dropout) is None]
+                         and not (offload and recompute is not Recompute.NONE)]
                 for zero_stage, dist_opt, hsdp in _sharding_options(dp * cp, fixed):
                     sharding = optimizer_sharding_of(zero_stage, dist_opt)
                     common = {**PARALLEL_DEFAULTS, "dp": dp, "tp": tp, "pp": pp, "micro_batch": micro_batch,
