@@ -14,7 +14,7 @@ from benchmarks.accuracy import score, score_source, summary_lines, verdict_load
 from benchmarks.bridge_systems import rack_segment_gpus
 from benchmarks.loso import fit_sources, source_objective
 from benchmarks.moe_runs import MOE_FILE, _release, hot_rank_load, moe_runs
-from benchmarks.ranking import AUTOTUNING_FILE, VTRAIN_FILE, group_scores
+from benchmarks.ranking import AUTOTUNING_FILE, VTRAIN_FILE, group_scores, study_summary
 from benchmarks.sources import skipped_files, sources
 from benchmarks.titan_runs import TITAN_FILES, titan_runs
 from benchmarks.validation_runs import DATA
@@ -210,6 +210,24 @@ def test_ranking_measures_perfect_and_reversed_orders() -> None:
     groups = group_scores(times).set_index("group")
     assert groups.loc["right", "spearman"] == pytest.approx(1.0) and groups.loc["right", "regret"] == 1.0
     assert groups.loc["wrong", "spearman"] == pytest.approx(-1.0) and groups.loc["wrong", "regret"] == 4.0
+    # where planner puts the measured fastest layout: first (no gap), or last, predicted 4.0 / 1.0 − 1 slower
+    assert groups.loc["right", "fastest_rank"] == 1 and groups.loc["right", "fastest_gap"] == 0.0
+    assert groups.loc["wrong", "fastest_rank"] == 4 and groups.loc["wrong", "fastest_gap"] == pytest.approx(3.0)
+
+
+def test_ranking_summary_counts_the_fastest_in_the_first_three() -> None:
+    """Of ten groups whose measured fastest planner ranks 1st..10th (predicted 0 %..90 % slower than its first
+    pick), three have it among the first three, and 90 % stay within the ninth's gap, 80 %."""
+    rows = []
+    for place in range(10):
+        predicted = [1.0 + 0.1 * k for k in range(10)]  # planner's order: layout k predicted (1 + k/10) s
+        measured = [2.0] * 10
+        measured[place] = 1.0  # the measured fastest is planner's place-th pick
+        rows += [{"study": "s", "group": f"g{place}", "measured": m, "predicted": p}
+                 for m, p in zip(measured, predicted, strict=True)]
+    summary = study_summary(group_scores(pd.DataFrame(rows))).loc["s"]
+    assert summary["fastest_in_top3"] == pytest.approx(0.3)
+    assert summary["fastest_gap"] == pytest.approx(0.8)
 
 
 def test_loso_fit_on_one_source_does_not_worsen_it() -> None:
