@@ -41,7 +41,7 @@ def test_plan_warns_when_its_best_plan_is_tight_and_names_the_roomier_one() -> N
     result = run("plan", *TIGHT)
     assert result.exit_code == 0, result.output
     assert "memory margin   needs 98.3 % of its GPUs' memory" in result.stdout
-    assert "plan 4 is 0.6 % slower and needs 79.9 %" in result.stdout
+    assert "plan 2 is 0.6 % slower and needs 79.9 %" in result.stdout
 
 
 def test_memory_headroom_plans_every_listed_plan_with_room_left_against_the_whole_memory() -> None:

@@ -71,7 +71,7 @@ from planner.search.partition import (
 )
 from planner.search.space import FixedOptions, enumerate_configs, require_nonempty
 
-__all__ = ["PlacementFn", "RankedPlan", "SearchResult", "SearchStats", "search"]
+__all__ = ["PlacementFn", "RankedPlan", "SearchResult", "SearchStats", "layout_key", "search"]
 
 # Maps a configuration to GPUs. Called once per (dp, tp, pp, cp, hsdp replicas), so it must depend on those only.
 PlacementFn = Callable[[Cluster, ParallelConfig], Placement]
@@ -978,9 +978,7 @@ def search(
             rejected.append(candidate)
             infeasible += 1
             continue
-        plans.append(plan)
-        plans.sort(key=_rank_key)
-        del plans[top_k:]
+        plans = _admitted(plans, plan, top_k)
     if plans:
         plans[0] = _polished(ctx, plans[0])
     pruned_time = len(configs) - pruned_memory - partitioned  # on the heap, in unopened kins or families, dominated
@@ -1008,6 +1006,24 @@ def _pipeline_ceiling(plans: list[RankedPlan], top_k: int, candidate: _Candidate
 
 def _rank_key(plan: RankedPlan) -> tuple:
     return (plan.estimate.iteration_time_s, plan.estimate.peak_memory_bytes, plan.config.num_gpus)
+
+
+def layout_key(config: ParallelConfig) -> ParallelConfig:
+    """A configuration without how it shards its states (ZeRO stage, distributed optimizer, HSDP replicas and what
+    follows from them): configurations alike in this are one layout, told apart only by that choice."""
+    return replace(config, zero_stage=0, distributed_optimizer=False, hsdp_replicas=1, fp8_param_gather=False,
+                   overlap_param_gather=False, reshard_after_forward=None)
+
+
+def _admitted(plans: list[RankedPlan], plan: RankedPlan, top_k: int) -> list[RankedPlan]:
+    """The best `top_k` distinct layouts (`layout_key`) once `plan` is considered: it replaces the plan of its layout
+    only if it ranks above it, so the list holds each layout once, sharded (and split) the fastest way, rather than
+    near-copies of a few layouts that differ only in how they shard their states."""
+    key = layout_key(plan.config)
+    same = [p for p in plans if layout_key(p.config) == key]
+    if same and _rank_key(same[0]) <= _rank_key(plan):
+        return plans
+    return sorted([p for p in plans if layout_key(p.config) != key] + [plan], key=_rank_key)[:top_k]
 
 
 def _evaluate(ctx: _Context, candidate: _Candidate, found: PartitionResult | None) -> RankedPlan | None:
