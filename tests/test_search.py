@@ -7,6 +7,7 @@ import gc
 import itertools
 import math
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import example, given, settings
@@ -45,6 +46,7 @@ from planner.search.search import (
     _problem,
     _tighten,
     _with_memory,
+    distinct_layouts,
     layout_key,
     search,
 )
@@ -714,3 +716,22 @@ def test_the_search_pauses_the_cyclic_garbage_collector_and_resumes_it() -> None
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def _ranked(seconds: float, **layout) -> SimpleNamespace:
+    """A stand-in for a RankedPlan: what ranking reads of one (its configuration, time and memory)."""
+    estimate = SimpleNamespace(iteration_time_s=seconds, peak_memory_bytes=1e9)
+    return SimpleNamespace(config=ParallelConfig(**{"tp": 1, "pp": 1, "micro_batch": 1, **layout}), estimate=estimate)
+
+
+def test_distinct_layouts_keeps_each_layout_once_with_its_fastest_sharding() -> None:
+    """ZeRO stage, distributed optimizer and HSDP are one layout's ways to shard its states: the ranking lists the
+    layout once, as its fastest; what differs in degrees or micro-batch is another layout; top_k counts layouts."""
+    zero2 = _ranked(1.00, dp=8, zero_stage=2)
+    dist_opt = _ranked(1.01, dp=8, distributed_optimizer=True)
+    hsdp = _ranked(1.02, dp=8, zero_stage=3, hsdp_replicas=2)
+    other = _ranked(1.03, dp=4, tp=2)
+    third = _ranked(1.05, dp=2, tp=4)
+    assert distinct_layouts([hsdp, other, dist_opt, zero2, third], top_k=5) == (zero2, other, third)
+    assert distinct_layouts([hsdp, other, dist_opt], top_k=2) == (dist_opt, other)
+    assert layout_key(zero2.config) == layout_key(hsdp.config) != layout_key(other.config)

@@ -19,7 +19,7 @@ from planner.frameworks import Framework, framework_named
 from planner.model import ModelSpec
 from planner.profile.calibration import Calibration
 from planner.search.placement import heterogeneity_record, place_plans
-from planner.search.search import RankedPlan, SearchResult, SearchStats, search
+from planner.search.search import RankedPlan, SearchResult, SearchStats, distinct_layouts, search
 from planner.search.space import FixedOptions
 
 __all__ = ["BLOCK_RECOMPUTE_CANDIDATES", "MAX_MEMORY_HEADROOM", "MEMORY_SAVING_OPTIMIZER_STATES",
@@ -145,9 +145,9 @@ def _with_block_recompute(model: ModelSpec, cluster: Cluster, training: Training
                   max(BLOCK_RECOMPUTE_CANDIDATES, top_k), time_limit_s, timer=timer, calibration=calibration)
     refined = {(ranked.config, ranked.partition) for ranked in found.plans}  # the first search's: refined above
     more = tuple(ranked for ranked in full.plans if (ranked.config, ranked.partition) not in refined)
-    merged = sorted((*plans, *block_recompute(model, cluster, training, more, runs, timer, calibration)),
-                    key=lambda ranked: ranked.estimate.iteration_time_s)
-    return replace(found, plans=tuple(merged[:top_k]))
+    merged = distinct_layouts((*plans, *block_recompute(model, cluster, training, more, runs, timer, calibration)),
+                              top_k)
+    return replace(found, plans=merged)
 
 
 def block_recompute(model: ModelSpec, cluster: Cluster, training: Training, plans: tuple[RankedPlan, ...],

@@ -17,7 +17,7 @@ import heapq
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import cache, wraps
 from operator import attrgetter
@@ -71,7 +71,8 @@ from planner.search.partition import (
 )
 from planner.search.space import FixedOptions, enumerate_configs, require_nonempty
 
-__all__ = ["PlacementFn", "RankedPlan", "SearchResult", "SearchStats", "layout_key", "search"]
+__all__ = ["PlacementFn", "RankedPlan", "SearchResult", "SearchStats", "distinct_layouts", "layout_key",
+           "search"]
 
 # Maps a configuration to GPUs. Called once per (dp, tp, pp, cp, hsdp replicas), so it must depend on those only.
 PlacementFn = Callable[[Cluster, ParallelConfig], Placement]
@@ -978,7 +979,7 @@ def search(
             rejected.append(candidate)
             infeasible += 1
             continue
-        plans = _admitted(plans, plan, top_k)
+        plans = list(distinct_layouts((*plans, plan), top_k))  # each layout once, its fastest sharding
     if plans:
         plans[0] = _polished(ctx, plans[0])
     pruned_time = len(configs) - pruned_memory - partitioned  # on the heap, in unopened kins or families, dominated
@@ -1015,15 +1016,12 @@ def layout_key(config: ParallelConfig) -> ParallelConfig:
                    overlap_param_gather=False, reshard_after_forward=None)
 
 
-def _admitted(plans: list[RankedPlan], plan: RankedPlan, top_k: int) -> list[RankedPlan]:
-    """The best `top_k` distinct layouts (`layout_key`) once `plan` is considered: it replaces the plan of its layout
-    only if it ranks above it, so the list holds each layout once, sharded (and split) the fastest way, rather than
-    near-copies of a few layouts that differ only in how they shard their states."""
-    key = layout_key(plan.config)
-    same = [p for p in plans if layout_key(p.config) == key]
-    if same and _rank_key(same[0]) <= _rank_key(plan):
-        return plans
-    return sorted([p for p in plans if layout_key(p.config) != key] + [plan], key=_rank_key)[:top_k]
+def distinct_layouts(plans: Iterable[RankedPlan], top_k: int) -> tuple[RankedPlan, ...]:
+    """The best `top_k` of `plans` by rank, each layout (`layout_key`) once: its best-ranked plan."""
+    best: dict[ParallelConfig, RankedPlan] = {}
+    for plan in sorted(plans, key=_rank_key):
+        best.setdefault(layout_key(plan.config), plan)
+    return tuple(best.values())[:top_k]
 
 
 def _evaluate(ctx: _Context, candidate: _Candidate, found: PartitionResult | None) -> RankedPlan | None:
