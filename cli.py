@@ -811,7 +811,7 @@ def export_document(document: dict[str, Any], target: str, out: Path | None) -> 
 @problem_options
 @parallel_options
 @click.option("--top", "top_k", type=click.IntRange(1, 1000), default=5, show_default=True,
-              help="How many plans to list.")
+              help="How many plans to list: distinct layouts, each with its fastest way to shard the states.")
 @click.option("--time-limit", "time_limit_s", type=FiniteRange(0, 3600, min_open=True), default=1.0,
               show_default=True,
               help="Seconds per stage-partition ILP; on expiry the best split found so far is used.")
@@ -1096,7 +1096,7 @@ def timeline_command(plan_path: Path, out: Path, svg_out: Path | None) -> None:
 @main.command("explain")
 @click.argument("plan_path", metavar="PLAN.json", type=click.Path(path_type=Path))
 @click.option("--top", "top_k", type=click.IntRange(1, 50), default=5, show_default=True,
-              help="How many of the search's plans to list as alternatives.")
+              help="How many of the search's plans (distinct layouts) to list as alternatives.")
 @click.option("--json", "as_json", is_flag=True, help="Print the explanation as one JSON document.")
 @handle_errors
 def explain_command(plan_path: Path, top_k: int, as_json: bool) -> None:
