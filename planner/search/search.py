@@ -900,7 +900,8 @@ def search(
     timer: UnitTimer | None = None,
     calibration: Calibration | None = None,
 ) -> SearchResult:
-    """The top-k plans by estimated iteration time (ties: less memory, fewer GPUs, enumeration order).
+    """The top-k plans by estimated iteration time (ties: less memory, fewer GPUs, enumeration order), each layout
+    once (`distinct_layouts`: its fastest way to shard the states; the k-th distinct layout bounds the search).
 
     Raises InfeasibleError naming the closest configuration's tightest stage when nothing fits.
     """
