@@ -735,3 +735,6 @@ def test_distinct_layouts_keeps_each_layout_once_with_its_fastest_sharding() -> 
     assert distinct_layouts([hsdp, other, dist_opt, zero2, third], top_k=5) == (zero2, other, third)
     assert distinct_layouts([hsdp, other, dist_opt], top_k=2) == (dist_opt, other)
     assert layout_key(zero2.config) == layout_key(hsdp.config) != layout_key(other.config)
+    # DeepSpeed's BF16_Optimizer (a plan file's, ZeRO-1 only) is a way to shard too: its key is a valid configuration
+    bf16_optimizer = ParallelConfig(dp=8, tp=1, pp=1, zero_stage=1, deepspeed_optimizer="bf16")
+    assert layout_key(bf16_optimizer) == layout_key(zero2.config)

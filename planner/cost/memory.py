@@ -328,7 +328,7 @@ def megatron_saved_tensors(block: BlockSpec, training: Training, config: Paralle
 
 
 def normed_input_tensors(block: BlockSpec, training: Training, sbh: float, linear_input: float,
-                         tp: int, dispatcher: str = "alltoall") -> tuple[SavedTensor, ...]:
+                         tp: int, dispatcher: str) -> tuple[SavedTensor, ...]:
     """Each sub-layer's norm output as it is kept (`sbh`: one hidden-wide 16-bit-less tensor's elements on this
     rank; `linear_input`: the same tensor as a column-parallel linear keeps it, `ParallelConfig.column_input_shards`).
     Attention and a dense MLP fuse their norm into the first linear (Transformer Engine's

@@ -100,10 +100,12 @@ _FP8_CASTS = {
 }
 _VECTOR_BYTES = 16  # tensor-core GEMM kernels load operands in 16-byte vectors
 # Kernels a transformer block's forward launches besides its linear layers' GEMMs, per rank (Megatron-LM's
-# fused kernels: one LayerNorm/RMSNorm each, one bias-dropout-add each): 2 norms, 2 residual adds, 1 activation;
-# the attention core is 1 FlashAttention kernel, or unfused 2 batched GEMMs + the fused scale-mask-softmax +
-# the output transpose copy (+ dropout); RoPE rotates q and k (2); each TP collective is one NCCL kernel.
-_BLOCK_ELEMENTWISE_KERNELS = 5
+# fused kernels: one LayerNorm/RMSNorm each, one bias-dropout-add each): the attention half's norm and residual add,
+# the MLP half's norm, residual add and activation; the attention core is 1 FlashAttention kernel, or unfused 2
+# batched GEMMs + the fused scale-mask-softmax + the output transpose copy (+ dropout); RoPE rotates q and k (2);
+# each TP collective is one NCCL kernel.
+_ATTENTION_ELEMENTWISE_KERNELS = 2
+_MLP_ELEMENTWISE_KERNELS = 3
 _UNFUSED_ATTENTION_KERNELS = 4
 # Megatron-LM's vocab-parallel cross entropy: logit max, subtract, target-logit gather (mask, index, sum), exp,
 # exp-sum, log and loss mean, with two all-reduces under TP
@@ -739,13 +741,14 @@ class AnalyticProfile:
 
     def _attention_kernels(self, setting: UnitSetting) -> tuple[float, float]:
         """(memory-bound kernels, all kernels) of a block's attention half in the forward on one rank (Megatron-Core's
-        TransformerLayer._forward_attention): the input norm, RoPE on q and k, the residual add (of
-        `_BLOCK_ELEMENTWISE_KERNELS`), one GEMM per attention weight matrix, the core (FlashAttention one kernel;
+        TransformerLayer._forward_attention): the input norm, RoPE on q and k, the residual add
+        (`_ATTENTION_ELEMENTWISE_KERNELS`), one GEMM per attention weight matrix, the core (FlashAttention one kernel;
         unfused, two batched GEMMs, which `gemm_time` charges as GEMMs, and its softmax and copies) and half the
         block's TP collectives."""
         m = self.model
         rope = m.position_embedding == "rope"
-        elementwise = 2 + (2 if rope else 0) + _eager_extra_kernels(setting, 1, rope, False)
+        elementwise = _ATTENTION_ELEMENTWISE_KERNELS + (2 if rope else 0)  # RoPE: q and k
+        elementwise += _eager_extra_kernels(setting, 1, rope, False)
         elementwise += 2 * _UNFUSED_ROPE_FORWARD[1] if self._unfused_rope(setting) else 0  # q and k
         gemms, core = len(m.attention_linears()), 1
         if setting.attention == "unfused":
@@ -755,12 +758,12 @@ class AnalyticProfile:
 
     def _mlp_kernels(self, setting: UnitSetting, moe: bool) -> tuple[float, float, float]:
         """(memory-bound kernels, all kernels, the router's) of a block's MLP half in the forward on one rank: the
-        pre-MLP norm, the residual add and the activation (of `_BLOCK_ELEMENTWISE_KERNELS`), half the block's TP
+        pre-MLP norm, the residual add and the activation (`_MLP_ELEMENTWISE_KERNELS`), half the block's TP
         collectives, and a dense MLP's GEMMs or an MoE layer's router GEMM, top-k and softmax, shared experts' GEMMs
         and routed path (`_routed_kernels`, the activation among its kernels). The router's kernels are what
         Megatron-Core's moe_router CUDA-graph scope captures: the norm, the router and the shared experts."""
         m = self.model
-        elementwise = 3 + _eager_extra_kernels(setting, 1, False, m.activation == "swiglu")
+        elementwise = _MLP_ELEMENTWISE_KERNELS + _eager_extra_kernels(setting, 1, False, m.activation == "swiglu")
         collectives = self._tp_collectives(setting) / 2
         if not moe:
             return elementwise, elementwise + m.mlp_matrices + collectives, 0.0

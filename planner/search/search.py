@@ -1011,10 +1011,11 @@ def _rank_key(plan: RankedPlan) -> tuple:
 
 
 def layout_key(config: ParallelConfig) -> ParallelConfig:
-    """A configuration without how it shards its states (ZeRO stage, distributed optimizer, HSDP replicas and what
-    follows from them): configurations alike in this are one layout, told apart only by that choice."""
-    return replace(config, zero_stage=0, distributed_optimizer=False, hsdp_replicas=1, fp8_param_gather=False,
-                   overlap_param_gather=False, reshard_after_forward=None)
+    """A configuration without how it shards its states (ZeRO stage, distributed optimizer, DeepSpeed's optimizer,
+    HSDP replicas and what follows from them): configurations alike in this are one layout, told apart only by that
+    choice."""
+    return replace(config, zero_stage=0, distributed_optimizer=False, deepspeed_optimizer="zero", hsdp_replicas=1,
+                   fp8_param_gather=False, overlap_param_gather=False, reshard_after_forward=None)
 
 
 def distinct_layouts(plans: Iterable[RankedPlan], top_k: int) -> tuple[RankedPlan, ...]:
