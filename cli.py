@@ -483,7 +483,7 @@ def echo_tight_memory(ranked: Sequence[Estimate]) -> None:
 TIGHT_ROUTER_HEADROOM = 1.1
 """A plan planned for a balanced router whose busiest expert rank may take less than this many times the mean routed
 tokens before it runs out of memory gets a warning: routers that are not force-balanced run hotter (the
-Megatron-Bridge recompute study's Nemotron-3-Nano ranks, about 1.8x in its first iterations: README Accuracy)."""
+Megatron-Bridge recompute study's Nemotron-3-Nano ranks, about 1.8x in its first iterations: docs/accuracy.md)."""
 
 
 def echo_router_headroom(headroom: float | None, training: Training) -> None:

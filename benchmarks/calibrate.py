@@ -81,7 +81,7 @@ FITTED = (
 )
 # Memory constants are no longer fitted: CUDA context, NCCL buffers and allocator fragmentation are sourced
 # physical terms (profiles/calibration.yaml, planner/cost/memory.py); refitting the fragmentation on the BLOOM
-# memory rows alone would drive it past its bound and call runs that ran infeasible (README "Accuracy").
+# memory rows alone would drive it past its bound and call runs that ran infeasible (docs/accuracy.md).
 MEMORY_FITTED: tuple[Fitted, ...] = ()
 # Cluster states, not cost-model constants: they scale the BLOOM rows' cluster (benchmarks/validation_runs.py).
 BEFORE_FIX_NIC_RATIO = Fitted("nic_bandwidth_ratio", 1.0, 0.3, 1.0,

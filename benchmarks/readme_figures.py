@@ -1,7 +1,7 @@
-"""README figures: every block marked `<!-- check: COMMAND [;; COMMAND …] -->` is output of those
-commands. `tests/test_readme.py` reruns them and fails when a quoted number drifts beyond
-CHECK_TOLERANCE; this script prints the drift, and with `--write` requotes the numbers in place. `--exact`
-reports (and requotes) every number that differs at all, the small drifts the tolerance lets through too.
+"""README figures: every block marked `<!-- check: COMMAND [;; COMMAND …] -->` in README.md or docs/*.md
+(`DOCUMENTS`) is output of those commands. `tests/test_readme.py` reruns them and fails when a quoted number
+drifts beyond CHECK_TOLERANCE; this script prints the drift, and with `--write` requotes the numbers in place.
+`--exact` reports (and requotes) every number that differs at all, the small drifts the tolerance lets through too.
 
     PYTHONPATH=. python -m benchmarks.readme_figures [--exact] [--write]
 
@@ -26,6 +26,7 @@ from click.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCUMENTS = (README, *sorted((ROOT / "docs").glob("*.md")))  # every document whose figures are checked
 MARKER = re.compile(r"<!-- check: (.+?) -->")
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 CHECK_TOLERANCE = 0.01  # relative, or one unit of the last digit the README prints, whichever is larger
@@ -135,23 +136,31 @@ def requote(quoted: str, actual: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="requote drifted numbers in README.md")
+    parser.add_argument("--write", action="store_true", help="requote drifted numbers in place")
     parser.add_argument("--exact", action="store_true", help="count any change of a quoted number as drift")
     args = parser.parse_args()
-    lines = README.read_text().splitlines()
+    stale = sum(_check_document(document, args.exact, args.write) for document in DOCUMENTS)
+    sys.exit(1 if stale else 0)
+
+
+def _check_document(document: Path, exact: bool, write: bool) -> int:
+    """Print the drifted and no-longer-printed lines of one document (requoting the drifted ones with `write`);
+    the count of lines no longer printed."""
+    name = document.relative_to(ROOT)
+    lines = document.read_text().splitlines()
     stale = 0
     for block in blocks(lines):
         for index, actual in matches(lines, block, block_output(block)):
             if actual is None:
                 stale += 1
-                print(f"README.md:{index + 1}: no longer printed by {' ;; '.join(block.commands)}: {lines[index]}")
-            elif moved := drift(lines[index], actual, args.exact):
-                print(f"README.md:{index + 1}: {moved}")
-                if args.write:
+                print(f"{name}:{index + 1}: no longer printed by {' ;; '.join(block.commands)}: {lines[index]}")
+            elif moved := drift(lines[index], actual, exact):
+                print(f"{name}:{index + 1}: {moved}")
+                if write:
                     lines[index] = requote(lines[index], actual)
-    if args.write:
-        README.write_text("\n".join(lines) + "\n")
-    sys.exit(1 if stale else 0)
+    if write:
+        document.write_text("\n".join(lines) + "\n")
+    return stale
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ SLACK = 0.02  # two points
 # composed blocks too (Nemotron-3-Nano's Mamba and MoE blocks): Megatron-Bridge 25.11 8.7 -> 9.6 % (current scaling's
 # amax passes), long context 12.6 -> 12.3, torchtitan 11.7 -> 11.5, torchao 44.1 -> 42.7, MoE 14.6/16.5 -> 14.0/16.3;
 # then flash_attention_efficiency and fp8_gemm_efficiency_ratio refitted with NeMo's H100 long-sequence rows in the
-# calibration set (README "Accuracy", calibration): the figures below
+# calibration set (docs/accuracy.md, calibration): the figures below
 RECORDED = {
     # bf16 rows: BF16_Optimizer's gradients; memory: the chronicles' CUDA context, DeepSpeed's after-flush segments;
     # 6.4 -> 6.7 % with DeepSpeed's partitioned pipeline transfers at Jean Zay's fitted pipeline ratio (fifteenth)
@@ -59,12 +59,12 @@ RECORDED = {
     # nineteenth: MI300X's attention at Composable Kernel's share of Hopper's rate per peak, SDPA's AOTriton below it
     # (catalog fused_attention_share, flash_attention_2_share): 39.9 -> 27.2 %, MI300X rows -35..-47 -> -6..+3 %
     "torchao float8/MXFP8 (FSDP2, H100/MI300X/B200)": (12, 0.272, 0.047, 12),
-    # issue 11 item 6 (2026-12-02; both under 12 % since the tenth session, README "Accuracy"): rack-scale jobs in NVL72
+    # issue 11 item 6 (2026-12-02; both under 12 % since the tenth session, docs/accuracy.md): rack-scale jobs in NVL72
     # racks as Megatron-Bridge launches them, BF16 gradient buffers, the recipes' EP overlap and DeepSeek-V3's flex
     # dispatcher, FP8 saved inputs in one byte; each row's recompute modules; GPT-OSS's eager expert-bias adds; the
     # recompute, EP overlap and dispatcher of the preset that ran each row's layout in its release (PRESETS)
     # 2026-12-02: Nemotron-3-Nano rows added (catalog model), 30-48 % too fast: 37 runs at 14.2 % -> 42 at 16.5 %,
-    # 82 at 14.9 % -> 97 at 19.1 % (README "Accuracy"); the other rows' errors are unchanged; 15.3 / 17.3 % with
+    # 82 at 14.9 % -> 97 at 19.1 % (docs/accuracy.md); the other rows' errors are unchanged; 15.3 / 17.3 % with
     # fused attention's sequence ramp and head-dimension share; 13.5 / 14.8 % with the Mamba-2 scan's kernel efficiency;
     # 14.6 / 16.5 % with GPT-OSS's alternating 128-token windows (what ran, cuDNN skipping the masked tiles);
     # 14.6 / 16.9 % with the alltoall dispatcher's chunk sorts; 14.2 / 17.0 % with the rack-scale Qwen3 presets'
@@ -93,7 +93,7 @@ RECORDED = {
 }
 # source: documented OOM runs predicted not to fit (2026-12-02: the Nemotron-3-Nano sweep's MBS-012 and MBS-013 under a
 # balanced router; all four once its rows run at the router load the sweep's hot-rank reading implies, thirteenth
-# session, README "Accuracy"; fourteenth: the BLOOM sweep's six OOM rows, three caught, and Narayanan's 530B on 560
+# session, docs/accuracy.md; fourteenth: the BLOOM sweep's six OOM rows, three caught, and Narayanan's 530B on 560
 # GPUs, not caught: predicted 2-4 % under the capacity)
 OOMS_RECORDED = {"Megatron-Bridge MoE with EP (H100/B200, force-balanced)": (4, 4),
                  "BLOOM-176B sweep (Megatron-DeepSpeed, A100)": (6, 3),

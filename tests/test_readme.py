@@ -1,8 +1,8 @@
-"""README figures stay true: every block marked `<!-- check: COMMAND [;; COMMAND …] -->` is rerun and
-each of its numbers must match the command's output within CHECK_TOLERANCE (benchmarks/readme_figures.py);
-every repository path the README names must exist. Expensive figures (search speed, the heterogeneous
-benchmark, leave-one-source-out) are not rerun here: the README labels them with the date and machine
-they were measured on."""
+"""README figures stay true: every block marked `<!-- check: COMMAND [;; COMMAND …] -->` in README.md and
+docs/*.md is rerun and each of its numbers must match the command's output within CHECK_TOLERANCE
+(benchmarks/readme_figures.py); every repository path those documents name must exist. Expensive figures
+(search speed, the heterogeneous benchmark, leave-one-source-out) and those of upstream pages not in the
+repository are not rerun here: the documents label them with the date they were measured."""
 
 from __future__ import annotations
 
@@ -10,31 +10,33 @@ import re
 
 import pytest
 
-from benchmarks.readme_figures import README, ROOT, Block, block_output, blocks, drift, matches
+from benchmarks.readme_figures import DOCUMENTS, ROOT, Block, block_output, blocks, drift, matches
 
-LINES = README.read_text().splitlines()
-BLOCKS = blocks(LINES)
+LINES = {document.relative_to(ROOT).as_posix(): document.read_text().splitlines() for document in DOCUMENTS}
+BLOCKS = [(name, block) for name, lines in LINES.items() for block in blocks(lines)]
 
 
 def test_the_readme_marks_its_checked_figures() -> None:
-    assert len(BLOCKS) >= 5
+    assert len(blocks(LINES["README.md"])) >= 5
+    assert "docs/accuracy.md" in LINES
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[b.commands[-1][:60] for b in BLOCKS])
-def test_quoted_output_matches_a_fresh_run(block: Block) -> None:
-    output = block_output(block)
-    for index, actual in matches(LINES, block, output):
-        assert actual is not None, f"README.md:{index + 1} no longer printed:\n  {LINES[index]}\noutput:\n{output}"
-        moved = drift(LINES[index], actual)
-        assert not moved, f"README.md:{index + 1} figures drifted (quoted, now) {moved}:\n  {LINES[index]}\n  {actual}"
+@pytest.mark.parametrize(("name", "block"), BLOCKS, ids=[f"{n}:{b.commands[-1][:60]}" for n, b in BLOCKS])
+def test_quoted_output_matches_a_fresh_run(name: str, block: Block) -> None:
+    lines, output = LINES[name], block_output(block)
+    for index, actual in matches(lines, block, output):
+        assert actual is not None, f"{name}:{index + 1} no longer printed:\n  {lines[index]}\noutput:\n{output}"
+        moved = drift(lines[index], actual)
+        assert not moved, f"{name}:{index + 1} figures drifted (quoted, now) {moved}:\n  {lines[index]}\n  {actual}"
 
 
 PATH = re.compile(r"(?<![\w/.])((?:planner|benchmarks|tests|profiles|\.ci)/[\w./*-]*\w)")
 
 
-def test_every_path_the_readme_names_exists() -> None:
-    missing = sorted({p for p in PATH.findall(README.read_text()) if not any(ROOT.glob(p))})
-    assert not missing, f"README names files that do not exist: {missing}"
+@pytest.mark.parametrize("name", LINES)
+def test_every_path_the_documents_name_exists(name: str) -> None:
+    missing = sorted({p for p in PATH.findall("\n".join(LINES[name])) if not any(ROOT.glob(p))})
+    assert not missing, f"{name} names files that do not exist: {missing}"
 
 
 def test_exact_drift_reports_what_the_tolerance_lets_through() -> None:
