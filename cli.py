@@ -638,7 +638,8 @@ def echo_heterogeneity(record: dict[str, Any]) -> None:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the plan JSON here.")
 @click.option("--plan", "plan_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Re-estimate a plan file exactly as written: model, cluster, training, calibration, "
-                   "configuration, split and placement all come from it (only --framework may change how it runs).")
+                   "configuration, split and placement all come from it (only --framework may change how it runs); "
+                   "PLAN.json#N: its N-th plan as `planner plan` numbered them.")
 @placement_option
 @training_cost_options
 @handle_errors
@@ -776,7 +777,7 @@ def parse_partition(text: str, model: ModelSpec) -> Partition:
 
 
 @main.command("export")
-@click.argument("plan_path", metavar="PLAN.json", type=click.Path(path_type=Path))
+@click.argument("plan_path", metavar="PLAN.json[#N]", type=click.Path(path_type=Path))
 @click.option("--to", "target", required=True, metavar="|".join(EXPORT_TARGETS),
               help="Framework to export to: " + ", ".join(EXPORT_TARGETS[:-1]) + "; or pytorch-local, a runnable "
                    "PyTorch reference of a --schedule local plan (no framework runs local learning).")
@@ -786,7 +787,8 @@ def parse_partition(text: str, model: ModelSpec) -> Partition:
               help="Overwrite files in --out that an earlier export did not write or that were edited since.")
 @handle_errors
 def export_command(plan_path: Path, target: str, out: Path | None, force: bool) -> None:
-    """Turn a plan file into launch files: framework flags or config, torchrun.sh and slurm.sbatch for its cluster."""
+    """Turn a plan file into launch files: framework flags or config, torchrun.sh and slurm.sbatch for its cluster.
+    PLAN.json#N: the file's N-th plan as `planner plan` numbered it (#2 onwards: its alternatives)."""
     result = exporter(target)(load_plan(plan_path))
     if out:
         for path in write_export(result, out, force):
@@ -1072,7 +1074,7 @@ def calibrate_command(profile_path: Path, gpu: str | None, name: str | None, out
 # ---- explain, compare, timeline, sweep (issue 14) ---------------------------------------------
 
 @main.command("timeline")
-@click.argument("plan_path", metavar="PLAN.json", type=click.Path(path_type=Path))
+@click.argument("plan_path", metavar="PLAN.json[#N]", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Chrome/Perfetto trace JSON to write (open in ui.perfetto.dev or chrome://tracing).")
 @click.option("--svg", "svg_out", type=click.Path(dir_okay=False, path_type=Path),
@@ -1094,7 +1096,7 @@ def timeline_command(plan_path: Path, out: Path, svg_out: Path | None) -> None:
 
 
 @main.command("explain")
-@click.argument("plan_path", metavar="PLAN.json", type=click.Path(path_type=Path))
+@click.argument("plan_path", metavar="PLAN.json[#N]", type=click.Path(path_type=Path))
 @click.option("--top", "top_k", type=click.IntRange(1, 50), default=5, show_default=True,
               help="How many of the search's plans (distinct layouts) to list as alternatives.")
 @click.option("--json", "as_json", is_flag=True, help="Print the explanation as one JSON document.")
@@ -1108,7 +1110,8 @@ def explain_command(plan_path: Path, top_k: int, as_json: bool) -> None:
 
 
 @main.command("compare")
-@click.argument("plan_paths", metavar="A.json B.json [...]", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("plan_paths", metavar="A.json[#N] B.json[#N] [...]", nargs=-1, required=True,
+                type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as one JSON document.")
 @handle_errors
 def compare_command(plan_paths: tuple[Path, ...], as_json: bool) -> None:

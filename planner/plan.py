@@ -350,8 +350,36 @@ def _partition_from_stages(stages: Any, model: ModelSpec, config: ParallelConfig
     return Partition(tuple(counts))
 
 
-def load_plan(path: Path) -> Plan:
-    """Read and validate a plan file; any problem is one PlannerError line naming the file."""
+def _split_plan_reference(reference: Path | str) -> tuple[Path, int]:
+    """(file, plan number) of a plan reference: `PLAN.json` is the file's plan (number 1), `PLAN.json#N` its N-th
+    as `planner plan` numbered them (#2 onwards: the file's `alternatives`). A file whose own name ends in `#N` is
+    read whole when it exists."""
+    text = str(reference)
+    name, mark, number = text.rpartition("#")
+    if not mark or Path(text).exists():
+        return Path(text), 1
+    if not number.isdigit() or int(number) < 1:
+        raise PlannerError(f"plan reference {text}: after '#' comes the plan's number as `planner plan` lists it, "
+                           f"1 (the best) or more, not {number!r}")
+    return Path(name), int(number)
+
+
+def _chosen_plan_document(document: Any, number: int, origin: str) -> Any:
+    """The `number`-th plan of a plan document: itself (1) or one of its `alternatives` (2 onwards)."""
+    if number == 1:
+        return document
+    alternatives = document.get("alternatives") if isinstance(document, dict) else None
+    held = 1 + len(alternatives) if isinstance(alternatives, list) else 1
+    if number > held:
+        listed = "only its plan #1 (written without alternatives)" if held == 1 else f"plans #1 to #{held}"
+        raise PlannerError(f"{origin}#{number}: the file holds {listed}")
+    return alternatives[number - 2]
+
+
+def load_plan(path: Path | str) -> Plan:
+    """Read and validate a plan file, or with `PLAN.json#N` its N-th plan (`_split_plan_reference`); any problem is
+    one PlannerError line naming the file."""
+    path, number = _split_plan_reference(path)
     try:
         text = Path(path).read_text()
     except (FileNotFoundError, IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
@@ -363,4 +391,5 @@ def load_plan(path: Path) -> Plan:
         document = parse_json(text, f"plan file {path}")
     except json.JSONDecodeError as exc:
         raise PlannerError(f"plan file {path} is not valid JSON (truncated?): {exc.msg} at line {exc.lineno}") from None
-    return parse_plan_document(document, f"plan file {path}")
+    origin = f"plan file {path}" + (f"#{number}" if number > 1 else "")
+    return parse_plan_document(_chosen_plan_document(document, number, f"plan file {path}"), origin)
