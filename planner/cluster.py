@@ -19,14 +19,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 from pathlib import Path
-from typing import Any
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any
 
 from planner.errors import PlannerError
 from planner.gpu import GPUSpec, gpu_from_dict, lookup_gpu
 from planner.limits import MAX_GPUS
 from planner.resources import load_structured_file, profiles_dir
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = [
     "Cluster",
@@ -232,6 +233,8 @@ class Cluster:
         """The nodes (all, or `nodes`) as a complete networkx graph whose edges carry each pair's
         per-GPU link (measured pair links included) and `seconds_per_gb` = 1e9 / bandwidth, the
         weight placement's ring and path orders minimise."""
+        import networkx as nx  # imported here: a third of a second that only placement on uneven links needs
+
         chosen = range(self.num_nodes) if nodes is None else nodes
         graph = nx.Graph(name=self.name)
         graph.add_nodes_from((n, {"name": self.nodes[n].name}) for n in chosen)

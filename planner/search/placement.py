@@ -34,9 +34,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-import networkx as nx
-from networkx.algorithms import approximation
-
 from planner.cluster import Cluster
 from planner.config import ParallelConfig, Partition, Training
 from planner.cost.estimate import Estimate, estimate
@@ -248,6 +245,9 @@ def fast_ring(cluster: Cluster, nodes: Sequence[int]) -> list[int]:
     """
     if len(nodes) < 3:
         return list(nodes)
+    import networkx as nx  # imported here, as in Cluster.node_graph: only uneven links need it
+    from networkx.algorithms import approximation
+
     graph = cluster.node_graph(nodes)
     tours = [approximation.christofides(graph, weight="seconds_per_gb")]
     tours += [approximation.greedy_tsp(graph, weight="seconds_per_gb", source=n) for n in nodes]
