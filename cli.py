@@ -917,6 +917,19 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     echo_memory(training, best.estimate)
     if heterogeneity:
         echo_heterogeneity(heterogeneity)
+    if out:
+        click.echo(f"\n{plan_file_line(out, documents)}")
+
+
+def plan_file_line(out: Path, documents: Sequence[dict[str, Any]]) -> str:
+    """What `plan --out` wrote, and how to name its alternatives (`PLAN.json#N`, planner/plan.py `load_plan`),
+    exporting plan #2 to a target it runs on."""
+    if len(documents) == 1:
+        return f"wrote {out}: plan #1"
+    listed = "#2" if len(documents) == 2 else f"#2 to #{len(documents)}"
+    targets = documents[1].get("runs_on") or []
+    example = f" (e.g. planner export {out}#2 --to {targets[0]})" if targets else ""
+    return f"wrote {out}: plan #1 and its alternatives {listed}{example}"
 
 
 @main.command("list")

@@ -52,6 +52,9 @@ def test_plan_out_writes_a_loadable_plan_file_and_top_limits_rows(tmp_path) -> N
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]  # written atomically: no temp file left
     document = json.loads(out.read_text())
     assert len(document["alternatives"]) == 1
+    target = document["alternatives"][0]["runs_on"][0]
+    assert result.stdout.rstrip().endswith(f"wrote {out}: plan #1 and its alternatives #2 "
+                                           f"(e.g. planner export {out}#2 --to {target})")
 
 
 def test_plan_with_fixed_options_keeps_them() -> None:

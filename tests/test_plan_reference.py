@@ -21,6 +21,7 @@ def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("plans") / "plan.json"
     result = CliRunner().invoke(cli.main, ["plan", "--top", "3", "--out", str(path)])
     assert result.exit_code == 0, result.output
+    assert f"wrote {path}: plan #1 and its alternatives #2 to #3" in result.output  # how to name them
     return path
 
 
@@ -78,3 +79,11 @@ def test_a_file_named_with_a_hash_is_read_whole(plan_file: Path, tmp_path: Path)
     named = tmp_path / "run#2"
     named.write_text(plan_file.read_text())
     assert load_plan(named).document["parallelism"] == load_plan(plan_file).document["parallelism"]
+
+
+def test_a_plan_written_alone_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "one.json"
+    result = CliRunner().invoke(cli.main, ["plan", "--top", "1", "--out", str(path)])
+    assert result.exit_code == 0, result.output
+    assert result.output.rstrip().endswith(f"wrote {path}: plan #1")
+    assert json.loads(path.read_text())["alternatives"] == []
