@@ -365,10 +365,11 @@ def _split_plan_reference(reference: Path | str) -> tuple[Path, int]:
 
 
 def _chosen_plan_document(document: Any, number: int, origin: str) -> Any:
-    """The `number`-th plan of a plan document: itself (1) or one of its `alternatives` (2 onwards)."""
-    if number == 1:
+    """The `number`-th plan of a plan document: itself (1) or one of its `alternatives` (2 onwards); a document that
+    is not a JSON object is returned as it is, for `parse_plan_document` to say so."""
+    if number == 1 or not isinstance(document, dict):
         return document
-    alternatives = document.get("alternatives") if isinstance(document, dict) else None
+    alternatives = document.get("alternatives")
     held = 1 + len(alternatives) if isinstance(alternatives, list) else 1
     if number > held:
         listed = "only its plan #1 (written without alternatives)" if held == 1 else f"plans #1 to #{held}"
@@ -380,16 +381,17 @@ def load_plan(path: Path | str) -> Plan:
     """Read and validate a plan file, or with `PLAN.json#N` its N-th plan (`_split_plan_reference`); any problem is
     one PlannerError line naming the file."""
     path, number = _split_plan_reference(path)
+    origin = f"plan file {path}"
     try:
-        text = Path(path).read_text()
+        text = path.read_text()
     except (FileNotFoundError, IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
         reason = getattr(exc, "strerror", None) or exc
-        raise PlannerError(f"cannot read plan file {path}: {reason}") from None
+        raise PlannerError(f"cannot read {origin}: {reason}") from None
     if not text.strip():
-        raise PlannerError(f"plan file {path} is empty")
+        raise PlannerError(f"{origin} is empty")
     try:
-        document = parse_json(text, f"plan file {path}")
+        document = parse_json(text, origin)
     except json.JSONDecodeError as exc:
-        raise PlannerError(f"plan file {path} is not valid JSON (truncated?): {exc.msg} at line {exc.lineno}") from None
-    origin = f"plan file {path}" + (f"#{number}" if number > 1 else "")
-    return parse_plan_document(_chosen_plan_document(document, number, f"plan file {path}"), origin)
+        raise PlannerError(f"{origin} is not valid JSON (truncated?): {exc.msg} at line {exc.lineno}") from None
+    return parse_plan_document(_chosen_plan_document(document, number, origin),
+                               origin if number == 1 else f"{origin}#{number}")

@@ -87,3 +87,10 @@ def test_a_plan_written_alone_says_so(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert result.output.rstrip().endswith(f"wrote {path}: plan #1")
     assert json.loads(path.read_text())["alternatives"] == []
+
+
+def test_a_numbered_reference_to_a_file_that_is_no_plan_says_what_it_is(tmp_path: Path) -> None:
+    path = tmp_path / "list.json"
+    path.write_text("[1, 2]")
+    with pytest.raises(PlannerError, match=r"list.json#2: expected a JSON object"):
+        load_plan(f"{path}#2")
