@@ -1,0 +1,97 @@
+"""The held-out check on Narayanan et al. 2021 Table 1 and the Llama 3 paper's Table 4
+(benchmarks/published_scaling.py): the transcriptions, the FLOP conventions that turn their rates into seconds, and
+the Megatron-LM of 2021 the search is held to."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import published_scaling
+from benchmarks.published_scaling import (
+    LLAMA3_ROWS,
+    LLAMA3_TOKENS_PER_BATCH,
+    MEGATRON_2021_ROWS,
+    MEGATRON_2021_SEQ_LEN,
+    MEGATRON_2021_VOCAB,
+    llama3_published_s,
+    llama3_training,
+    megatron_2021_model,
+    megatron_2021_published_s,
+)
+from planner.config import Recompute, Schedule
+from planner.cost.estimate import model_flops_per_iteration
+from planner.model import load_model
+
+DAY_S = 86400
+
+
+@pytest.mark.parametrize("row", MEGATRON_2021_ROWS, ids=lambda row: row.size)
+def test_the_2021_rows_agree_with_the_tables_own_totals(row) -> None:
+    """Each row's aggregate petaFLOP/s is its per-GPU rate (printed to the teraFLOP) times its GPUs, its GPUs its
+    degrees' product, and its GPT shape has the parameters its first column names to the last digit (12·l·h² plus
+    biases, norms and the 51,200-token and 2,048-position embeddings): a mistyped cell fails one."""
+    assert abs(row.aggregate_pflops * 1000 / row.gpus - row.tflops_per_gpu) <= 0.5 + 50 / row.gpus
+    assert row.tp * row.pp * row.dp == row.gpus
+    h, layers, embeddings = row.hidden, row.layers, MEGATRON_2021_VOCAB + MEGATRON_2021_SEQ_LEN
+    by_hand = 12 * layers * h * h * (1 + 13 / (12 * h) + embeddings / (12 * layers * h))
+    stated = float(row.size.removesuffix("B"))
+    assert by_hand / 1e9 == pytest.approx(stated, abs=0.06)
+    assert megatron_2021_model(row).num_parameters / 1e9 == pytest.approx(stated, abs=0.06)
+
+
+def test_the_1t_row_trains_450b_tokens_in_the_84_days_the_paper_estimates() -> None:
+    """Section 5.1 of the paper: the 1T model on 3,072 GPUs at its measured rate would take about 84 days for 450B
+    tokens (estimated there as 8·T·P / (n·X), which eq. 3's terms beyond 8·T·P raise by about 1 %)."""
+    row = MEGATRON_2021_ROWS[-1]
+    iterations = 450e9 / (row.global_batch * MEGATRON_2021_SEQ_LEN)
+    assert iterations * megatron_2021_published_s(row) / DAY_S == pytest.approx(84, rel=0.02)
+
+
+def test_the_search_runs_only_what_megatron_lm_ran_in_2021() -> None:
+    """Every layout the 39.1B row is planned over recomputes every layer and runs without sequence parallelism,
+    distributed optimizer or TP overlap, with the gradient all-reduce after the backward, interleaved only over a
+    multiple of pp micro-batches; and among them are both schedules."""
+    row = MEGATRON_2021_ROWS[4]
+    layouts = list(published_scaling._megatron_2021_layouts(row))
+    assert layouts
+    for config in layouts:
+        assert (config.tp, config.pp, config.dp) == (row.tp, row.pp, row.dp)
+        assert config.recompute is Recompute.FULL and config.recompute_num_layers is None
+        assert not (config.sequence_parallel or config.distributed_optimizer or config.tp_comm_overlap)
+        assert config.zero_stage == 0 and not config.overlap_grad_reduce
+        if config.vpp > 1:
+            assert (row.global_batch // (row.dp * config.micro_batch)) % row.pp == 0
+    assert {config.schedule for config in layouts} == {Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED}
+
+
+@pytest.mark.parametrize("row", LLAMA3_ROWS, ids=lambda row: f"{row.gpus}-cp{row.cp}")
+def test_the_llama3_rows_agree_with_the_tables_own_totals(row) -> None:
+    """The degrees multiply to the GPUs, and the replicas' sequences hold the table's 16M tokens per batch."""
+    assert row.tp * row.cp * row.pp * row.dp == row.gpus
+    assert row.dp * row.sequences_per_replica * row.seq_len == LLAMA3_TOKENS_PER_BATCH
+
+
+@pytest.mark.parametrize("row", LLAMA3_ROWS, ids=lambda row: f"{row.gpus}-cp{row.cp}")
+def test_llama3_rates_are_read_in_palms_flop_convention(row) -> None:
+    """PaLM's model FLOPs per token, 6 × the parameters every token multiplies (126 blocks of grouped-query attention
+    and SwiGLU, the untied output projection) + 12·layers·hidden·sequence for attention, counted by hand for the
+    Llama 3.1 405B shape; planner's count is the same, and a row's seconds are it over rate × GPUs."""
+    model = load_model("llama3-405b")
+    h, kv, ffn, layers = 16384, 8 * 128, 53248, 126
+    matmul_parameters = layers * (2 * h * h + 2 * h * kv + 3 * h * ffn) + h * 128256
+    per_token = 6 * matmul_parameters + 12 * layers * h * row.seq_len
+    flops = per_token * LLAMA3_TOKENS_PER_BATCH
+    assert model_flops_per_iteration(model, llama3_training(row)) == pytest.approx(flops, rel=1e-3)
+    assert llama3_published_s(row, model) == pytest.approx(flops / (row.tflops_per_gpu * 1e12 * row.gpus), rel=1e-3)
+
+
+def test_the_check_compares_planners_fastest_plan_with_every_row(capsys) -> None:
+    published_scaling.main(["--runs"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(MEGATRON_2021_ROWS) + 1 + len(LLAMA3_ROWS) + 1
+    rows = [*MEGATRON_2021_ROWS, None, *LLAMA3_ROWS, None]
+    for row, line in zip(rows, lines, strict=True):
+        if row is not None:
+            assert "planner's fastest" in line and f"tp={row.tp} pp={row.pp}" in line and f"dp={row.dp}" in line
+    assert lines[len(MEGATRON_2021_ROWS)].startswith("Narayanan 2021 Table 1")
+    assert " 10 runs " in lines[len(MEGATRON_2021_ROWS)] and "  3 runs " in lines[-1]
