@@ -1,5 +1,5 @@
-"""Held-out check: the most cited large training runs, never fitted: Megatron-LM's 2021 weak scaling on A100 and
-Llama 3 405B on up to 16,384 H100.
+"""Held-out check: the most cited large training runs, never fitted: Megatron-LM's 2021 weak scaling and 2022
+recompute study on A100, and Llama 3 405B on up to 16,384 H100.
 
 * **Narayanan et al. 2021, Table 1** (arXiv:2104.04473, "Efficient Large-Scale Language Model Training on GPU
   Clusters Using Megatron-LM"): ten GPT models from 1.7B to 1T parameters on 32 to 3,072 A100 80GB GPUs of Selene
@@ -9,6 +9,12 @@ Llama 3 405B on up to 16,384 H100.
   forward, and its teraFLOP/s are eq. 3's FLOPs over the measured time, so a row's seconds per iteration are eq. 3
   over rate × GPUs). The shapes reproduce each row's parameter count and the rates its aggregate column
   (tests/test_published_scaling.py), which checks the transcription.
+* **Korthikanti et al. 2022, Tables 3 and 5** (arXiv:2205.05198, "Reducing Activation Recomputation in Large
+  Transformer Models"): 22B, 175B, 530B and 1T GPTs on 8 to 512 A100 of the same cluster, tensor parallel 8, no
+  data parallelism, the same vocabulary and sequence, each timed end to end (seconds per iteration) with every
+  layer recomputed and with sequence parallelism and selective recompute; the table's throughput increase and MFU
+  check the transcription. The 22B model's layers are in the calibration set (Table 4, one layer's times); its
+  iterations are not.
 * **Llama 3 405B** (Meta, "The Llama 3 Herd of Models", arXiv:2407.21783, Table 4; the same figures on the SC'24
   slides): 8,192 and 16,384 H100 (80 GB, 400 Gb/s per GPU), tensor parallel 8, pipeline 16, context parallel 1 or
   16 (data parallel the rest), 16M tokens per batch of 8K or 128K-token sequences, BF16, teraFLOP/s per GPU (the
@@ -18,15 +24,16 @@ Llama 3 405B on up to 16,384 H100.
   the 8K rows' seconds would be 3.9 % fewer and the 128K row's 28.6 % fewer, planner 38 % slow on it; that row's
   error rests on the convention.
 
-Neither table states the micro-batch or the interleaving (nor Meta's recompute or optimizer sharding): planner
-searches them at each row's published degrees and its fastest plan is compared with the published run, as
-benchmarks/mcore_scaling.py does for Megatron-LM's 2024 H100 table. Megatron-LM as of the paper (NVIDIA/Megatron-LM
-a8d172b, 2021-04-28) had no sequence parallelism, distributed optimizer or TP communication overlap, all-reduced
-the gradients after the whole backward (`train_step` under `--DDP-impl local`, its default; overlapping them would
-make planner 3 points faster on average), asked the interleaved schedule for a micro-batch count divisible by the
-pipeline size, and these runs recomputed every layer; the search is held to that. Llama 3's rows are planned as
-Megatron-LM runs them today. A negative error is planner's optimism, or a faster layout than the one the authors
-ran.
+No table states the micro-batch or the interleaving (nor Meta's recompute or optimizer sharding): planner searches
+them at each run's published degrees and its fastest plan is compared with the published run, as
+benchmarks/mcore_scaling.py does for Megatron-LM's 2024 H100 table. Megatron-LM as of the 2021 paper
+(NVIDIA/Megatron-LM a8d172b, 2021-04-28) had no sequence parallelism, distributed optimizer or TP communication
+overlap, all-reduced the gradients after the whole backward (`train_step` under `--DDP-impl local`, its default;
+overlapping them would make planner 3 points faster on Table 1 on average) and asked the interleaved schedule for a
+micro-batch count divisible by the pipeline size; the search over both papers' runs is held to that, with each
+run's recompute and sequence parallelism (the 2022 runs have no data parallelism to overlap). Llama 3's rows are
+planned as Megatron-LM runs them today. A negative error is planner's optimism, or a faster layout than the one
+the authors ran.
 
     PYTHONPATH=. python -m benchmarks.published_scaling [--runs]
 """
@@ -48,10 +55,12 @@ from planner.profile.calibration import default_calibration
 from planner.search.planning import plan
 from planner.search.space import FixedOptions, enumerate_configs
 
-__all__ = ["LLAMA3_ROWS", "LLAMA3_TOKENS_PER_BATCH", "MEGATRON_2021_ROWS", "MEGATRON_2021_SEQ_LEN",
-           "MEGATRON_2021_VOCAB", "Llama3Row", "PublishedRun", "llama3_published_s", "llama3_runs",
-           "llama3_training", "megatron_2021_fastest", "megatron_2021_model", "megatron_2021_published_s",
-           "megatron_2021_runs", "megatron_2021_training"]
+__all__ = ["KORTHIKANTI_ROWS", "LLAMA3_ROWS", "LLAMA3_TOKENS_PER_BATCH", "MEGATRON_2021_ROWS",
+           "MEGATRON_2021_SEQ_LEN", "MEGATRON_2021_VOCAB", "EarlyMegatronRun", "Llama3Row", "PublishedRun",
+           "RecomputeRow", "early_megatron_fastest", "early_megatron_gpt", "early_megatron_layouts",
+           "korthikanti_published_runs", "korthikanti_runs", "llama3_published_s", "llama3_runs", "llama3_training",
+           "megatron_2021_model", "megatron_2021_published_s", "megatron_2021_run", "megatron_2021_runs",
+           "megatron_2021_training"]
 
 GPUS_PER_NODE = 8  # DGX A100 on Selene; Meta's Grand Teton H100 servers
 
@@ -94,6 +103,34 @@ LLAMA3_ROWS = (
 
 
 @dataclass(frozen=True)
+class RecomputeRow:
+    """One model of Korthikanti et al. 2022: Table 3's configuration and Table 5's seconds per iteration with every
+    layer recomputed and with sequence parallelism and selective recompute, and that table's throughput increase and
+    MFU (the last two check the transcription)."""
+
+    size: str
+    heads: int
+    hidden: int
+    layers: int
+    tp: int
+    pp: int
+    gpus: int
+    global_batch: int
+    full_recompute_s: float
+    selective_s: float
+    throughput_increase_percent: float
+    mfu_percent: float
+
+
+KORTHIKANTI_ROWS = (
+    RecomputeRow("22B", 64, 6144, 48, 8, 1, 8, 4, 1.42, 1.10, 29.0, 41.5),
+    RecomputeRow("175B", 96, 12288, 96, 8, 8, 64, 64, 18.13, 13.75, 31.8, 51.4),
+    RecomputeRow("530B", 128, 20480, 105, 8, 35, 280, 280, 49.05, 37.83, 29.7, 56.0),
+    RecomputeRow("1T", 160, 25600, 128, 8, 64, 512, 512, 94.42, 71.49, 32.1, 56.3),
+)
+
+
+@dataclass(frozen=True)
 class PublishedRun:
     """A published run against planner's fastest plan at its degrees."""
 
@@ -107,14 +144,17 @@ class PublishedRun:
         return self.predicted.iteration_time_s / self.published_s - 1
 
 
-def megatron_2021_model(row: ScalingRow) -> ModelSpec:
-    """The row's GPT: GPT-3's block (4h GeLU MLP, LayerNorm, biases, learned positions, dropout) with tied
-    embeddings, as Megatron-LM's GPT of 2021 builds it."""
-    return ModelSpec(name=f"gpt-{row.size.lower()}", num_layers=row.layers, hidden_size=row.hidden,
-                     num_attention_heads=row.heads, ffn_hidden_size=4 * row.hidden, vocab_size=MEGATRON_2021_VOCAB,
+def early_megatron_gpt(size: str, heads: int, hidden: int, layers: int, source: str) -> ModelSpec:
+    """A GPT as Megatron-LM built it in 2021-22: GPT-3's block (4h GeLU MLP, LayerNorm, biases, learned positions,
+    dropout), tied 51,200-token embeddings, 2,048 positions."""
+    return ModelSpec(name=f"gpt-{size.lower()}", num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                     ffn_hidden_size=4 * hidden, vocab_size=MEGATRON_2021_VOCAB,
                      max_position_embeddings=MEGATRON_2021_SEQ_LEN, activation="gelu", normalization="layernorm",
-                     position_embedding="learned", tie_embeddings=True, linear_bias=True, dropout=True,
-                     source="Narayanan et al. 2021 Table 1")
+                     position_embedding="learned", tie_embeddings=True, linear_bias=True, dropout=True, source=source)
+
+
+def megatron_2021_model(row: ScalingRow) -> ModelSpec:
+    return early_megatron_gpt(row.size, row.heads, row.hidden, row.layers, "Narayanan et al. 2021 Table 1")
 
 
 def megatron_2021_training(row: ScalingRow) -> Training:
@@ -129,35 +169,86 @@ def megatron_2021_published_s(row: ScalingRow) -> float:
 
 
 def _cluster(gpus: int, gpu: str) -> Cluster:
-    return parse_shorthand(f"{gpus // GPUS_PER_NODE}x{GPUS_PER_NODE}x{gpu}")
+    return parse_shorthand(f"{max(1, gpus // GPUS_PER_NODE)}x{GPUS_PER_NODE}x{gpu}")
 
 
-def _megatron_2021_layouts(row: ScalingRow) -> Iterator[ParallelConfig]:
-    """Every micro-batch and interleaving Megatron-LM runs at the row's degrees, as Megatron-LM of 2021 ran them:
-    every layer recomputed, no sequence parallelism, distributed optimizer or TP overlap, gradients all-reduced
-    after the backward, interleaving only over a multiple of pp micro-batches."""
-    fixed = FixedOptions(tp=row.tp, pp=row.pp, dp=row.dp, recompute=Recompute.FULL, sequence_parallel=False,
-                         distributed_optimizer=False, zero_stage=0, tp_comm_overlap=False, framework="megatron")
-    model, cluster = megatron_2021_model(row), _cluster(row.gpus, "A100-80GB")
-    for config in enumerate_configs(model, cluster, megatron_2021_training(row), fixed):
-        micro_batches = row.global_batch // (row.dp * config.micro_batch)
-        if config.vpp == 1 or micro_batches % row.pp == 0:
+@dataclass(frozen=True)
+class EarlyMegatronRun:
+    """A run of the Megatron-LM of 2021-22 as its paper gives it: model, A100 GPUs, batch, the tensor, pipeline and
+    data-parallel sizes, and the recompute and sequence parallelism it ran."""
+
+    model: ModelSpec
+    training: Training
+    gpus: int
+    tp: int
+    pp: int
+    dp: int
+    recompute: Recompute
+    sequence_parallel: bool = False
+
+    @property
+    def cluster(self) -> Cluster:
+        return _cluster(self.gpus, "A100-80GB")
+
+
+def early_megatron_layouts(run: EarlyMegatronRun) -> Iterator[ParallelConfig]:
+    """Every micro-batch and interleaving Megatron-LM runs at the run's degrees, recompute and sequence parallelism,
+    as the Megatron-LM of 2021-22 ran them: no distributed optimizer or TP overlap, gradients all-reduced after the
+    backward, interleaving only over a multiple of pp micro-batches."""
+    fixed = FixedOptions(tp=run.tp, pp=run.pp, dp=run.dp, recompute=run.recompute,
+                         sequence_parallel=run.sequence_parallel, distributed_optimizer=False, zero_stage=0,
+                         tp_comm_overlap=False, framework="megatron")
+    for config in enumerate_configs(run.model, run.cluster, run.training, fixed):
+        micro_batches = run.training.global_batch // (run.dp * config.micro_batch)
+        if config.vpp == 1 or micro_batches % run.pp == 0:
             yield replace(config, overlap_grad_reduce=False)
 
 
-def megatron_2021_fastest(row: ScalingRow) -> PublishedRun:
-    """Planner's fastest layout that fits among `_megatron_2021_layouts`, against the published run."""
-    model, cluster, training = megatron_2021_model(row), _cluster(row.gpus, "A100-80GB"), megatron_2021_training(row)
+def early_megatron_fastest(run: EarlyMegatronRun) -> tuple[ParallelConfig, Estimate]:
+    """Planner's fastest layout that fits among `early_megatron_layouts`."""
     calibration = default_calibration()
-    estimated = [(config, estimate(model, cluster, training, config, calibration=calibration))
-                 for config in _megatron_2021_layouts(row)]
-    config, best = min(((c, e) for c, e in estimated if e.fits), key=lambda pair: pair[1].iteration_time_s)
-    return PublishedRun(f"{row.size:7s} {row.gpus:5d} A100  tp={row.tp} pp={row.pp} dp={row.dp}",
-                        megatron_2021_published_s(row), config, best)
+    estimated = [(config, estimate(run.model, run.cluster, run.training, config, calibration=calibration))
+                 for config in early_megatron_layouts(run)]
+    return min(((c, e) for c, e in estimated if e.fits), key=lambda pair: pair[1].iteration_time_s)
+
+
+def megatron_2021_run(row: ScalingRow) -> EarlyMegatronRun:
+    """The row as it ran: every layer recomputed, no sequence parallelism (it did not exist yet)."""
+    return EarlyMegatronRun(megatron_2021_model(row), megatron_2021_training(row), row.gpus, row.tp, row.pp, row.dp,
+                            Recompute.FULL)
 
 
 def megatron_2021_runs() -> tuple[PublishedRun, ...]:
-    return tuple(megatron_2021_fastest(row) for row in MEGATRON_2021_ROWS)
+    """Each Table 1 row against planner's fastest layout of it."""
+    runs = []
+    for row in MEGATRON_2021_ROWS:
+        config, best = early_megatron_fastest(megatron_2021_run(row))
+        runs.append(PublishedRun(f"{row.size:7s} {row.gpus:5d} A100  tp={row.tp} pp={row.pp} dp={row.dp}",
+                                 megatron_2021_published_s(row), config, best))
+    return tuple(runs)
+
+
+def korthikanti_runs(row: RecomputeRow) -> tuple[EarlyMegatronRun, EarlyMegatronRun]:
+    """The row's two runs: every layer recomputed without sequence parallelism, and sequence parallelism with
+    selective recompute (the attention core's)."""
+    model = early_megatron_gpt(row.size, row.heads, row.hidden, row.layers, "Korthikanti et al. 2022 Table 3")
+    training = Training(global_batch=row.global_batch, seq_len=MEGATRON_2021_SEQ_LEN, dtype="bf16",
+                        attention="unfused")
+    dp = row.gpus // (row.tp * row.pp)
+    return (EarlyMegatronRun(model, training, row.gpus, row.tp, row.pp, dp, Recompute.FULL),
+            EarlyMegatronRun(model, training, row.gpus, row.tp, row.pp, dp, Recompute.SELECTIVE, True))
+
+
+def korthikanti_published_runs() -> tuple[PublishedRun, ...]:
+    """Each Table 5 run against planner's fastest layout of it."""
+    runs = []
+    for row in KORTHIKANTI_ROWS:
+        for run, published in zip(korthikanti_runs(row), (row.full_recompute_s, row.selective_s), strict=True):
+            config, best = early_megatron_fastest(run)
+            what = "sp, selective" if run.sequence_parallel else "full recompute"
+            runs.append(PublishedRun(f"{row.size:5s} {row.gpus:4d} A100  tp={row.tp} pp={row.pp} {what:14s}",
+                                     published, config, best))
+    return tuple(runs)
 
 
 def llama3_training(row: Llama3Row) -> Training:
@@ -188,6 +279,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--runs", action="store_true", help="print every row's comparison, not only the summaries")
     args = parser.parse_args(argv)
     tables = (("Narayanan 2021 Table 1 weak scaling (A100, Megatron-LM), planner's fastest plan", megatron_2021_runs()),
+              ("Korthikanti 2022 Table 5, full vs selective recompute (A100), planner's fastest plan",
+               korthikanti_published_runs()),
               ("Llama 3 405B Table 4 (H100, 8K-16K GPUs), planner's fastest plan", llama3_runs()))
     width = max(len(title) for title, _ in tables)
     for title, runs in tables:

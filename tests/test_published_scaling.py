@@ -1,6 +1,6 @@
-"""The held-out check on Narayanan et al. 2021 Table 1 and the Llama 3 paper's Table 4
-(benchmarks/published_scaling.py): the transcriptions, the FLOP conventions that turn their rates into seconds, and
-the Megatron-LM of 2021 the search is held to."""
+"""The held-out check on Narayanan et al. 2021 Table 1, Korthikanti et al. 2022 Table 5 and the Llama 3 paper's
+Table 4 (benchmarks/published_scaling.py): the transcriptions, the FLOP conventions that turn their rates into
+seconds, and the Megatron-LM of 2021-22 the search is held to."""
 
 from __future__ import annotations
 
@@ -8,15 +8,19 @@ import pytest
 
 from benchmarks import published_scaling
 from benchmarks.published_scaling import (
+    KORTHIKANTI_ROWS,
     LLAMA3_ROWS,
     LLAMA3_TOKENS_PER_BATCH,
     MEGATRON_2021_ROWS,
     MEGATRON_2021_SEQ_LEN,
     MEGATRON_2021_VOCAB,
+    early_megatron_layouts,
+    korthikanti_runs,
     llama3_published_s,
     llama3_training,
     megatron_2021_model,
     megatron_2021_published_s,
+    megatron_2021_run,
 )
 from planner.config import Recompute, Schedule
 from planner.cost.estimate import model_flops_per_iteration
@@ -52,7 +56,7 @@ def test_the_search_runs_only_what_megatron_lm_ran_in_2021() -> None:
     distributed optimizer or TP overlap, with the gradient all-reduce after the backward, interleaved only over a
     multiple of pp micro-batches; and among them are both schedules."""
     row = MEGATRON_2021_ROWS[4]
-    layouts = list(published_scaling._megatron_2021_layouts(row))
+    layouts = list(early_megatron_layouts(megatron_2021_run(row)))
     assert layouts
     for config in layouts:
         assert (config.tp, config.pp, config.dp) == (row.tp, row.pp, row.dp)
@@ -62,6 +66,27 @@ def test_the_search_runs_only_what_megatron_lm_ran_in_2021() -> None:
         if config.vpp > 1:
             assert (row.global_batch // (row.dp * config.micro_batch)) % row.pp == 0
     assert {config.schedule for config in layouts} == {Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED}
+
+
+@pytest.mark.parametrize("row", KORTHIKANTI_ROWS, ids=lambda row: row.size)
+def test_the_2022_rows_agree_with_the_tables_own_columns(row) -> None:
+    """Table 5's throughput increase is the ratio of its two times, and its MFU the model's FLOPs (recompute not
+    counted) over the selective run's time on the GPUs at A100's 312 TFLOP/s, each to its printed digits."""
+    full, selective = korthikanti_runs(row)
+    assert 100 * (row.full_recompute_s / row.selective_s - 1) == pytest.approx(row.throughput_increase_percent, abs=0.5)
+    mfu = model_flops_per_iteration(full.model, full.training) / (row.selective_s * row.gpus * 312e12)
+    assert 100 * mfu == pytest.approx(row.mfu_percent, abs=0.3)
+    assert full.tp * full.pp * full.dp == row.gpus and full.dp == 1
+    assert (full.recompute, full.sequence_parallel) == (Recompute.FULL, False)
+    assert (selective.recompute, selective.sequence_parallel) == (Recompute.SELECTIVE, True)
+
+
+def test_the_2022_selective_runs_are_searched_with_sequence_parallelism_only() -> None:
+    """The 175B selective run is planned over selective-recompute layouts with sequence parallelism, nothing else."""
+    _, selective = korthikanti_runs(KORTHIKANTI_ROWS[1])
+    layouts = list(early_megatron_layouts(selective))
+    assert layouts and all(config.recompute is Recompute.SELECTIVE and config.sequence_parallel
+                           and config.selective_recompute == "attention" for config in layouts)
 
 
 @pytest.mark.parametrize("row", LLAMA3_ROWS, ids=lambda row: f"{row.gpus}-cp{row.cp}")
@@ -88,10 +113,13 @@ def test_llama3_rates_are_read_in_palms_flop_convention(row) -> None:
 def test_the_check_compares_planners_fastest_plan_with_every_row(capsys) -> None:
     published_scaling.main(["--runs"])
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == len(MEGATRON_2021_ROWS) + 1 + len(LLAMA3_ROWS) + 1
-    rows = [*MEGATRON_2021_ROWS, None, *LLAMA3_ROWS, None]
+    korthikanti = [row for row in KORTHIKANTI_ROWS for _ in range(2)]
+    rows = [*MEGATRON_2021_ROWS, None, *korthikanti, None, *LLAMA3_ROWS, None]
+    assert len(lines) == len(rows)
     for row, line in zip(rows, lines, strict=True):
         if row is not None:
-            assert "planner's fastest" in line and f"tp={row.tp} pp={row.pp}" in line and f"dp={row.dp}" in line
-    assert lines[len(MEGATRON_2021_ROWS)].startswith("Narayanan 2021 Table 1")
-    assert " 10 runs " in lines[len(MEGATRON_2021_ROWS)] and "  3 runs " in lines[-1]
+            assert "planner's fastest" in line and f"tp={row.tp} pp={row.pp}" in line
+    summaries = [line for row, line in zip(rows, lines, strict=True) if row is None]
+    assert summaries[0].startswith("Narayanan 2021 Table 1") and " 10 runs " in summaries[0]
+    assert summaries[1].startswith("Korthikanti 2022 Table 5") and "  8 runs " in summaries[1]
+    assert summaries[2].startswith("Llama 3 405B Table 4") and "  3 runs " in summaries[2]
