@@ -1,5 +1,5 @@
-"""The held-out check on Narayanan et al. 2021 Table 1, Korthikanti et al. 2022 Table 5 and the Llama 3 paper's
-Table 4 (benchmarks/published_scaling.py): the transcriptions, the FLOP conventions that turn their rates into
+"""The held-out check on Narayanan et al. 2021 Table 1, Korthikanti et al. 2022 Table 5, MT-NLG 530B and the Llama 3
+paper's Table 4 (benchmarks/published_scaling.py): the transcriptions, the FLOP conventions that turn their rates into
 seconds, and the Megatron-LM of 2021-22 the search is held to."""
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from benchmarks.published_scaling import (
     MEGATRON_2021_ROWS,
     MEGATRON_2021_SEQ_LEN,
     MEGATRON_2021_VOCAB,
+    MT_NLG_GLOBAL_BATCH,
+    MT_NLG_ROWS,
     early_megatron_layouts,
     korthikanti_runs,
     llama3_published_s,
@@ -21,7 +23,10 @@ from benchmarks.published_scaling import (
     megatron_2021_model,
     megatron_2021_published_s,
     megatron_2021_run,
+    mt_nlg_layouts,
+    mt_nlg_model,
 )
+from benchmarks.validation_runs import narayanan_eq3_flops
 from planner.config import Recompute, Schedule
 from planner.cost.estimate import model_flops_per_iteration
 from planner.model import load_model
@@ -89,6 +94,25 @@ def test_the_2022_selective_runs_are_searched_with_sequence_parallelism_only() -
                            and config.selective_recompute == "attention" for config in layouts)
 
 
+@pytest.mark.parametrize("row", MT_NLG_ROWS, ids=lambda row: f"{row.nodes}-nodes")
+def test_the_mt_nlg_columns_agree_with_their_own_rates(row) -> None:
+    """Each column's teraFLOP/s is eq. 3's FLOPs of a 1,920-sequence batch of the 530B GPT over its seconds and its
+    nodes' 8 GPUs, to the printed teraFLOP: a mistyped time, rate or node count fails it."""
+    flops = narayanan_eq3_flops(mt_nlg_model(), MT_NLG_GLOBAL_BATCH, MEGATRON_2021_SEQ_LEN)
+    assert flops / (row.iteration_s * row.nodes * 8) / 1e12 == pytest.approx(row.tflops_per_gpu, abs=0.6)
+
+
+def test_mt_nlg_is_planned_as_deepspeeds_2021_pipeline_engine_ran_it() -> None:
+    """1F1B only, every layer recomputed, no sequence parallelism, DeepSpeed's semantics (no gradient reduction
+    overlapped with a pipeline), at tp 8 and pp 35."""
+    layouts = list(mt_nlg_layouts(MT_NLG_ROWS[0]))
+    assert layouts
+    for config in layouts:
+        assert (config.tp, config.pp, config.dp) == (8, 35, 8)
+        assert config.schedule is Schedule.ONE_F_ONE_B and config.recompute is Recompute.FULL
+        assert not config.sequence_parallel and not config.overlap_grad_reduce
+
+
 @pytest.mark.parametrize("row", LLAMA3_ROWS, ids=lambda row: f"{row.gpus}-cp{row.cp}")
 def test_the_llama3_rows_agree_with_the_tables_own_totals(row) -> None:
     """The degrees multiply to the GPUs, and the replicas' sequences hold the table's 16M tokens per batch."""
@@ -111,15 +135,19 @@ def test_llama3_rates_are_read_in_palms_flop_convention(row) -> None:
 
 
 def test_the_check_compares_planners_fastest_plan_with_every_row(capsys) -> None:
+    """One line per run naming its published degrees, and a summary after each table."""
     published_scaling.main(["--runs"])
     lines = capsys.readouterr().out.splitlines()
-    korthikanti = [row for row in KORTHIKANTI_ROWS for _ in range(2)]
-    rows = [*MEGATRON_2021_ROWS, None, *korthikanti, None, *LLAMA3_ROWS, None]
-    assert len(lines) == len(rows)
-    for row, line in zip(rows, lines, strict=True):
-        if row is not None:
-            assert "planner's fastest" in line and f"tp={row.tp} pp={row.pp}" in line
-    summaries = [line for row, line in zip(rows, lines, strict=True) if row is None]
+    korthikanti = [f"tp={row.tp} pp={row.pp}" for row in KORTHIKANTI_ROWS for _ in range(2)]
+    expected = [*(f"tp={row.tp} pp={row.pp} dp={row.dp}" for row in MEGATRON_2021_ROWS), None, *korthikanti, None,
+                *(["tp=8 pp=35"] * len(MT_NLG_ROWS)), None,
+                *(f"tp={row.tp} pp={row.pp} cp={row.cp} dp={row.dp}" for row in LLAMA3_ROWS), None]
+    assert len(lines) == len(expected)
+    for degrees, line in zip(expected, lines, strict=True):
+        if degrees is not None:
+            assert "planner's fastest" in line and degrees in line
+    summaries = [line for degrees, line in zip(expected, lines, strict=True) if degrees is None]
     assert summaries[0].startswith("Narayanan 2021 Table 1") and " 10 runs " in summaries[0]
     assert summaries[1].startswith("Korthikanti 2022 Table 5") and "  8 runs " in summaries[1]
-    assert summaries[2].startswith("Llama 3 405B Table 4") and "  3 runs " in summaries[2]
+    assert summaries[2].startswith("MT-NLG 530B") and "  3 runs " in summaries[2]
+    assert summaries[3].startswith("Llama 3 405B Table 4") and "  3 runs " in summaries[3]
