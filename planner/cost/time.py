@@ -165,6 +165,9 @@ class UnitCost:
     # state-weighted share inside `params` (`_block_parameters`); the rest of `params` reduces over dp·cp
     expert_params: float = 0.0
     expert_state_params: float = 0.0
+    # trained parameters per TP rank whose gradient the backward completes last and whose weights the forward needs
+    # first (the input embedding): their data-parallel bucket cannot be hidden (`data_parallel_time_of_runs`)
+    edge_bucket_params: float = 0.0
 
     @property
     def compute_s(self) -> float:
@@ -216,6 +219,7 @@ def unit_costs(
             tp_forward_s=forward_ars * all_reduce, tp_backward_s=backward_ars * all_reduce,
             activation_bytes=_activation_bytes(model, kind, None, training, config, setting, timer),
             params=parameters / config.tp, weight_grad_s=weight_gradient_s(kind, times),
+            edge_bucket_params=parameters / config.tp * (kind is UnitKind.EMBEDDING and training.finetune == "full"),
             **_tensor_counts(model.embedding_tensor_sizes() if kind is UnitKind.EMBEDDING
                              else model.head_tensor_sizes()))
     typed = _has_method(type(timer), "block_times")  # a BlockTypeTimer
@@ -797,7 +801,12 @@ def data_parallel_time_of_runs(
     all-reduces gradients once per iteration; the distributed optimizer / ZeRO-1 reduce-scatters
     gradients and all-gathers the updated 16-bit weights (Megatron's overlap_grad_reduce hides the
     reduction behind the last micro-batch's backward, overlap_param_gather the all-gather behind the
-    first forward). Without pipelining, ZeRO-2/3 collectives are per unit and per micro-batch
+    first forward). Megatron-LM, PyTorch DDP and DeepSpeed fill gradient buckets in backward order and reduce each
+    once it is complete: the input embedding's gradient completes last and, larger than a bucket (Megatron-LM's
+    max(4e7, 1e6·dp) parameters, DDP's 25 MB), ends in the last one, whose reduction starts only when the backward
+    has ended; with the weights' all-gather overlapped, that bucket is also the first the next forward waits on.
+    Neither is hidden, whatever the compute (`UnitCost.edge_bucket_params`). Without pipelining, ZeRO-2/3
+    collectives are per unit and per micro-batch
     (`_sharded_microbatch_s`); ZeRO-2 all-gathers the updated weights once per iteration like ZeRO-1.
     With pipelining, FSDP runs as PyTorch's pipeline stages drive it (`_pipelined_fsdp_s`). Under HSDP the
     R replicas (`replicate_link`) all-reduce their gradient shards once per iteration, behind the last backward.
@@ -819,6 +828,9 @@ def data_parallel_time_of_runs(
     grads = trainable * training.grad_bytes
     experts = sum(unit.expert_params * count for unit, count in runs) * states.trainable if apart else 0.0
     last_backward = sum((unit.backward_s + unit.recompute_s) * count for unit, count in runs)
+    # the input embedding's bucket: its reduction starts only once the backward has ended, its gather (sharded
+    # optimizer states) is the first the next forward waits on; its weights are never FP8
+    edge = sum(unit.edge_bucket_params * count for unit, count in runs)
     replicate_s = all_reduce_time(grads / group, config.hsdp_replicas, replicate_link or link, calibration)
     replicate = DataParallelTime(replicate_s, _exposed(replicate_s, last_backward, True))
 
@@ -830,15 +842,18 @@ def data_parallel_time_of_runs(
 
     if sharding == 0:
         reduce_s = both_groups(all_reduce_time, grads, experts * training.grad_bytes)
-        return DataParallelTime(reduce_s, _exposed(reduce_s, last_backward, config.overlap_grad_reduce))
+        edge_s = all_reduce_time(edge * training.grad_bytes, group, link, calibration)
+        return DataParallelTime(reduce_s, _exposed(reduce_s, last_backward, config.overlap_grad_reduce, edge_s))
     gathered = trainable * PARAM_BYTES - sum(_fp8_saved_bytes(unit, config, apart) * count for unit, count in runs)
     expert_bytes = experts * (FP8_PARAM_BYTES if config.fp8_param_gather else PARAM_BYTES)
     gather_s = both_groups(all_gather_time, gathered, expert_bytes) if sharding < 3 else 0.0
     forward = sum(unit.forward_s * count for unit, count in runs)
-    gather_exposed = _exposed(gather_s, forward, config.overlap_param_gather)
+    edge_gather_s = all_gather_time(edge * PARAM_BYTES, group, link, calibration) if sharding < 3 else 0.0
+    gather_exposed = _exposed(gather_s, forward, config.overlap_param_gather, edge_gather_s)
     if sharding == 1:
         reduce_s = both_groups(reduce_scatter_time, grads, experts * training.grad_bytes)
-        exposed = _exposed(reduce_s, last_backward, config.overlap_grad_reduce) + gather_exposed
+        edge_s = reduce_scatter_time(edge * training.grad_bytes, group, link, calibration)
+        exposed = _exposed(reduce_s, last_backward, config.overlap_grad_reduce, edge_s) + gather_exposed
         return DataParallelTime(reduce_s + gather_s, exposed)
     experts_link = expert_link if apart else None
     if config.pp > 1:
@@ -1016,8 +1031,10 @@ def _positive(seconds: float) -> float:
     return np.maximum(seconds, 0.0)
 
 
-def _exposed(comm_s: float, hiding_s: float, overlapped: bool) -> float:
-    return _positive(comm_s - hiding_s) if overlapped else comm_s
+def _exposed(comm_s: float, hiding_s: float, overlapped: bool, unhidden_s: float = 0.0) -> float:
+    """What of `comm_s` an overlapped collective leaves past the `hiding_s` of compute it runs behind, and at least
+    `unhidden_s`, the part that cannot start before that compute ends (all of it when not overlapped)."""
+    return np.maximum(_positive(comm_s - hiding_s), unhidden_s) if overlapped else comm_s
 
 
 def activation_offload_s(offloaded: Sequence[UnitCost], blocks: Sequence[UnitCost],
