@@ -36,7 +36,7 @@ from planner.search.planning import plan
 from planner.search.search import RankedPlan
 from planner.search.space import FixedOptions
 
-__all__ = ["ROWS", "SEQ_LEN", "VOCAB", "ScalingRow", "fastest_plan", "published_iteration_s", "row_model",
+__all__ = ["ROWS", "SEQ_LEN", "VOCAB", "GptLayout", "ScalingRow", "fastest_plan", "published_iteration_s", "row_model",
            "row_training"]
 
 SEQ_LEN = 4096
@@ -45,8 +45,8 @@ GPUS_PER_NODE = 8  # DGX H100
 
 
 @dataclass(frozen=True)
-class ScalingRow:
-    """One row of the table, as printed."""
+class GptLayout:
+    """A published GPT run's model (its size label, heads, hidden size, layers) and tensor and pipeline sizes."""
 
     size: str
     heads: int
@@ -54,6 +54,12 @@ class ScalingRow:
     layers: int
     tp: int
     pp: int
+
+
+@dataclass(frozen=True)
+class ScalingRow(GptLayout):
+    """One row of the table, as printed."""
+
     dp: int
     gpus: int
     global_batch: int

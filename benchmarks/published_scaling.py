@@ -55,7 +55,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from benchmarks.accuracy import held_out_line
-from benchmarks.mcore_scaling import ScalingRow
+from benchmarks.mcore_scaling import GptLayout, ScalingRow
 from benchmarks.validation_runs import narayanan_eq3_flops
 from planner.cluster import Cluster, parse_shorthand
 from planner.config import ParallelConfig, Recompute, Training
@@ -66,12 +66,12 @@ from planner.search.planning import plan
 from planner.search.space import FixedOptions, enumerate_configs
 
 __all__ = ["KORTHIKANTI_ROWS", "LLAMA3_ROWS", "LLAMA3_TOKENS_PER_BATCH", "MEGATRON_2021_ROWS",
-           "MEGATRON_2021_SEQ_LEN", "MEGATRON_2021_VOCAB", "MT_NLG_GLOBAL_BATCH", "MT_NLG_ROWS", "EarlyMegatronRun",
-           "Llama3Row", "MtNlgRow", "PublishedRun", "RecomputeRow", "early_megatron_fastest", "early_megatron_gpt",
-           "early_megatron_layouts", "fastest_fitting", "korthikanti_published_runs", "korthikanti_runs",
-           "llama3_published_s", "llama3_runs", "llama3_training", "megatron_2021_model", "megatron_2021_published_s",
-           "megatron_2021_run", "megatron_2021_runs", "megatron_2021_training", "mt_nlg_layouts", "mt_nlg_model",
-           "mt_nlg_runs", "mt_nlg_training"]
+           "MEGATRON_2021_SEQ_LEN", "MEGATRON_2021_VOCAB", "MT_NLG", "MT_NLG_GLOBAL_BATCH", "MT_NLG_ROWS",
+           "EarlyMegatronRun", "Llama3Row", "MtNlgRow", "PublishedRun", "RecomputeRow", "early_megatron_fastest",
+           "early_megatron_gpt", "early_megatron_layouts", "fastest_fitting", "korthikanti_published_runs",
+           "korthikanti_runs", "llama3_published_s", "llama3_runs", "llama3_training", "megatron_2021_model",
+           "megatron_2021_published_s", "megatron_2021_run", "megatron_2021_runs", "megatron_2021_training",
+           "mt_nlg_layouts", "mt_nlg_model", "mt_nlg_runs", "mt_nlg_training"]
 
 GPUS_PER_NODE = 8  # DGX A100 on Selene; Meta's Grand Teton H100 servers
 
@@ -114,17 +114,11 @@ LLAMA3_ROWS = (
 
 
 @dataclass(frozen=True)
-class RecomputeRow:
+class RecomputeRow(GptLayout):
     """One model of Korthikanti et al. 2022: Table 3's configuration and Table 5's seconds per iteration with every
     layer recomputed and with sequence parallelism and selective recompute, and that table's throughput increase and
     MFU (the last two check the transcription)."""
 
-    size: str
-    heads: int
-    hidden: int
-    layers: int
-    tp: int
-    pp: int
     gpus: int
     global_batch: int
     full_recompute_s: float
@@ -152,7 +146,7 @@ class MtNlgRow:
 
 
 MT_NLG_GLOBAL_BATCH = 1920
-MT_NLG_TP, MT_NLG_PP = 8, 35
+MT_NLG = GptLayout("530B", 128, 20480, 105, 8, 35)  # the paper's model and its tensor and pipeline sizes
 MT_NLG_ROWS = (MtNlgRow(280, 60.1, 126), MtNlgRow(350, 50.2, 121), MtNlgRow(420, 44.4, 113))
 
 
@@ -170,17 +164,18 @@ class PublishedRun:
         return self.predicted.iteration_time_s / self.published_s - 1
 
 
-def early_megatron_gpt(size: str, heads: int, hidden: int, layers: int, source: str) -> ModelSpec:
+def early_megatron_gpt(layout: GptLayout, source: str) -> ModelSpec:
     """A GPT as Megatron-LM built it in 2021-22: GPT-3's block (4h GeLU MLP, LayerNorm, biases, learned positions,
     dropout), tied 51,200-token embeddings, 2,048 positions."""
-    return ModelSpec(name=f"gpt-{size.lower()}", num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                     ffn_hidden_size=4 * hidden, vocab_size=MEGATRON_2021_VOCAB,
-                     max_position_embeddings=MEGATRON_2021_SEQ_LEN, activation="gelu", normalization="layernorm",
-                     position_embedding="learned", tie_embeddings=True, linear_bias=True, dropout=True, source=source)
+    return ModelSpec(name=f"gpt-{layout.size.lower()}", num_layers=layout.layers, hidden_size=layout.hidden,
+                     num_attention_heads=layout.heads, ffn_hidden_size=4 * layout.hidden,
+                     vocab_size=MEGATRON_2021_VOCAB, max_position_embeddings=MEGATRON_2021_SEQ_LEN,
+                     activation="gelu", normalization="layernorm", position_embedding="learned",
+                     tie_embeddings=True, linear_bias=True, dropout=True, source=source)
 
 
 def megatron_2021_model(row: ScalingRow) -> ModelSpec:
-    return early_megatron_gpt(row.size, row.heads, row.hidden, row.layers, "Narayanan et al. 2021 Table 1")
+    return early_megatron_gpt(row, "Narayanan et al. 2021 Table 1")
 
 
 def megatron_2021_training(row: ScalingRow) -> Training:
@@ -262,7 +257,7 @@ def megatron_2021_runs() -> tuple[PublishedRun, ...]:
 def korthikanti_runs(row: RecomputeRow) -> tuple[EarlyMegatronRun, EarlyMegatronRun]:
     """The row's two runs: every layer recomputed without sequence parallelism, and sequence parallelism with
     selective recompute (the attention core's)."""
-    model = early_megatron_gpt(row.size, row.heads, row.hidden, row.layers, "Korthikanti et al. 2022 Table 3")
+    model = early_megatron_gpt(row, "Korthikanti et al. 2022 Table 3")
     training = Training(global_batch=row.global_batch, seq_len=MEGATRON_2021_SEQ_LEN, dtype="bf16",
                         attention="unfused")
     dp = row.gpus // (row.tp * row.pp)
@@ -284,7 +279,7 @@ def korthikanti_published_runs() -> tuple[PublishedRun, ...]:
 
 def mt_nlg_model() -> ModelSpec:
     """Megatron-Turing NLG 530B: 105 layers, hidden 20,480, 128 heads, the GPT of Narayanan et al.'s 529.6B row."""
-    return early_megatron_gpt("530B", 128, 20480, 105, "Smith et al. 2022 (MT-NLG)")
+    return early_megatron_gpt(MT_NLG, "Smith et al. 2022 (MT-NLG)")
 
 
 def mt_nlg_training() -> Training:
@@ -296,8 +291,8 @@ def mt_nlg_training() -> Training:
 def mt_nlg_layouts(row: MtNlgRow) -> Iterator[ParallelConfig]:
     """Every layout DeepSpeed's pipeline engine runs at tp 8, pp 35 and the nodes' data parallelism, every layer
     recomputed, without sequence parallelism (not yet in 2021)."""
-    dp = row.nodes * GPUS_PER_NODE // (MT_NLG_TP * MT_NLG_PP)
-    fixed = FixedOptions(tp=MT_NLG_TP, pp=MT_NLG_PP, dp=dp, recompute=Recompute.FULL, sequence_parallel=False,
+    dp = row.nodes * GPUS_PER_NODE // (MT_NLG.tp * MT_NLG.pp)
+    fixed = FixedOptions(tp=MT_NLG.tp, pp=MT_NLG.pp, dp=dp, recompute=Recompute.FULL, sequence_parallel=False,
                          framework="deepspeed")
     return enumerate_configs(mt_nlg_model(), _cluster(row.nodes * GPUS_PER_NODE, "A100-80GB"), mt_nlg_training(),
                              fixed)
