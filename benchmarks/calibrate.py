@@ -78,6 +78,8 @@ FITTED = (
     Fitted("iteration_overhead_s", 0.0, 0.0, 2.0, "fixed cost per iteration: data loader, loss scaling, logging"),
     Fitted("misaligned_gemm_efficiency", 1.0, 0.05, 1.0,
            "GEMM efficiency relative to aligned when a 16-bit leading dimension is not a multiple of 16 bytes"),
+    Fitted("legacy_pipeline_layer_s", 0.0, 0.0, 0.01,
+           "seconds DeepSpeed's legacy pipeline engine adds per layer and forward pass of a micro-batch"),
 )
 # Memory constants are no longer fitted: CUDA context, NCCL buffers and allocator fragmentation are sourced
 # physical terms (profiles/calibration.yaml, planner/cost/memory.py); refitting the fragmentation on the BLOOM

@@ -58,7 +58,7 @@ from benchmarks.accuracy import held_out_line
 from benchmarks.mcore_scaling import GptLayout, ScalingRow
 from benchmarks.validation_runs import narayanan_eq3_flops
 from planner.cluster import Cluster, parse_shorthand
-from planner.config import ParallelConfig, Recompute, Training
+from planner.config import ParallelConfig, Recompute, Training, deepspeed_legacy_pipeline
 from planner.cost.estimate import Estimate, estimate, model_flops_per_iteration
 from planner.model import ModelSpec, load_model
 from planner.profile.calibration import default_calibration
@@ -146,6 +146,7 @@ class MtNlgRow:
 
 
 MT_NLG_GLOBAL_BATCH = 1920
+MT_NLG_DEEPSPEED = "0.5"  # trained in the second half of 2021: DeepSpeed v0.5 (2021-08) was that period's release
 MT_NLG = GptLayout("530B", 128, 20480, 105, 8, 35)  # the paper's model and its tensor and pipeline sizes
 MT_NLG_ROWS = (MtNlgRow(280, 60.1, 126), MtNlgRow(350, 50.2, 121), MtNlgRow(420, 44.4, 113))
 
@@ -290,12 +291,14 @@ def mt_nlg_training() -> Training:
 
 def mt_nlg_layouts(row: MtNlgRow) -> Iterator[ParallelConfig]:
     """Every layout DeepSpeed's pipeline engine runs at tp 8, pp 35 and the nodes' data parallelism, every layer
-    recomputed, without sequence parallelism (not yet in 2021)."""
+    recomputed, without sequence parallelism (not yet in 2021), on the legacy engine of its 2021 release."""
     dp = row.nodes * GPUS_PER_NODE // (MT_NLG.tp * MT_NLG.pp)
     fixed = FixedOptions(tp=MT_NLG.tp, pp=MT_NLG.pp, dp=dp, recompute=Recompute.FULL, sequence_parallel=False,
                          framework="deepspeed")
-    return enumerate_configs(mt_nlg_model(), _cluster(row.nodes * GPUS_PER_NODE, "A100-80GB"), mt_nlg_training(),
-                             fixed)
+    legacy = deepspeed_legacy_pipeline(MT_NLG_DEEPSPEED)
+    for config in enumerate_configs(mt_nlg_model(), _cluster(row.nodes * GPUS_PER_NODE, "A100-80GB"),
+                                    mt_nlg_training(), fixed):
+        yield replace(config, legacy_pipeline_engine=legacy)
 
 
 def mt_nlg_runs() -> tuple[PublishedRun, ...]:

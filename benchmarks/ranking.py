@@ -80,8 +80,9 @@ class VTrainRun:
 
 def vtrain_time(run: VTrainRun, cluster: Cluster, calibration: Calibration) -> float:
     """Predicted seconds per iteration of one vTrain run on `cluster`, as its configs ran it: fp16, unfused
-    attention, full activation checkpointing, no ZeRO, DeepSpeed's pipeline engine (1/tp of a boundary tensor per
-    TP rank), gradients all-reduced after the flush (`use_gradient_bucket=false`)."""
+    attention, full activation checkpointing, no ZeRO, DeepSpeed's pipeline engine of 2023 (1/tp of a boundary tensor
+    per TP rank; not the legacy engine, `deepspeed_legacy_pipeline`), gradients all-reduced after the flush
+    (`use_gradient_bucket=false`)."""
     model = _gpt(run.name, run.layers, run.hidden, run.heads, run.seq_len)
     training = Training(global_batch=run.global_batch, seq_len=run.seq_len, dtype="fp16", attention="unfused")
     config = FRAMEWORKS["deepspeed"].runs(ParallelConfig(dp=run.dp, tp=run.tp, pp=run.pp, micro_batch=run.micro_batch,

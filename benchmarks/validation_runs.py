@@ -72,7 +72,14 @@ from benchmarks.bridge_systems import (
     with_recipe_fp8_params,
 )
 from planner.cluster import Cluster, load_cluster
-from planner.config import ParallelConfig, Recompute, Schedule, Training, deepspeed_zero3_collectives
+from planner.config import (
+    ParallelConfig,
+    Recompute,
+    Schedule,
+    Training,
+    deepspeed_legacy_pipeline,
+    deepspeed_zero3_collectives,
+)
 from planner.cost.estimate import Estimate, estimate, model_flops_per_iteration
 from planner.cost.memory import STACK_BYTES_PER_SM
 from planner.cost.time import unit_costs
@@ -131,6 +138,9 @@ JEAN_ZAY_BEFORE_FIX = "jean-zay-a100-48 before the PCIe/NUMA fix"
 JEAN_ZAY_PIPELINE = "jean-zay-a100-48 pipeline transfers"
 BLOOM_VOCAB = 250880
 JEAN_ZAY_CUDA_CONTEXT_BYTES = 1573 * 2**20
+# The sweep's rows date from January to March 2022, on the BigScience branch of DeepSpeed of that time (v0.5.x-0.6.x,
+# whose BF16_Optimizer the bf16 rows run): its pipeline engine is the legacy one (deepspeed_legacy_pipeline).
+BLOOM_DEEPSPEED = "0.6"
 """The CUDA context on Jean Zay's A100s under the BLOOM runs' software, as the chronicles measured it
 (bigscience-workshop/bigscience train/tr11-176B-ml/chronicles-prequel.md: `torch.ones(1).cuda()`, then nvidia-smi:
 "40GB A100 takes 1573MiB for cuda kernels"): PyTorch 1.x on CUDA 11 loaded every kernel image when the context was
@@ -260,7 +270,8 @@ def _bloom_row(row: pd.Series, cluster: Cluster, p2p_ratio: float) -> Run | None
     zero = 1 if values["zs"] is None else int(values["zs"])
     config = FRAMEWORKS["deepspeed"].runs(ParallelConfig(
         dp=dp, tp=tp, pp=pp, micro_batch=int(values["mbs"]), recompute=Recompute.FULL, zero_stage=zero,
-        schedule=Schedule.ONE_F_ONE_B, deepspeed_optimizer="bf16" if bf16 and zero == 1 else "zero"))
+        schedule=Schedule.ONE_F_ONE_B, deepspeed_optimizer="bf16" if bf16 and zero == 1 else "zero",
+        legacy_pipeline_engine=deepspeed_legacy_pipeline(BLOOM_DEEPSPEED)))
     model = bloom_model(int(values["nhidden"]), int(values["nlayers"]), int(values["nheads"]))
     label = (f"L{row['source_line']} h{model.hidden_size} l{model.num_layers} a{model.num_attention_heads} "
              f"{config.describe()} gbs{training.global_batch}")

@@ -22,6 +22,7 @@ __all__ = [
     "CROSS_ENTROPY_KERNELS",
     "CUDA_GRAPH_MODES",
     "CUDA_GRAPH_MODULES",
+    "DEEPSPEED_MODERN_PIPELINE",
     "DEEPSPEED_OPTIMIZERS",
     "DEEPSPEED_PER_UNIT_ZERO3",
     "DEFAULT_LOCAL_QUEUE_DEPTH",
@@ -46,6 +47,7 @@ __all__ = [
     "Recompute",
     "Schedule",
     "Training",
+    "deepspeed_legacy_pipeline",
     "deepspeed_zero3_collectives",
     "ep_overlap_why_not",
     "graphed_recompute_why_not",
@@ -83,6 +85,11 @@ ZERO3_COLLECTIVES = ("per-unit", "per-tensor")
 FSDP_BACKWARD_PREFETCHES = ("pre", "post")
 # The first DeepSpeed release whose ZeRO-3 runs "per-unit" (v0.6.0, 2022-03-07, with PR #1453).
 DEEPSPEED_PER_UNIT_ZERO3 = (0, 6)
+# The first DeepSpeed release whose pipeline engine planner costs without the legacy engine's fixed time per layer
+# and micro-batch (ParallelConfig.legacy_pipeline_engine): runs on v0.5 (MT-NLG, 2021) and v0.6 (BLOOM's BigScience
+# fork, 2022) show it, vTrain's Megatron-DeepSpeed runs of 2023 do not; v0.8.0 (2023-01) is the first release
+# after BLOOM's training, the change that removed it is not identified (docs/accuracy.md).
+DEEPSPEED_MODERN_PIPELINE = (0, 8)
 # What selective recomputation keeps. "attention": Megatron-LM's --recompute-granularity selective (Korthikanti et
 # al. 2022: everything but the attention core, which is recomputed). "op": torchtitan's per-op SAC
 # (activation_checkpoint.selective_ac_option "op"): the outputs of every other matrix multiply (the 1st, 3rd, … of a
@@ -168,11 +175,20 @@ DEFAULT_LORA_RANK = 16
 OPTIMIZER_STATES = ("fp32", "8bit", "cpu")
 
 
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
 def deepspeed_zero3_collectives(version: str) -> str:
     """How DeepSpeed `version` ("0.5.7", "0.3") issues ZeRO-3 collectives (one of ZERO3_COLLECTIVES), so that a
     run is costed as its release ran it: "per-tensor" before DEEPSPEED_PER_UNIT_ZERO3, "per-unit" from it."""
-    release = tuple(int(part) for part in version.split("."))
-    return "per-unit" if release >= DEEPSPEED_PER_UNIT_ZERO3 else "per-tensor"
+    return "per-unit" if _release(version) >= DEEPSPEED_PER_UNIT_ZERO3 else "per-tensor"
+
+
+def deepspeed_legacy_pipeline(version: str) -> bool:
+    """Whether DeepSpeed `version`'s pipeline engine is costed with the legacy engine's fixed time per layer and
+    micro-batch (`ParallelConfig.legacy_pipeline_engine`): releases before DEEPSPEED_MODERN_PIPELINE."""
+    return _release(version) < DEEPSPEED_MODERN_PIPELINE
 
 
 def _parse_module_list(option: str, text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
@@ -533,6 +549,10 @@ class ParallelConfig:
     # receives): one transfer time per boundary and micro-batch; off: one after the other (DeepSpeed's
     # PipelineEngine, blocking p2p.send / p2p.recv of one tensor at a time)
     p2p_duplex: bool = True
+    # DeepSpeed's pipeline engine as released before DEEPSPEED_MODERN_PIPELINE: with pp > 1 every transformer layer
+    # pays `Calibration.legacy_pipeline_layer_s` per forward pass of a micro-batch (twice in its backward), a cost
+    # of the engine whose mechanism is not identified (`deepspeed_legacy_pipeline`, docs/accuracy.md)
+    legacy_pipeline_engine: bool = False
     overlap_tp_backward: bool = True  # backward TP all-reduce overlapped with wgrad GEMMs (Megatron-LM ≥ 2021-11)
     # SP all-gathers / reduce-scatters chunked and pipelined with their GEMMs: Megatron-LM's
     # --tp-comm-overlap (Transformer Engine userbuffers), torchtitan's async TP

@@ -115,6 +115,7 @@ def build_plan_document(
             "overlap_param_gather": config.overlap_param_gather, "ep": config.ep, "etp": config.etp,
             "moe_dispatcher": config.moe_dispatcher, "moe_ep_overlap": config.moe_ep_overlap,
             "p2p_scatter_gather": config.p2p_scatter_gather, "p2p_duplex": config.p2p_duplex,
+            **({"legacy_pipeline_engine": True} if config.legacy_pipeline_engine else {}),
             "overlap_tp_backward": config.overlap_tp_backward,
             "sp_saves_gathered_input": config.sp_saves_gathered_input, "pipeline_order": config.pipeline_order,
             "overlap_p2p_comm": config.overlap_p2p_comm,  # null: Megatron-LM's default (on when interleaved)
@@ -220,6 +221,7 @@ def parse_plan_document(document: Any, origin: str = "plan file") -> Plan:
             moe_ep_overlap=_flag(par, "moe_ep_overlap", False, origin),
             p2p_scatter_gather=_flag(par, "p2p_scatter_gather", True, origin),
             p2p_duplex=_flag(par, "p2p_duplex", True, origin),
+            legacy_pipeline_engine=_flag(par, "legacy_pipeline_engine", False, origin),
             overlap_tp_backward=_flag(par, "overlap_tp_backward", True, origin),
             sp_saves_gathered_input=_flag(par, "sp_saves_gathered_input", False, origin),
             pipeline_order=par.get("pipeline_order", "megatron"),

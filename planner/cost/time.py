@@ -266,6 +266,10 @@ def _block_cost(model: ModelSpec, block: BlockSpec, times: UnitTimes, training: 
         recompute = selective_recompute_s(times, config.selective_modules)
         if "mlp" in config.selective_modules and block.mlp is not None and not block.mlp.is_moe:
             recompute_tp = tp_forward / block.sublayers  # the dense MLP's own collectives, re-run with it
+    if config.legacy_pipeline_engine and config.pp > 1:  # DeepSpeed's legacy engine: per layer and forward pass
+        engine_s = calibration.legacy_pipeline_layer_s
+        times = replace(times, forward_s=times.forward_s + engine_s, backward_s=times.backward_s + 2 * engine_s)
+        recompute += engine_s * (config.recompute is Recompute.FULL)
     modules = frozenset(RECOMPUTE_MODULES) if config.recompute is Recompute.FULL else config.selective_modules
     if ("core_attn" in modules and not op_policy) or (op_policy and not config.sac_keeps_attention):
         # attention recomputed, with its KV exchange

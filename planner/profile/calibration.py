@@ -60,6 +60,9 @@ class Calibration:
     host_overlap_softness: float = 0.0
     # share of the GEMM and HBM rates the Mamba-2 SSD scan's kernels (chunked scan, conv1d, gated norm) reach
     mamba_scan_efficiency: float = 1.0
+    # seconds DeepSpeed's legacy pipeline engine adds per transformer layer and forward pass of a micro-batch
+    # (ParallelConfig.legacy_pipeline_engine; twice in a backward)
+    legacy_pipeline_layer_s: float = 0.0
 
     def collective_efficiency(self, kind: str) -> float:
         return self.collective_efficiency_intra if kind == "intra" else self.collective_efficiency_inter
