@@ -60,6 +60,7 @@ from benchmarks.validation_runs import narayanan_eq3_flops
 from planner.cluster import Cluster, parse_shorthand
 from planner.config import ParallelConfig, Recompute, Training, deepspeed_legacy_pipeline
 from planner.cost.estimate import Estimate, estimate, model_flops_per_iteration
+from planner.errors import PlannerError
 from planner.model import ModelSpec, load_model
 from planner.profile.calibration import default_calibration
 from planner.search.planning import plan
@@ -231,7 +232,10 @@ def fastest_fitting(model: ModelSpec, cluster: Cluster, training: Training,
     """The layout of `layouts` planner estimates fastest among those that fit, with its estimate."""
     calibration = default_calibration()
     estimated = [(config, estimate(model, cluster, training, config, calibration=calibration)) for config in layouts]
-    return min(((c, e) for c, e in estimated if e.fits), key=lambda pair: pair[1].iteration_time_s)
+    fitting = [(config, result) for config, result in estimated if result.fits]
+    if not fitting:
+        raise PlannerError(f"{model.name}: none of the {len(estimated)} layouts searched fits {cluster.num_gpus} GPUs")
+    return min(fitting, key=lambda pair: pair[1].iteration_time_s)
 
 
 def early_megatron_fastest(run: EarlyMegatronRun) -> tuple[ParallelConfig, Estimate]:

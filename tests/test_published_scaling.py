@@ -29,6 +29,7 @@ from benchmarks.published_scaling import (
 from benchmarks.validation_runs import narayanan_eq3_flops
 from planner.config import Recompute, Schedule
 from planner.cost.estimate import model_flops_per_iteration
+from planner.errors import PlannerError
 from planner.model import load_model
 
 DAY_S = 86400
@@ -151,3 +152,12 @@ def test_the_check_compares_planners_fastest_plan_with_every_row(capsys) -> None
     assert summaries[1].startswith("Korthikanti 2022 Table 5") and "  8 runs " in summaries[1]
     assert summaries[2].startswith("MT-NLG 530B") and "  3 runs " in summaries[2]
     assert summaries[3].startswith("Llama 3 405B Table 4") and "  3 runs " in summaries[3]
+
+
+def test_a_run_no_layout_of_which_fits_is_named() -> None:
+    """The 1T GPT on one A100 node at tp 8: nothing fits, and the error says so rather than min() of nothing."""
+    row = MEGATRON_2021_ROWS[-1]
+    run = published_scaling.EarlyMegatronRun(megatron_2021_model(row), published_scaling.megatron_2021_training(row),
+                                            8, 8, 1, 1, Recompute.FULL)
+    with pytest.raises(PlannerError, match=r"none of the \d+ layouts searched fits 8 GPUs"):
+        published_scaling.early_megatron_fastest(run)
