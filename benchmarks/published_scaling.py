@@ -19,11 +19,12 @@ recompute study and Megatron-Turing NLG 530B on A100, and Llama 3 405B on up to 
   GPT above, trained with Megatron-DeepSpeed (DeepSpeed's pipeline engine, 1F1B) at tensor parallel 8 and pipeline
   35 on 280, 350 and 420 DGX A100 nodes of Selene, 1,920 sequences of 2,048 tokens per iteration, BF16, every
   layer recomputed: seconds per iteration and teraFLOP/s per GPU (eq. 3's FLOPs over the one and the GPUs give the
-  other, which checks the transcription). Planner's fastest layout of DeepSpeed's engine there is 18-21 % too fast:
-  on the same model and cluster, the Megatron-LM of the other two papers ran 280 micro-batches per replica in
-  49.05 s (Korthikanti's 530B run) where DeepSpeed's engine took 60.1 s for 240. That excess, about 15 ms per
-  layer and micro-batch, is what BLOOM's sweep shows (DeepSpeed's engine on Jean Zay, docs/accuracy.md); its
-  mechanism is not identified, and planner does not charge it.
+  other, which checks the transcription). On the same model and cluster, the Megatron-LM of the other two papers
+  ran 280 micro-batches per replica in 49.05 s (Korthikanti's 530B run) where DeepSpeed's engine took 60.1 s for
+  240: about 15 ms more per layer and micro-batch, what BLOOM's sweep shows on the same engine on Jean Zay.
+  Planner charges it as DeepSpeed's legacy pipeline engine (`deepspeed_legacy_pipeline`, its constant fitted on
+  BLOOM alone, docs/accuracy.md), so these runs hold that constant out; without it planner's fastest layout
+  here is 18-21 % too fast.
 * **Llama 3 405B** (Meta, "The Llama 3 Herd of Models", arXiv:2407.21783, Table 4; the same figures on the SC'24
   slides): 8,192 and 16,384 H100 (80 GB, 400 Gb/s per GPU), tensor parallel 8, pipeline 16, context parallel 1 or
   16 (data parallel the rest), 16M tokens per batch of 8K or 128K-token sequences, BF16, teraFLOP/s per GPU (the
@@ -42,8 +43,8 @@ overlapping them would make planner 3 points faster on Table 1 on average) and a
 micro-batch count divisible by the pipeline size; the search over both papers' runs is held to that, with each
 run's recompute and sequence parallelism (the 2022 runs have no data parallelism to overlap). Llama 3's rows are
 planned as Megatron-LM runs them today. A negative error is planner's optimism, or a faster layout than the one
-the authors ran. MT-NLG's runs are planned as DeepSpeed's engine runs them (framework "deepspeed"), without
-sequence parallelism.
+the authors ran. MT-NLG's runs are planned as DeepSpeed's engine runs them (framework "deepspeed", its legacy
+release of 2021), without sequence parallelism.
 
     PYTHONPATH=. python -m benchmarks.published_scaling [--runs]
 """
