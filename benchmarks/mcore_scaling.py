@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from benchmarks.accuracy import held_out_line
-from planner.cluster import parse_shorthand
+from planner.cluster import Cluster, parse_shorthand
 from planner.config import Training
 from planner.cost.estimate import model_flops_per_iteration
 from planner.model import ModelSpec
@@ -36,12 +36,12 @@ from planner.search.planning import plan
 from planner.search.search import RankedPlan
 from planner.search.space import FixedOptions
 
-__all__ = ["ROWS", "SEQ_LEN", "VOCAB", "GptLayout", "ScalingRow", "fastest_plan", "published_iteration_s", "row_model",
-           "row_training"]
+__all__ = ["GPUS_PER_NODE", "ROWS", "SEQ_LEN", "VOCAB", "GptLayout", "ScalingRow", "eight_gpu_nodes",
+           "fastest_megatron_plan", "fastest_plan", "published_iteration_s", "row_model", "row_training"]
 
 SEQ_LEN = 4096
 VOCAB = 131072
-GPUS_PER_NODE = 8  # DGX H100
+GPUS_PER_NODE = 8  # DGX A100 and H100, Meta's Grand Teton
 
 
 @dataclass(frozen=True)
@@ -99,11 +99,23 @@ def published_iteration_s(row: ScalingRow) -> float:
     return model_flops_per_iteration(row_model(row), row_training(row)) / (row.tflops_per_gpu * 1e12 * row.gpus)
 
 
+def eight_gpu_nodes(gpus: int, gpu: str) -> Cluster:
+    """`gpus` GPUs of type `gpu` in nodes of GPUS_PER_NODE (DGX A100 / H100, Grand Teton), at least one node."""
+    return parse_shorthand(f"{max(1, gpus // GPUS_PER_NODE)}x{GPUS_PER_NODE}x{gpu}")
+
+
+def fastest_megatron_plan(model: ModelSpec, gpus: int, gpu: str, training: Training, tp: int, pp: int, dp: int,
+                          cp: int = 1) -> RankedPlan:
+    """Planner's fastest plan of `model` on `gpus` GPUs of type `gpu` (nodes of GPUS_PER_NODE) at the given tensor,
+    pipeline, data- and context-parallel sizes, as Megatron-LM runs them: what a published run's degrees leave open
+    (micro-batch, interleaving, recompute, sharding) searched."""
+    fixed = FixedOptions(tp=tp, pp=pp, dp=dp, cp=cp, framework="megatron")
+    return plan(model, eight_gpu_nodes(gpus, gpu), training, fixed, top_k=1, calibration=default_calibration()).plans[0]
+
+
 def fastest_plan(row: ScalingRow) -> RankedPlan:
     """Planner's fastest plan at the row's tensor, pipeline and data-parallel sizes, as Megatron-LM runs them."""
-    cluster = parse_shorthand(f"{row.gpus // GPUS_PER_NODE}x{GPUS_PER_NODE}xH100-80GB")
-    fixed = FixedOptions(tp=row.tp, pp=row.pp, dp=row.dp, framework="megatron")
-    return plan(row_model(row), cluster, row_training(row), fixed, top_k=1, calibration=default_calibration()).plans[0]
+    return fastest_megatron_plan(row_model(row), row.gpus, "H100-80GB", row_training(row), row.tp, row.pp, row.dp)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

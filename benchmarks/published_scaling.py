@@ -56,15 +56,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from benchmarks.accuracy import held_out_line
-from benchmarks.mcore_scaling import GptLayout, ScalingRow
+from benchmarks.mcore_scaling import GPUS_PER_NODE, GptLayout, ScalingRow, eight_gpu_nodes, fastest_megatron_plan
 from benchmarks.validation_runs import narayanan_eq3_flops
-from planner.cluster import Cluster, parse_shorthand
+from planner.cluster import Cluster
 from planner.config import ParallelConfig, Recompute, Training, deepspeed_legacy_pipeline
 from planner.cost.estimate import Estimate, estimate, model_flops_per_iteration
 from planner.errors import PlannerError
 from planner.model import ModelSpec, load_model
 from planner.profile.calibration import default_calibration
-from planner.search.planning import plan
 from planner.search.space import FixedOptions, enumerate_configs
 
 __all__ = ["KORTHIKANTI_ROWS", "LLAMA3_ROWS", "LLAMA3_TOKENS_PER_BATCH", "MEGATRON_2021_ROWS",
@@ -75,7 +74,6 @@ __all__ = ["KORTHIKANTI_ROWS", "LLAMA3_ROWS", "LLAMA3_TOKENS_PER_BATCH", "MEGATR
            "megatron_2021_published_s", "megatron_2021_run", "megatron_2021_runs", "megatron_2021_training",
            "mt_nlg_layouts", "mt_nlg_model", "mt_nlg_runs", "mt_nlg_training"]
 
-GPUS_PER_NODE = 8  # DGX A100 on Selene; Meta's Grand Teton H100 servers
 
 MEGATRON_2021_SEQ_LEN = 2048
 MEGATRON_2021_VOCAB = 51200
@@ -192,10 +190,6 @@ def megatron_2021_published_s(row: ScalingRow) -> float:
     return flops / (row.tflops_per_gpu * 1e12 * row.gpus)
 
 
-def _cluster(gpus: int, gpu: str) -> Cluster:
-    return parse_shorthand(f"{max(1, gpus // GPUS_PER_NODE)}x{GPUS_PER_NODE}x{gpu}")
-
-
 @dataclass(frozen=True)
 class EarlyMegatronRun:
     """A run of the Megatron-LM of 2021-22 as its paper gives it: model, A100 GPUs, batch, the tensor, pipeline and
@@ -212,7 +206,7 @@ class EarlyMegatronRun:
 
     @property
     def cluster(self) -> Cluster:
-        return _cluster(self.gpus, "A100-80GB")
+        return eight_gpu_nodes(self.gpus, "A100-80GB")
 
 
 def early_megatron_layouts(run: EarlyMegatronRun) -> Iterator[ParallelConfig]:
@@ -301,7 +295,7 @@ def mt_nlg_layouts(row: MtNlgRow) -> Iterator[ParallelConfig]:
     fixed = FixedOptions(tp=MT_NLG.tp, pp=MT_NLG.pp, dp=dp, recompute=Recompute.FULL, sequence_parallel=False,
                          framework="deepspeed")
     legacy = deepspeed_legacy_pipeline(MT_NLG_DEEPSPEED)
-    for config in enumerate_configs(mt_nlg_model(), _cluster(row.nodes * GPUS_PER_NODE, "A100-80GB"),
+    for config in enumerate_configs(mt_nlg_model(), eight_gpu_nodes(row.nodes * GPUS_PER_NODE, "A100-80GB"),
                                     mt_nlg_training(), fixed):
         yield replace(config, legacy_pipeline_engine=legacy)
 
@@ -311,7 +305,7 @@ def mt_nlg_runs() -> tuple[PublishedRun, ...]:
     runs = []
     for row in MT_NLG_ROWS:
         gpus = row.nodes * GPUS_PER_NODE
-        config, best = fastest_fitting(mt_nlg_model(), _cluster(gpus, "A100-80GB"), mt_nlg_training(),
+        config, best = fastest_fitting(mt_nlg_model(), eight_gpu_nodes(gpus, "A100-80GB"), mt_nlg_training(),
                                        mt_nlg_layouts(row))
         runs.append(PublishedRun(f"530B {gpus:5d} A100  tp={config.tp} pp={config.pp} dp={config.dp}",
                                  row.iteration_s, config, best))
@@ -331,11 +325,10 @@ def llama3_published_s(row: Llama3Row, model: ModelSpec) -> float:
 
 def llama3_runs() -> tuple[PublishedRun, ...]:
     """Each Table 4 row against planner's fastest plan at its degrees, as Megatron-LM runs it."""
-    model, calibration, runs = load_model("llama3-405b"), default_calibration(), []
+    model, runs = load_model("llama3-405b"), []
     for row in LLAMA3_ROWS:
-        fixed = FixedOptions(tp=row.tp, pp=row.pp, cp=row.cp, dp=row.dp, framework="megatron")
-        best = plan(model, _cluster(row.gpus, "H100-80GB"), llama3_training(row), fixed, top_k=1,
-                    calibration=calibration).plans[0]
+        best = fastest_megatron_plan(model, row.gpus, "H100-80GB", llama3_training(row), row.tp, row.pp, row.dp,
+                                     row.cp)
         label = f"405B {row.gpus:5d} H100  tp={row.tp} pp={row.pp} cp={row.cp} dp={row.dp} seq {row.seq_len}"
         runs.append(PublishedRun(label, llama3_published_s(row, model), best.config, best.estimate))
     return tuple(runs)

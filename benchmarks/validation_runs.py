@@ -138,14 +138,14 @@ JEAN_ZAY_BEFORE_FIX = "jean-zay-a100-48 before the PCIe/NUMA fix"
 JEAN_ZAY_PIPELINE = "jean-zay-a100-48 pipeline transfers"
 BLOOM_VOCAB = 250880
 JEAN_ZAY_CUDA_CONTEXT_BYTES = 1573 * 2**20
-# The sweep's rows date from January to March 2022, on the BigScience branch of DeepSpeed of that time (v0.5.x-0.6.x,
-# whose BF16_Optimizer the bf16 rows run): its pipeline engine is the legacy one (deepspeed_legacy_pipeline).
-BLOOM_DEEPSPEED = "0.6"
 """The CUDA context on Jean Zay's A100s under the BLOOM runs' software, as the chronicles measured it
 (bigscience-workshop/bigscience train/tr11-176B-ml/chronicles-prequel.md: `torch.ones(1).cuda()`, then nvidia-smi:
 "40GB A100 takes 1573MiB for cuda kernels"): PyTorch 1.x on CUDA 11 loaded every kernel image when the context was
 created, before CUDA 11.7's lazy module loading (CUDA_MODULE_LOADING=LAZY, PyTorch's default since 2.x) that the
 calibration's cuda_context_bytes assumes. The figure includes the thread-stack reserve."""
+# The sweep's rows date from January to March 2022, on the BigScience branch of DeepSpeed of that time (v0.5.x-0.6.x,
+# whose BF16_Optimizer the bf16 rows run): its pipeline engine is the legacy one (deepspeed_legacy_pipeline).
+BLOOM_DEEPSPEED = "0.6"
 
 
 @dataclass(frozen=True)
