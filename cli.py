@@ -93,6 +93,7 @@ from planner.render import (
     with_training_costs,
 )
 from planner.replay import problem_of
+from planner.resources import check_output, write_all_atomic
 from planner.search.placement import replan, replan_record
 from planner.search.planning import MAX_MEMORY_HEADROOM, plan
 from planner.search.search import RankedPlan
@@ -116,6 +117,28 @@ class FiniteRange(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return number
+
+
+class PathOption(click.Path):
+    """click's Path for a file (or with `directory`, a directory) planner reads or writes, refusing what click takes
+    for the current directory or a file named after a directory: an empty value, and a file path ending in '/'."""
+
+    def __init__(self, directory: bool = False) -> None:
+        super().__init__(file_okay=not directory, dir_okay=directory, path_type=Path)
+        self.directory = directory
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str):
+            kind = "directory" if self.directory else "file"
+            if not value.strip():
+                self.fail(f"is empty: name a {kind}", param, ctx)
+            if not self.directory and value.endswith(("/", os.sep)):
+                self.fail(f"{value!r} ends in '/': name a file, not a directory", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+FILE = PathOption()
+DIRECTORY = PathOption(directory=True)
 
 
 # ---- shared options ---------------------------------------------------------------------------
@@ -299,14 +322,14 @@ def run_cost(tokens: int | None, gpu_hour_price: float | None, cluster: Cluster,
 
 def profile_option(command: Callable[..., Any]) -> Callable[..., Any]:
     """`--profile PROFILE.json`: measured unit times instead of analytic ones (`plan` and `estimate`)."""
-    return click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
+    return click.option("--profile", "profile_path", type=FILE,
                         help="Measured layer profile from `planner profile layers` (its model is the default "
                              "--model).")(command)
 
 
 def calibration_option(command: Callable[..., Any]) -> Callable[..., Any]:
     """`--calibration FILE`: cost-model constants (e.g. from `planner calibrate --calibration-out`)."""
-    return click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False, path_type=Path),
+    return click.option("--calibration", "calibration_path", type=FILE,
                         help="Cost-model constants to use instead of profiles/calibration.yaml "
                              "(e.g. written by `planner calibrate --calibration-out`).")(command)
 
@@ -571,7 +594,7 @@ def cluster_condition_options(command: Callable[..., Any]) -> Callable[..., Any]
         "--slowdown", "slowdowns", multiple=True, metavar="NODE[:GPU]=FACTOR",
         help="A known slow node or GPU, FACTOR times slower than nominal (2 = half speed); repeatable.",
     )(command)
-    return click.option("--links", "links_path", type=click.Path(dir_okay=False, path_type=Path),
+    return click.option("--links", "links_path", type=FILE,
                         help="LINKS.json with measured per-node-pair bandwidth and latency.")(command)
 
 
@@ -635,8 +658,8 @@ def echo_heterogeneity(record: dict[str, Any]) -> None:
 @calibration_option
 @cluster_condition_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan JSON document only.")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the plan JSON here.")
-@click.option("--plan", "plan_path", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--out", type=FILE, help="Write the plan JSON here.")
+@click.option("--plan", "plan_path", type=FILE,
               help="Re-estimate a plan file exactly as written: model, cluster, training, calibration, "
                    "configuration, split and placement all come from it (only --framework may change how it runs); "
                    "PLAN.json#N: its N-th plan as `planner plan` numbered them.")
@@ -667,7 +690,7 @@ def estimate_command(model_spec: str, cluster_spec: str, global_batch: int, seq_
         config = complete_config(fixed, problem.model, problem.cluster, problem.training)
         if fixed.framework:
             framework_named(fixed.framework).for_model(problem.model).require_training(problem.training, config)
-        split = parse_partition(partition, problem.model) if partition else None
+        split = parse_partition(partition, problem.model) if partition is not None else None
         placement, framework = default_placement(problem.cluster, config), fixed.framework or "any"
     model, cluster, training, calibration, timer = (problem.model, problem.cluster, problem.training,
                                                     problem.calibration, problem.timer)
@@ -739,7 +762,8 @@ def plan_file_problem(plan_path: Path, framework: str | None,
     """A plan file's problem, configuration, split, placement and framework for `estimate --plan`: as written,
     or run by `framework` when given (its execution semantics; exit 2 if it cannot run the plan)."""
     context = click.get_current_context()
-    given = [f"--{name.replace('_', '-')}" for name, value in context.params.items()
+    options = {param.name: max(param.opts, key=len) for param in context.command.params}
+    given = [options[name] for name, value in context.params.items()
              if name not in _WITH_PLAN and context.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
              and value not in (None, ())]
     if given:
@@ -777,11 +801,11 @@ def parse_partition(text: str, model: ModelSpec) -> Partition:
 
 
 @main.command("export")
-@click.argument("plan_path", metavar="PLAN.json[#N]", type=click.Path(path_type=Path))
+@click.argument("plan_path", metavar="PLAN.json[#N]", type=FILE)
 @click.option("--to", "target", required=True, metavar="|".join(EXPORT_TARGETS),
               help="Framework to export to: " + ", ".join(EXPORT_TARGETS[:-1]) + "; or pytorch-local, a runnable "
                    "PyTorch reference of a --schedule local plan (no framework runs local learning).")
-@click.option("--out", type=click.Path(path_type=Path),
+@click.option("--out", type=DIRECTORY,
               help="Directory to write the files into (created if missing); default: print them.")
 @click.option("--force", is_flag=True,
               help="Overwrite files in --out that an earlier export did not write or that were edited since.")
@@ -818,12 +842,12 @@ def export_document(document: dict[str, Any], target: str, out: Path | None) -> 
               show_default=True,
               help="Seconds per stage-partition ILP; on expiry the best split found so far is used.")
 @click.option("--json", "as_json", is_flag=True, help="Print the best plan JSON (with alternatives) only.")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the best plan JSON here.")
-@click.option("--csv", "csv_out", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--out", type=FILE, help="Write the best plan JSON here.")
+@click.option("--csv", "csv_out", type=FILE,
               help="Write the ranked plans (one row each, SI units, breakdown included) as CSV here.")
 @click.option("--export", "export_target", type=click.Choice(EXPORT_TARGETS),
               help="Also export the best plan's launch files.")
-@click.option("--export-out", type=click.Path(file_okay=False, path_type=Path),
+@click.option("--export-out", type=DIRECTORY,
               help="Directory for the --export files  [default: ./TARGET-launch]")
 @memory_headroom_option
 @profile_option
@@ -881,10 +905,8 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
     frame = ranked_frame(found.plans)
     if tokens is not None:
         frame = with_training_costs(frame, [cost for cost in costs if cost])
-    if out:
-        write_atomic(out, text + "\n")
-    if csv_out:
-        write_atomic(csv_out, frame.to_csv(index=False))
+    write_all_atomic([(path, content) for path, content in ((out, text + "\n"), (csv_out, frame.to_csv(index=False)))
+                      if path])
     if export_target:
         export_document(document, export_target, export_out)
     if as_json:
@@ -988,12 +1010,13 @@ def profile_group() -> None:
 @click.option("--gpu", help="Catalog GPU type of the device (then --profile applies the times to that GPU only).")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed runs first.")
 @click.option("--iters", type=click.IntRange(min=1), default=5, show_default=True, help="Timed runs (median).")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="PROFILE.json to write.")
+@click.option("--out", type=FILE, required=True, help="PROFILE.json to write.")
 @handle_errors
 def profile_layers_command(model_spec: str, tps: tuple[int, ...], micro_batches: tuple[int, ...], seq_len: int,
                            dtype: str, attention: str, device: str, gpu: str | None, warmup: int, iters: int,
                            out: Path) -> None:
     """Time forward/backward of each distinct unit in PyTorch (random weights) and write PROFILE.json."""
+    check_output(out)
     model = load_model(model_spec)
     gpu_name = lookup_gpu(gpu).name if gpu else None
     request = ProfileRequest(tps=tps or (1,), micro_batches=micro_batches or (1,), seq_len=seq_len, dtype=dtype,
@@ -1012,11 +1035,12 @@ def profile_layers_command(model_spec: str, tps: tuple[int, ...], micro_batches:
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
 @click.option("--simulate-nodes", type=click.IntRange(min=1),
               help="Testing aid: split one machine's ranks into K pseudo-nodes node0..nodeK-1.")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="LINKS.json to write.")
+@click.option("--out", type=FILE, required=True, help="LINKS.json to write.")
 @handle_errors
 def profile_links_command(backend: str, sizes: str, iters: int, warmup: int, simulate_nodes: int | None,
                           out: Path) -> None:
     """Measure per-node-pair p2p and in-node all-reduce bandwidth; run under torchrun, one process per GPU."""
+    check_output(out)
     table = run_link_probe(backend, parse_sizes(sizes), iters=iters, warmup=warmup,
                            simulate_nodes=simulate_nodes, out=out)
     if os.environ.get("RANK", "0") == "0":  # torchrun: only rank 0 reports
@@ -1024,10 +1048,10 @@ def profile_links_command(backend: str, sizes: str, iters: int, warmup: int, sim
 
 
 @profile_group.command("import-nccl-tests")
-@click.argument("logs", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("logs", nargs=-1, required=True, type=FILE)
 @click.option("--collective", help="Collective of the logs when neither the log nor the file name says "
                                    "(all_reduce, all_gather, reduce_scatter, alltoall, sendrecv, ...).")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="LINKS.json to write.")
+@click.option("--out", type=FILE, required=True, help="LINKS.json to write.")
 @handle_errors
 def import_nccl_tests_command(logs: tuple[Path, ...], collective: str | None, out: Path) -> None:
     """Read nccl-tests logs, fit bus bandwidth and latency, and write LINKS.json."""
@@ -1040,14 +1064,14 @@ def import_nccl_tests_command(logs: tuple[Path, ...], collective: str | None, ou
 
 
 @main.command("calibrate")
-@click.argument("profile_path", metavar="PROFILE.json", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("profile_path", metavar="PROFILE.json", type=FILE)
 @click.option("--gpu", help="Catalog GPU type whose peaks the efficiencies are fitted against "
                             "[default: the profile's gpu]")
 @click.option("--name", help="Name of the calibrated GPU type  [default: GPU-calibrated]")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("gpu_profile.yaml"),
+@click.option("--out", type=FILE, default=Path("gpu_profile.yaml"),
               show_default=True, help="GPU profile to write (a gpus.yaml-style entry; cluster files take it "
                                       "as gpu_profile).")
-@click.option("--calibration-out", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--calibration-out", type=FILE,
               help="calibration.yaml-style file for the other fitted constants  [default: OUT.calibration.yaml]")
 @click.option("--force", is_flag=True, help="Write a fit that breaks the plausibility bounds (rms error, "
                                             "efficiency range), with warnings in the files.")
@@ -1072,10 +1096,10 @@ def calibrate_command(profile_path: Path, gpu: str | None, name: str | None, out
         click.echo(f"warning: {problem}; written anyway (--force)", err=True)
     name = name or f"{base.name}-calibrated"
     calibration_out = calibration_out or out.with_suffix(".calibration.yaml")
-    write_atomic(out, yaml.safe_dump(gpu_profile_document(base, name, fit, str(profile_path), problems),
-                                     sort_keys=False))
-    write_atomic(calibration_out, yaml.safe_dump(calibration_document(calibration, fit, str(profile_path), problems),
-                                                 sort_keys=False))
+    write_all_atomic([
+        (out, yaml.safe_dump(gpu_profile_document(base, name, fit, str(profile_path), problems), sort_keys=False)),
+        (calibration_out, yaml.safe_dump(calibration_document(calibration, fit, str(profile_path), problems),
+                                         sort_keys=False))])
     rows = [(parameter, f"{getattr(fit, parameter):.4f}", "fitted" if parameter in fit.fitted else "default")
             for parameter in PARAMETERS]
     click.echo(format_table(("constant", "value", ""), rows))
@@ -1087,10 +1111,10 @@ def calibrate_command(profile_path: Path, gpu: str | None, name: str | None, out
 # ---- explain, compare, timeline, sweep (issue 14) ---------------------------------------------
 
 @main.command("timeline")
-@click.argument("plan_path", metavar="PLAN.json[#N]", type=click.Path(path_type=Path))
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+@click.argument("plan_path", metavar="PLAN.json[#N]", type=FILE)
+@click.option("--out", type=FILE, required=True,
               help="Chrome/Perfetto trace JSON to write (open in ui.perfetto.dev or chrome://tracing).")
-@click.option("--svg", "svg_out", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--svg", "svg_out", type=FILE,
               help="Also draw the iteration as a static SVG picture here.")
 @handle_errors
 def timeline_command(plan_path: Path, out: Path, svg_out: Path | None) -> None:
@@ -1100,16 +1124,15 @@ def timeline_command(plan_path: Path, out: Path, svg_out: Path | None) -> None:
     result = problem.estimate()
     timeline = iteration_timeline(problem, result)
     title = f"{problem.model.name} on {problem.cluster.name}: {problem.config.describe()}"
-    write_atomic(out, json.dumps(chrome_trace(timeline, title)) + "\n")
-    if svg_out:
-        write_atomic(svg_out, timeline_svg(timeline, title))
+    write_all_atomic([(out, json.dumps(chrome_trace(timeline, title)) + "\n")]
+                     + ([(svg_out, timeline_svg(timeline, title))] if svg_out else []))
     click.echo(f"wrote {out}: {len(timeline.slices)} slices on {timeline.pp} pipeline ranks, "
                f"{timeline.iteration_s:.4f} s per iteration" + (f"; and {svg_out}" if svg_out else ""))
 
 
 
 @main.command("explain")
-@click.argument("plan_path", metavar="PLAN.json[#N]", type=click.Path(path_type=Path))
+@click.argument("plan_path", metavar="PLAN.json[#N]", type=FILE)
 @click.option("--top", "top_k", type=click.IntRange(1, 50), default=5, show_default=True,
               help="How many of the search's plans (distinct layouts) to list as alternatives.")
 @click.option("--json", "as_json", is_flag=True, help="Print the explanation as one JSON document.")
@@ -1123,8 +1146,7 @@ def explain_command(plan_path: Path, top_k: int, as_json: bool) -> None:
 
 
 @main.command("compare")
-@click.argument("plan_paths", metavar="A.json[#N] B.json[#N] [...]", nargs=-1, required=True,
-                type=click.Path(path_type=Path))
+@click.argument("plan_paths", metavar="A.json[#N] B.json[#N] [...]", nargs=-1, required=True, type=FILE)
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as one JSON document.")
 @handle_errors
 def compare_command(plan_paths: tuple[Path, ...], as_json: bool) -> None:
@@ -1159,8 +1181,8 @@ def sweep_progress(done: int, total: int, name: str) -> None:
               help="Also name the cheapest cluster that trains within this many days.")
 @click.option("--time-limit", "time_limit_s", type=FiniteRange(0, 3600, min_open=True), default=1.0,
               show_default=True, help="Seconds per stage-partition ILP.")
-@click.option("--csv", "csv_out", type=click.Path(dir_okay=False, path_type=Path), help="Write the table as CSV.")
-@click.option("--svg", "svg_out", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--csv", "csv_out", type=FILE, help="Write the table as CSV.")
+@click.option("--svg", "svg_out", type=FILE,
               help="Draw time-to-train against cost (the Pareto front joined) as SVG.")
 @click.option("--json", "as_json", is_flag=True, help="Print the sweep as one JSON document.")
 @memory_headroom_option
@@ -1170,13 +1192,16 @@ def sweep_command(model_spec: str, sizes_text: str, gpus_text: str, global_batch
                   time_limit_s: float, csv_out: Path | None, svg_out: Path | None, as_json: bool,
                   headroom_pct: float) -> None:
     """The best plan per cluster size and GPU type, with time-to-train, cost and the Pareto front."""
-    try:
-        sizes = [int(size) for size in sizes_text.split(",")]
-    except ValueError:
-        raise PlannerError(f"--gpus {sizes_text!r} must be comma-separated GPU counts, e.g. 64,128,256") from None
+    parts = [size.strip() for size in sizes_text.split(",")]
+    if not all(part.isascii() and part.isdigit() for part in parts):
+        raise PlannerError(f"--gpus {sizes_text!r} must be comma-separated GPU counts, e.g. 64,128,256")
+    sizes = [int(part) for part in parts]
     if any(size < 1 for size in sizes):
         raise PlannerError(f"--gpus {sizes_text!r}: every cluster needs at least one GPU")
     gpus = [lookup_gpu(name.strip()).name for name in gpus_text.split(",")]
+    for option, values in (("--gpus", sizes), ("--gpu", gpus)):
+        if len(set(values)) < len(values):
+            raise PlannerError(f"{option} {sizes_text if option == '--gpus' else gpus_text!r} lists a value twice")
     prices = parse_prices(prices_text, gpus)
     points = sweep(load_model(model_spec), Training(global_batch=global_batch, seq_len=seq_len, dtype=dtype), gpus,
                    sizes, tokens, prices, time_limit_s=time_limit_s, progress=sweep_progress,
@@ -1185,20 +1210,25 @@ def sweep_command(model_spec: str, sizes_text: str, gpus_text: str, global_batch
     frame = sweep_frame(points)
     picks = {"fastest_within_budget": fastest_within(points, budget) if budget is not None else None,
              "cheapest_by_deadline": cheapest_by(points, 86400 * deadline_days) if deadline_days else None}
-    if csv_out:
-        write_atomic(csv_out, frame.to_csv(index=False))
-    if svg_out:
-        write_atomic(svg_out, sweep_svg(points, unit))
+    fitting = any(point.config is not None for point in points)
+    if fitting:
+        write_all_atomic(([(csv_out, frame.to_csv(index=False))] if csv_out else [])
+                         + ([(svg_out, sweep_svg(points, unit))] if svg_out else []))
     if as_json:
         document = {"cost_unit": unit, "memory_headroom": headroom_pct / 100,
                     "points": json.loads(frame.to_json(orient="records")),
                     **{key: pick.cluster if pick else None for key, pick in picks.items()}}
         click.echo(json.dumps(document, indent=2))
-        return
-    click.echo(format_sweep(frame, unit))
-    for key, pick in picks.items():
-        if (key == "fastest_within_budget" and budget is not None) or (key == "cheapest_by_deadline" and deadline_days):
-            click.echo(f"{key.replace('_', ' ')}: {pick.cluster if pick else 'none'}")
+    else:
+        click.echo(format_sweep(frame, unit))
+        for key, pick in picks.items():
+            if (key == "fastest_within_budget" and budget is not None) or (key == "cheapest_by_deadline"
+                                                                           and deadline_days):
+                click.echo(f"{key.replace('_', ' ')}: {pick.cluster if pick else 'none'}")
+    if not fitting:
+        largest = max(points, key=lambda point: point.num_gpus)
+        raise InfeasibleError(f"no swept cluster fits {model_spec}, nothing written; on the largest, "
+                              f"{largest.cluster}: {largest.note}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from planner.errors import PlannerError
 from planner.gpu import GPUSpec, gpu_from_dict, lookup_gpu
-from planner.limits import MAX_GPUS
+from planner.limits import MAX_GPUS, MAX_PER_GPU_QUANTITY, MAX_SECONDS
 from planner.resources import load_structured_file, profiles_dir
 
 if TYPE_CHECKING:
@@ -57,6 +57,31 @@ class Link:
     latency_s: float
     kind: str = "inter"  # "intra" (NVLink/XGMI/PCIe island) or "inter" (NIC fabric)
 
+    def check(self, where: str) -> None:
+        """A link a cluster is given (file, plan file, measured table): finite positive bandwidth, a latency in
+        [0, MAX_SECONDS], a known kind (one line naming `where` otherwise). Links the cluster derives are not
+        checked: a GPU's path to itself is infinitely fast."""
+        _check_bandwidths(where, {"bandwidth_bytes_per_s": self.bandwidth_bytes_per_s})
+        _check_latency(f"{where}: latency_s", self.latency_s)
+        if self.kind not in ("intra", "inter"):
+            raise PlannerError(f"{where}: kind must be 'intra' or 'inter', got {self.kind!r}")
+
+
+def _check_bandwidths(where: str, bandwidths: dict[str, float]) -> None:
+    """Each bandwidth a positive number below MAX_PER_GPU_QUANTITY bytes/s (one line naming it otherwise)."""
+    for name, value in bandwidths.items():
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                or not 0 < value < MAX_PER_GPU_QUANTITY):
+            raise PlannerError(f"{where}: {name} must be a positive number of bytes/s below "
+                               f"{MAX_PER_GPU_QUANTITY:g}, got {value!r}")
+
+
+def _check_latency(name: str, value: float) -> None:
+    """A latency in [0, MAX_SECONDS] seconds (one line naming it otherwise)."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or not 0 <= value <= MAX_SECONDS):
+        raise PlannerError(f"{name} must be a number of seconds in [0, {MAX_SECONDS:g}], got {value!r}")
+
 
 @dataclass(frozen=True)
 class Node:
@@ -74,10 +99,11 @@ class Node:
     gpus_per_host: int | None = None  # None: the whole node is one host
 
     def __post_init__(self) -> None:
-        if self.num_gpus < 1:
-            raise PlannerError(f"node {self.name}: num_gpus must be positive, got {self.num_gpus}")
-        if self.intra_bandwidth_bytes_per_s <= 0 or self.nic_bandwidth_bytes_per_s <= 0:
-            raise PlannerError(f"node {self.name}: bandwidths must be positive")
+        gpus = self.num_gpus
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS:
+            raise PlannerError(f"node {self.name}: num_gpus must be an integer in [1, {MAX_GPUS:,}], got {gpus!r}")
+        _check_bandwidths(f"node {self.name}", {"intra_bandwidth_bytes_per_s": self.intra_bandwidth_bytes_per_s,
+                                                "nic_bandwidth_bytes_per_s": self.nic_bandwidth_bytes_per_s})
         if self.gpus_per_host is None:
             object.__setattr__(self, "gpus_per_host", self.num_gpus)
         elif not 1 <= self.gpus_per_host <= self.num_gpus or self.num_gpus % self.gpus_per_host:
@@ -105,6 +131,8 @@ class Cluster:
     def __post_init__(self) -> None:
         if not self.nodes:
             raise PlannerError(f"cluster {self.name}: needs at least one node")
+        _check_latency(f"cluster {self.name}: intra_latency_s", self.intra_latency_s)
+        _check_latency(f"cluster {self.name}: inter_latency_s", self.inter_latency_s)
         names = [node.name for node in self.nodes]
         if len(set(names)) != len(names):
             raise PlannerError(f"cluster {self.name}: node names must be unique")
@@ -210,6 +238,8 @@ class Cluster:
 
     # ---- derived clusters -----------------------------------------------------------------
     def with_pair_links(self, links: dict[tuple[int, int], Link]) -> Cluster:
+        for (a, b), link in links.items():
+            link.check(f"cluster {self.name}: link between {self.nodes[a].name} and {self.nodes[b].name}")
         merged = dict(self.pair_links)
         merged.update({(min(a, b), max(a, b)): link for (a, b), link in links.items()})
         return replace(self, pair_links=merged)
@@ -248,7 +278,8 @@ class Cluster:
 # ---- construction -----------------------------------------------------------------------------
 
 # NODESxGPUSxGPU (GPUS may be written NVLk), or HOSTSxGPUSxGPU:nvlN (hosts of GPUS in NVLink domains of N GPUs).
-_SHORTHAND = re.compile(r"^(\d+)x(nvl)?(\d+)x([^:@\s]+)(?:@([\d.]+)W)?(?::nvl(\d+))?$", re.IGNORECASE)
+_SHORTHAND = re.compile(r"^(\d+)x(nvl)?(\d+)x([^:@\s]+)(?:@([\d.]+)W)?(?::nvl(\d+))?$",
+                        re.IGNORECASE | re.ASCII)
 _SHORTHAND_FORMS = ("NODESxGPUSxGPU (e.g. 16x8xH100-80GB, 2xNVL72xGB200) or HOSTSxGPUSxGPU:nvlN "
                     "(e.g. 36x4xGB200:nvl72), the GPU optionally @WATTSW under a power limit (16x8xH100-80GB@500W)")
 
@@ -442,7 +473,7 @@ def load_cluster(spec: str) -> Cluster:
     if spec in catalog:
         return cluster_from_dict({"name": spec, **catalog[spec]}, f"catalog cluster {spec!r}")
     path = Path(spec)
-    if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
+    if spec.strip() and (path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists()):
         return cluster_from_dict(load_structured_file(path), str(path))
     if _SHORTHAND.match(spec.strip()):
         return parse_shorthand(spec)

@@ -16,6 +16,7 @@ from types import MappingProxyType
 
 from planner.cost.schedule import PIPELINE_ORDERS, PipelineSchedule, Schedule, schedule_of, stage_ranks
 from planner.errors import PlannerError
+from planner.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS
 
 __all__ = [
     "CP_COMMS",
@@ -191,14 +192,23 @@ def deepspeed_legacy_pipeline(version: str) -> bool:
     return _release(version) < DEEPSPEED_MODERN_PIPELINE
 
 
+def check_recompute_num_layers(layers: int | None, num_layers: int) -> None:
+    """`recompute_num_layers` (Megatron-LM's --recompute-num-layers, blocks recomputed per model chunk) is at most the
+    model's `num_layers` blocks (PlannerError otherwise)."""
+    if layers is not None and layers > num_layers:
+        raise PlannerError(f"recompute_num_layers {layers} exceeds the model's {num_layers} blocks")
+
+
 def _parse_module_list(option: str, text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
     """A comma-separated option's names in `allowed`'s order, once each (PlannerError naming the first unknown one,
     or the text when it names none)."""
-    names = [name.strip() for name in text.split(",") if name.strip()]
+    names = [name.strip() for name in text.split(",")]
     unknown = [name for name in names if name not in allowed]
-    if unknown or not names:
+    if unknown:
         raise PlannerError(f"{option} must be among {', '.join(allowed)} (comma-separated), "
-                           f"got {(unknown[0] if unknown else text)!r}")
+                           f"got {(unknown[0] or text)!r}")
+    if len(set(names)) < len(names):
+        raise PlannerError(f"{option} {text!r} names a module twice")
     return tuple(name for name in allowed if name in names)
 
 
@@ -254,9 +264,17 @@ def _not_one_of(owner: str, name: str, value: object, allowed: tuple[str, ...]) 
     return PlannerError(f"{owner}: {name} must be one of {', '.join(allowed)}, got {value!r}")
 
 
-def _positive(owner: str, name: str, value: object) -> None:
+def _positive(owner: str, name: str, value: object, limit: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise PlannerError(f"{owner}: {name} must be a positive integer, got {value!r}")
+    if limit is not None and value > limit:
+        raise PlannerError(f"{owner}: {name} must be at most {limit:,}, got {value:,}")
+
+
+# The largest value of each ParallelConfig count: degrees are GPUs; micro-batches and queued micro-batches sequences
+_CONFIG_LIMITS = {"dp": MAX_GPUS, "tp": MAX_GPUS, "pp": MAX_GPUS, "vpp": MAX_LAYERS, "cp": MAX_GPUS,
+                  "hsdp_replicas": MAX_GPUS, "ep": MAX_GPUS, "etp": MAX_GPUS, "micro_batch": MAX_GLOBAL_BATCH,
+                  "local_queue_depth": MAX_GLOBAL_BATCH}
 
 
 @dataclass(frozen=True)
@@ -330,8 +348,8 @@ class Training:
             raise PlannerError(f"training: grad_bytes must be 2 or 4, got {self.grad_bytes!r}")
         for name in ("moe_load_imbalance", "moe_capacity_factor"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not 1.0 <= value < float("inf")):
+            if (value is not None or name == "moe_load_imbalance") and (
+                    isinstance(value, bool) or not isinstance(value, (int, float)) or not 1.0 <= value < float("inf")):
                 raise PlannerError(f"training: {name} must be a finite number >= 1, got {value!r}")
 
     def _check_cuda_graph_modules(self) -> None:
@@ -584,10 +602,10 @@ class ParallelConfig:
         return self.tp if self.sequence_parallel and not self.sp_saves_gathered_input else 1
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "micro_batch", "vpp", "cp", "hsdp_replicas", "ep", "etp", "local_queue_depth"):
+        for name, limit in _CONFIG_LIMITS.items():
             value = getattr(self, name)
-            if type(value) is not int or value < 1:  # the search builds 10⁵ configurations: plain ints skip the call
-                _positive("parallel config", name, value)
+            if type(value) is not int or not 1 <= value <= limit:  # the search builds 10⁵ configurations
+                _positive("parallel config", name, value, limit)
         if self.local_head not in LOCAL_HEADS:
             raise _not_one_of("parallel config", "local_head", self.local_head, LOCAL_HEADS)
         if self.pipeline_order not in PIPELINE_ORDERS:
@@ -664,6 +682,10 @@ class ParallelConfig:
         if layers and self.recompute is not Recompute.NONE:
             raise PlannerError(f"parallel config: cpu_offload_layers {layers} needs recompute none (Megatron-Core's "
                                f"CPU offloading does not run with activation recompute), got {self.recompute.value}")
+
+    def check_recompute_blocks(self, num_layers: int) -> None:
+        """A block recompute re-runs at most every block the model has (`recompute_num_layers`)."""
+        check_recompute_num_layers(self.recompute_num_layers, num_layers)
 
     def check_cpu_offload(self, num_layers: int, training: Training) -> None:
         """Megatron-Core offloads fewer blocks than the model has, and not under CUDA graphs."""

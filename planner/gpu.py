@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
 from planner.errors import PlannerError
+from planner.limits import MAX_GPUS, MAX_PER_GPU_QUANTITY
 from planner.resources import load_structured_file, profiles_dir
 
 __all__ = ["GIB", "PCIE4_HOST_LINK_BYTES_PER_S", "GPUSpec", "catalog_entry", "catalog_gpu_names", "gpu_from_dict",
@@ -19,6 +21,12 @@ PCIE4_HOST_LINK_BYTES_PER_S = 25e9
 """GPU ↔ host bandwidth one GPU reaches over PCIe 4.0 x16 (A100 SXM hosts: 32 GB/s per direction on the wire,
 ~25 GB/s in pinned-memory cudaMemcpy, NVIDIA's bandwidthTest on DGX A100): `GPUSpec.host_link_bytes_per_s` where
 the catalog states none (`host_link_gbps` in profiles/gpus.yaml)."""
+
+
+def _positive_finite(value: object) -> bool:
+    """Whether `value` is a real number in (0, MAX_PER_GPU_QUANTITY) (not a bool)."""
+    return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+            and 0 < value < MAX_PER_GPU_QUANTITY)
 
 
 def sustained_clock_ratio(watts: float, rated_watts: float) -> float:
@@ -68,6 +76,37 @@ class GPUSpec:
     # backward GEMM reads transposed is kept transposed too (Transformer Engine's quantizers, when columnwise usage is
     # asked for and non-TN FP8 GEMMs are not supported: is_non_tn_fp8_gemm_supported is true from 10.0 on)
     fp8_gemm_tn_only: bool = False
+
+    def __post_init__(self) -> None:
+        """Every value a cost needs physical: peaks, memory and bandwidths positive and finite, efficiencies and
+        shares fractions in (0, 1], flags booleans; a one-line PlannerError names the field (a catalog entry, a
+        GPU profile and a plan file's GPU are all built here)."""
+        peaks = self.peak_flops_per_s
+        if not peaks or any(not _positive_finite(value) for _, value in peaks):
+            raise PlannerError(f"GPU {self.name!r} peak_flops_per_s must give each dtype a positive FLOP/s below "
+                               f"{MAX_PER_GPU_QUANTITY:g}, got {dict(peaks)!r:.120}")
+        for name in ("memory_bytes", "hbm_bandwidth_bytes_per_s", "intra_node_bandwidth_bytes_per_s",
+                     "nic_bandwidth_bytes_per_s", "host_link_bytes_per_s", "tdp_w", "rated_power_w"):
+            value = getattr(self, name)
+            if not (value is None and name in ("tdp_w", "rated_power_w")) and not _positive_finite(value):
+                raise PlannerError(f"GPU {self.name!r} {name} must be a positive number below "
+                                   f"{MAX_PER_GPU_QUANTITY:g}, got {value!r}")
+        for name in ("matmul_efficiency", "flash_attention_2_share", "fused_attention_share"):
+            value = getattr(self, name)
+            if not _positive_finite(value) or value > 1:
+                raise PlannerError(f"GPU {self.name!r} {name} must be in (0, 1], got {value!r}")
+        for name in ("sm_count", "gpus_per_node"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_GPUS:
+                raise PlannerError(f"GPU {self.name!r} {name} must be an integer in [1, {MAX_GPUS}], got {value!r}")
+        for name in ("fp8_gemm_tn_only", "flash_attn_native"):
+            if not isinstance(getattr(self, name), bool):
+                raise PlannerError(f"GPU {self.name!r} {name} must be true or false, got {getattr(self, name)!r}")
+        host = self.gpus_per_host
+        if host is not None and (isinstance(host, bool) or not isinstance(host, int)
+                                 or not 1 <= host <= self.gpus_per_node or self.gpus_per_node % host):
+            raise PlannerError(f"GPU {self.name!r} gpus_per_host must divide gpus_per_node ({self.gpus_per_node}), "
+                               f"got {host!r}")
 
     @property
     def gemm_clock_ratio(self) -> float:
@@ -136,13 +175,12 @@ def catalog_entry(gpu: GPUSpec) -> dict[str, Any]:
 def gpu_from_dict(name: str, data: dict[str, Any], origin: str) -> GPUSpec:
     """Build a GPUSpec from a catalog-style mapping (GB/s, TFLOP/s, GiB as in profiles/gpus.yaml)."""
     try:
-        efficiency = float(data["matmul_efficiency"])
         spec = GPUSpec(
             name=name,
             peak_flops_per_s=tuple((k, float(v) * 1e12) for k, v in data["peak_tflops"].items()),
             memory_bytes=int(float(data["memory_gib"]) * GIB),
             hbm_bandwidth_bytes_per_s=float(data["hbm_gbps"]) * _GB,
-            matmul_efficiency=efficiency,
+            matmul_efficiency=float(data["matmul_efficiency"]),
             intra_node_link=str(data["intra_node"]["link"]),
             intra_node_bandwidth_bytes_per_s=float(data["intra_node"]["gbps"]) * _GB,
             gpus_per_node=int(data["gpus_per_node"]),
@@ -158,26 +196,10 @@ def gpu_from_dict(name: str, data: dict[str, Any], origin: str) -> GPUSpec:
             fp8_gemm_tn_only=data.get("fp8_gemm_tn_only", False),
             flash_attn_native=data.get("flash_attn_native", False),
         )
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise PlannerError(f"{origin}: GPU {name!r} is missing or has a bad field ({exc})") from None
-    if not 0 < efficiency <= 1:
-        raise PlannerError(f"{origin}: GPU {name!r} matmul_efficiency must be in (0, 1], got {efficiency}")
-    for field_name in ("fp8_gemm_tn_only", "flash_attn_native"):
-        if not isinstance(getattr(spec, field_name), bool):
-            raise PlannerError(f"{origin}: GPU {name!r} {field_name} must be true or false, "
-                               f"got {getattr(spec, field_name)!r}")
-    for field_name in ("flash_attention_2_share", "fused_attention_share"):
-        share = getattr(spec, field_name)
-        if not 0 < share <= 1:
-            raise PlannerError(f"{origin}: GPU {name!r} {field_name} must be in (0, 1], got {share}")
-    for field_name in ("tdp_w", "rated_power_w"):
-        watts = getattr(spec, field_name)
-        if watts is not None and not 0 < watts < float("inf"):
-            raise PlannerError(f"{origin}: GPU {name!r} {field_name} must be a positive number of watts, got {watts}")
-    host = spec.gpus_per_host
-    if host is not None and not (1 <= host <= spec.gpus_per_node and spec.gpus_per_node % host == 0):
-        raise PlannerError(f"{origin}: GPU {name!r} gpus_per_host must divide gpus_per_node "
-                           f"({spec.gpus_per_node}), got {host}")
+    except PlannerError as exc:
+        raise PlannerError(f"{origin}: {exc}") from None
     return spec
 
 

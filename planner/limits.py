@@ -4,7 +4,8 @@ for minutes or exhausting memory. Within them `plan` and `estimate` finish in th
 
 from __future__ import annotations
 
-__all__ = ["MAX_GLOBAL_BATCH", "MAX_GPUS", "MAX_LAYERS", "MAX_MODEL_WIDTH", "MAX_SEQ_LEN"]
+__all__ = ["MAX_GLOBAL_BATCH", "MAX_GPUS", "MAX_LAYERS", "MAX_MODEL_WIDTH", "MAX_PER_GPU_QUANTITY", "MAX_SECONDS",
+           "MAX_SEQ_LEN"]
 
 MAX_GPUS = 131_072
 """GPUs in one cluster (nodes × GPUs per node): 16,384 nodes of 8, the size `plan` was measured at."""
@@ -17,3 +18,8 @@ MAX_LAYERS = 4096
 MAX_MODEL_WIDTH = 2**24
 """Any other model dimension: hidden and FFN sizes, heads, head_dim, vocabulary, experts."""
 
+MAX_PER_GPU_QUANTITY = 1e18
+"""Any size or rate of one GPU or link (bytes, bytes/s, FLOP/s, watts): an exabyte or an exaFLOP/s per GPU is a
+typo, not hardware."""
+MAX_SECONDS = 3600.0
+"""Any latency, per-kernel or per-iteration constant: an hour is a typo, not a cost."""

@@ -1365,7 +1365,7 @@ def load_model(spec: str) -> ModelSpec:
     if spec in catalog:
         return model_from_dict(catalog[spec], f"catalog model {spec!r}")
     path = Path(spec)
-    if not path.exists():
+    if not spec.strip() or not path.exists():
         raise PlannerError(
             f"unknown model {spec!r}: not a catalog name ({', '.join(catalog)}) nor an existing file"
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -244,6 +245,7 @@ def parse_plan_document(document: Any, origin: str = "plan file") -> Plan:
             f"{origin}: dp·tp·pp·cp = {config.num_gpus} exceeds the cluster's {cluster['num_gpus']} GPUs"
         )
     partition = _partition_from_stages(_require(document, "stages", ""), model, config, origin)
+    _check_estimate(_require(document, "estimate", ""), document["stages"], origin)
     framework = document.get("framework", "any")
     if framework not in FRAMEWORK_NAMES:
         raise PlannerError(f"{origin}: framework {framework!r} is not one of {', '.join(FRAMEWORK_NAMES)}")
@@ -255,6 +257,34 @@ def parse_plan_document(document: Any, origin: str = "plan file") -> Plan:
                  else _node_sizes(cluster, origin))
         document = {**document, "placement": _checked_placement(placement, sizes, config, origin)}
     return Plan(model, cluster, training, config, partition, document, framework, machines, calibration)
+
+
+_ESTIMATE_NUMBERS = ("iteration_time_s", "tokens_per_s", "mfu", "peak_memory_bytes")
+
+
+def _check_estimate(estimate: Any, stages: list[Any], origin: str) -> None:
+    """The written estimate that `estimate --plan` and `compare` print: its figures finite numbers >= 0, `fits` a
+    flag, every breakdown term a number, every stage's memory terms numbers (one line naming the field)."""
+    if not isinstance(estimate, dict):
+        raise PlannerError(f"{origin}: 'estimate' must be an object")
+    figures = {f"estimate.{key}": _require(estimate, key, "estimate") for key in _ESTIMATE_NUMBERS}
+    if "model_tflops_per_gpu" in estimate:
+        figures["estimate.model_tflops_per_gpu"] = estimate["model_tflops_per_gpu"]
+    for section in ("breakdown_s", "breakdown_detail_s"):
+        terms = estimate.get(section, {})
+        if not isinstance(terms, dict):
+            raise PlannerError(f"{origin}: estimate.{section} must map terms to seconds")
+        figures.update({f"estimate.{section}.{key}": value for key, value in terms.items()})
+    for position, stage in enumerate(stages):
+        memory = _require(stage, "memory_bytes", f"stages[{position}]")
+        if not isinstance(memory, dict):
+            raise PlannerError(f"{origin}: stages[{position}].memory_bytes must map terms to bytes")
+        figures.update({f"stages[{position}].memory_bytes.{key}": value for key, value in memory.items()})
+    for name, value in figures.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise PlannerError(f"{origin}: {name} must be a finite number >= 0, got {value!r:.60}")
+    if not isinstance(_require(estimate, "fits", "estimate"), bool):
+        raise PlannerError(f"{origin}: estimate.fits must be true or false, got {estimate['fits']!r:.60}")
 
 
 def _flag(section: dict[str, Any], key: str, default: bool, origin: str) -> bool:
@@ -360,7 +390,7 @@ def _split_plan_reference(reference: Path | str) -> tuple[Path, int]:
     name, mark, number = text.rpartition("#")
     if not mark or Path(text).exists():
         return Path(text), 1
-    if not number.isdigit() or int(number) < 1:
+    if not (number.isascii() and number.isdigit()) or int(number) < 1:
         raise PlannerError(f"plan reference {text}: after '#' comes the plan's number as `planner plan` lists it, "
                            f"1 (the best) or more, not {number!r}")
     return Path(name), int(number)

@@ -10,19 +10,21 @@ are not listed, and per-GPU data appears only for GPUs that differ from their no
 from __future__ import annotations
 
 import math
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from typing import Any
 
 from planner.cluster import Cluster, Link, Node
 from planner.config import Training
 from planner.errors import PlannerError
 from planner.gpu import GPUSpec
+from planner.limits import MAX_GPUS
 from planner.profile.calibration import Calibration, calibration_from_constants
 
 __all__ = ["calibration_from_record", "calibration_record", "cluster_from_record", "cluster_record",
            "training_from_record", "training_record"]
 
 _NODE_VALUES = tuple(f.name for f in fields(Node) if f.name not in ("name", "gpu"))
+_NODE_REQUIRED = tuple(f.name for f in fields(Node) if f.name in _NODE_VALUES and f.default is MISSING)
 _CLUSTER_VALUES = tuple(f.name for f in fields(Cluster) if f.name not in ("name", "nodes", "pair_links",
                                                                            "gpu_overrides"))
 
@@ -63,6 +65,8 @@ def _gpu_from_record(record: Any, where: str) -> GPUSpec:
                        peak_flops_per_s=tuple((str(k), _scalar(v, "float", f"{where}.peak_flops_per_s.{k}"))
                                               for k, v in peaks.items()))
     except TypeError as exc:
+        raise PlannerError(f"{where}: {exc}") from None
+    except PlannerError as exc:
         raise PlannerError(f"{where}: {exc}") from None
 
 
@@ -121,21 +125,37 @@ def cluster_from_record(record: Any, origin: str) -> Cluster:
     for i, group in enumerate(_list(record, "node_groups", where)):
         at = f"{where}.node_groups[{i}]"
         values = _record_values(Node, _NODE_VALUES, group, at)
+        missing = [name for name in _NODE_REQUIRED if name not in values]
+        if missing:
+            raise PlannerError(f"{at} lacks {', '.join(missing)}")
         count = _scalar(group.get("nodes"), "int", f"{at}.nodes")
+        if count * values["num_gpus"] + sum(node.num_gpus for node in nodes) > MAX_GPUS:
+            raise PlannerError(f"{at}: {count:,} nodes of {values['num_gpus']:,} GPUs take the cluster past planner's "
+                               f"limit of {MAX_GPUS:,} GPUs")
         names = group.get("names", [f"node{len(nodes) + k}" for k in range(count)])
         if not isinstance(names, list) or len(names) != count or not all(isinstance(n, str) for n in names):
             raise PlannerError(f"{at}.names must list {count} node names")
-        nodes.extend(Node(name=name, gpu=gpu_at(group.get("gpu"), at), **values) for name in names)
+        try:
+            nodes.extend(Node(name=name, gpu=gpu_at(group.get("gpu"), at), **values) for name in names)
+        except PlannerError as exc:
+            raise PlannerError(f"{at}: {exc}") from None
     try:
         cluster = Cluster(name=_scalar(record.get("name"), "str", f"{where}.name"), nodes=tuple(nodes),
                           **_record_values(Cluster, _CLUSTER_VALUES, record, where))
-    except TypeError as exc:
+    except (TypeError, PlannerError) as exc:
         raise PlannerError(f"{where}: {exc}") from None
+    for key, value in (("num_nodes", cluster.num_nodes), ("gpus_per_node", cluster.gpus_per_node),
+                       ("num_gpus", cluster.num_gpus)):
+        if key in record and (isinstance(record[key], bool) or record[key] != value):
+            raise PlannerError(f"{where}.{key} is {record[key]!r:.40}, but its node_groups make {value}")
     links, overrides = {}, {}
     for i, entry in enumerate(_list(record, "pair_links", where)):
         at = f"{where}.pair_links[{i}]"
         a, b = _node_pair(entry, cluster, at)
-        links[(a, b)] = Link(**_record_values(Link, ("bandwidth_bytes_per_s", "latency_s", "kind"), entry, at))
+        try:
+            links[(a, b)] = Link(**_record_values(Link, ("bandwidth_bytes_per_s", "latency_s", "kind"), entry, at))
+        except (TypeError, PlannerError) as exc:
+            raise PlannerError(f"{at}: {exc}") from None
     for i, entry in enumerate(_list(record, "gpu_overrides", where)):
         at = f"{where}.gpu_overrides[{i}]"
         node = _node_pair({"nodes": [entry.get("node")] * 2} if isinstance(entry, dict) else None, cluster, at)[0]

@@ -14,6 +14,7 @@ import math
 import os
 import stat
 import tempfile
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,8 @@ import yaml
 
 from planner.errors import PlannerError
 
-__all__ = ["MAX_DEPTH", "check_tree", "load_structured_file", "parse_json", "profiles_dir", "write_atomic"]
+__all__ = ["MAX_DEPTH", "check_output", "check_tree", "load_structured_file", "parse_json", "profiles_dir",
+           "write_all_atomic", "write_atomic"]
 
 MAX_DEPTH = 32
 """Deepest nesting of lists and mappings any input file may have; planner's own files need 6, and a
@@ -118,23 +120,47 @@ def _output_target(path: Path) -> tuple[Path, int]:
     return target, stat.S_IMODE(info.st_mode)
 
 
+def check_output(path: Path) -> None:
+    """Refuse, before any work, an output `path` that `write_atomic` could not write: a missing or unwritable
+    directory, or a path that is not a regular file (one-line PlannerError)."""
+    target, _ = _output_target(Path(path))
+    if not os.access(target.parent, os.W_OK | os.X_OK):
+        raise PlannerError(f"cannot write {path}: directory {target.parent} is not writable")
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Replace the regular file `path` (or create it) with `text` atomically, keeping its mode (a new file
     gets the umask's), writing through a symlink to its target, and leaving no temporary file behind on
     any exit Python sees (errors, KeyboardInterrupt)."""
-    target, mode = _output_target(Path(path))
+    write_all_atomic([(Path(path), text)])
+
+
+def write_all_atomic(outputs: Sequence[tuple[Path, str]]) -> None:
+    """`write_atomic` for several files that belong together (a trace and its SVG, a table and its CSV): every
+    file is written to a temporary beside its target first, and only when all are written are they moved into
+    place, so a path that cannot be written leaves none of them behind."""
+    staged: list[tuple[Path, Path, str]] = []  # (given path, temporary, target)
     try:
-        handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise PlannerError(f"cannot write {path}: {exc.strerror} (directory {target.parent})") from None
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temporary, mode)
-        os.replace(temporary, target)
-    except OSError as exc:
-        raise PlannerError(f"cannot write {path}: {exc.strerror or exc}") from None
+        for path, text in outputs:
+            target, mode = _output_target(Path(path))
+            try:
+                handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+            except OSError as exc:
+                raise PlannerError(f"cannot write {path}: {exc.strerror} (directory {target.parent})") from None
+            staged.append((Path(path), Path(name), target))
+            try:
+                with os.fdopen(handle, "w", encoding="utf-8") as stream:
+                    stream.write(text)
+                    stream.flush()
+                    os.fsync(stream.fileno())
+                os.chmod(name, mode)
+            except OSError as exc:
+                raise PlannerError(f"cannot write {path}: {exc.strerror or exc}") from None
+        for path, temporary, target in staged:
+            try:
+                os.replace(temporary, target)
+            except OSError as exc:
+                raise PlannerError(f"cannot write {path}: {exc.strerror or exc}") from None
     finally:
-        Path(temporary).unlink(missing_ok=True)
+        for _, temporary, _ in staged:
+            temporary.unlink(missing_ok=True)

@@ -57,17 +57,27 @@ def _fitting(points: Sequence[SweepPoint]) -> list[_Fitting]:
 
 
 def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
-    """`2.5` (every GPU type) or `H100-80GB=2.5,B200=4` into USD per GPU-hour by catalog GPU name."""
-    if not text:
+    """`2.5` (every GPU type) or `H100-80GB=2.5,B200=4` into USD per GPU-hour by catalog GPU name: each priced type
+    once, and one of the swept `gpus`."""
+    if text is None:
         return {}
     try:
         if "=" not in text:
             return dict.fromkeys(gpus, _price(float(text), text))
         pairs = [item.split("=", 1) for item in text.split(",")]
-        return {lookup_gpu(name.strip()).name: _price(float(value), text) for name, value in pairs}
+        prices = [(lookup_gpu(name.strip()).name, _price(float(value), text)) for name, value in pairs]
     except ValueError:
         raise PlannerError(f"--gpu-hour-price {text!r} must be USD per GPU-hour, e.g. 2.5 or H100-80GB=2.5,B200=4"
                            ) from None
+    names = [name for name, _ in prices]
+    repeated = next((name for name in names if names.count(name) > 1), None)
+    if repeated:
+        raise PlannerError(f"--gpu-hour-price {text!r} prices {repeated} twice")
+    unswept = next((name for name in names if name not in gpus), None)
+    if unswept:
+        raise PlannerError(f"--gpu-hour-price {text!r} prices {unswept}, which --gpu does not sweep "
+                           f"({', '.join(gpus)})")
+    return dict(prices)
 
 
 def _price(value: float, text: str) -> float:

@@ -33,6 +33,8 @@ def parse_tokens(text: str) -> int:
     tokens = float(match.group(1)) * _SUFFIX[match.group(2).upper()]
     if not 1 <= tokens <= MAX_TOKENS:
         raise PlannerError(f"--tokens {text!r} must be between 1 and {MAX_TOKENS:.0e} tokens")
+    if tokens != round(tokens):
+        raise PlannerError(f"--tokens {text!r} is not a whole number of tokens")
     return round(tokens)
 
 

@@ -110,7 +110,27 @@ CORPUS: dict[str, tuple[dict[str, str], list[str], str]] = {
                           "must be finite"),
     "estimate tp 3": ({}, ["estimate", *TINY, "--tp", "3"], "--tp 3"),
     "unknown option": ({}, ["plan", "--bogus"], "No such option"),
-    "empty out": ({}, ["estimate", *TINY, "--out", ""], "directory"),
+    "empty out": ({}, ["estimate", *TINY, "--out", ""], "--out': is empty"),
+    "out ending in a slash": ({}, ["plan", *TINY, "--out", "{dir}/sub/"], "ends in '/'"),
+    "empty export dir": ({}, ["plan", *TINY, "--export", "megatron", "--export-out", ""], "--export-out': is empty"),
+    "empty model": ({}, ["estimate", "--model", ""], "unknown model ''"),
+    "empty cluster": ({}, ["estimate", "--cluster", ""], "unknown cluster ''"),
+    "empty recompute modules": ({}, ["estimate", *TINY, "--recompute-modules", ""], "--recompute-modules"),
+    "recompute module twice": ({}, ["estimate", *TINY, "--recompute-modules", "core_attn,core_attn"],
+                               "names a module twice"),
+    "recompute more blocks than the model has": (
+        {}, ["estimate", *TINY, "--recompute", "full", "--recompute-num-layers", "1000"], "exceeds the model's 4"),
+    "empty partition": ({}, ["estimate", *TINY, "--partition", ""], "--partition ''"),
+    "unicode digits in a cluster": ({}, ["estimate", "--cluster", "\uff11x8xH100-80GB"], "unknown cluster"),
+    "sweep size twice": ({}, ["sweep", "--gpus", "8,8", "--tokens", "1B"], "lists a value twice"),
+    "sweep unicode size": ({}, ["sweep", "--gpus", "\uff11\uff16", "--tokens", "1B"], "GPU counts"),
+    "price of a GPU not swept": ({}, ["sweep", "--gpus", "8", "--tokens", "1B", "--gpu-hour-price", "B200=4"],
+                                 "which --gpu does not sweep"),
+    "empty price": ({}, ["sweep", "--gpus", "8", "--tokens", "1B", "--gpu-hour-price", ""], "--gpu-hour-price"),
+    "fractional tokens": ({}, ["sweep", "--gpus", "8", "--tokens", "1.5"], "whole number of tokens"),
+    "local queue beyond the batch limit": (
+        {}, ["estimate", *TINY, "--pp", "2", "--schedule", "local", "--local-queue-depth", str(MAX_GLOBAL_BATCH + 1)],
+        "local_queue_depth must be at most"),
     **{f"deep {kind} {option}": ({f"deep.{kind}": _deep(kind)}, [*command, f"{{dir}}/deep.{kind}"], "nested deeper")
        for kind in ("json", "yaml")
        for option, command in (("--model", ["estimate", "--model"]),
@@ -146,6 +166,78 @@ def test_hand_edited_plans_are_refused_before_export(tmp_path, edit, message) ->
     result = run("export", str(plan_file(tmp_path, edit)), "--to", "megatron")
     assert_contract(result, (2,))
     assert message in result.stderr, result.stderr
+
+
+def _delete(path: list) -> Callable[[dict], None]:
+    def edit(document: dict) -> None:
+        target = document
+        for key in path[:-1]:
+            target = target[key]
+        del target[path[-1]]
+    return edit
+
+
+GPU0, GROUP0 = ["cluster", "gpus", 0], ["cluster", "node_groups", 0]
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    # values a cost divides by or sizes a loop with (2026-12-07 fuzz report: tracebacks, a hang, a memory kill)
+    (_set([*GPU0, "peak_flops_per_s", "bf16"], 0), "peak_flops_per_s"),
+    (_set([*GPU0, "matmul_efficiency"], 0), "matmul_efficiency must be in (0, 1]"),
+    (_set([*GPU0, "hbm_bandwidth_bytes_per_s"], 0), "hbm_bandwidth_bytes_per_s"),
+    (_set([*GPU0, "fused_attention_share"], 0), "fused_attention_share"),
+    (_set([*GPU0, "memory_bytes"], 2**70), "memory_bytes must be a positive number below 1e+18"),
+    (_set(["calibration", "constants", "gemm_tile"], 0), "gemm_tile 0"),
+    (_set(["calibration", "constants", "kernel_launch_s"], 2**70), "kernel_launch_s"),
+    (_set(["cluster", "intra_latency_s"], 2**70), "intra_latency_s"),
+    (_set(["training", "moe_load_imbalance"], None), "moe_load_imbalance"),
+    (_delete([*GROUP0, "num_gpus"]), "lacks num_gpus"),
+    (_set([*GROUP0, "num_gpus"], 2**70), f"limit of {MAX_GPUS:,} GPUs"),
+    (_set([*GROUP0, "nodes"], 2**70), f"limit of {MAX_GPUS:,} GPUs"),
+    (_set(["parallelism", "ep"], 2**70), f"ep must be at most {MAX_GPUS:,}"),
+    (_set(["cluster", "gpus_per_node"], -1), "cluster.gpus_per_node is -1"),
+    # the written estimate `estimate --plan` and `compare` print
+    (_delete(["estimate"]), "missing 'estimate'"),
+    (_set(["estimate", "iteration_time_s"], "12"), "estimate.iteration_time_s must be a finite number"),
+    (_set(["estimate", "breakdown_s", "compute"], None), "estimate.breakdown_s.compute"),
+    (_set(["estimate", "fits"], "yes"), "estimate.fits must be true or false"),
+    (_delete(["stages", 0, "memory_bytes"]), "stages[0].memory_bytes"),
+])
+def test_plan_file_values_a_cost_needs_are_checked(tmp_path, edit, message) -> None:
+    """Each hand edit is one line, exit 2, for every command that reads plan files, and within seconds."""
+    path = str(plan_file(tmp_path, edit))
+    for args in (["estimate", "--plan", path], ["compare", path, path], ["timeline", path, "--out",
+                                                                          str(tmp_path / "t.json")]):
+        result = run(*args)
+        assert_contract(result, (2,))
+        assert message in result.stderr, (args, result.stderr)
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_outputs_written_together_are_all_or_nothing(tmp_path) -> None:
+    """timeline's trace and SVG: an SVG path that cannot be written leaves no trace behind, and both land when
+    both can be written."""
+    plan, trace = str(plan_file(tmp_path)), tmp_path / "t.json"
+    result = run("timeline", plan, "--out", str(trace), "--svg", str(tmp_path / "missing" / "t.svg"))
+    assert_contract(result, (2,))
+    assert "missing" in result.stderr and not trace.exists()
+    assert run("timeline", plan, "--out", str(trace), "--svg", str(tmp_path / "t.svg")).exit_code == 0
+    assert trace.exists() and (tmp_path / "t.svg").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")) == []
+
+
+def test_plan_with_its_options_names_the_options_as_typed(tmp_path) -> None:
+    result = run("estimate", "--plan", str(plan_file(tmp_path)), "--model", "tiny-llama", "--tp", "2")
+    assert_contract(result, (2,))
+    assert result.stderr.strip().endswith("drop --model, --tp"), result.stderr
+
+
+def test_a_sweep_where_nothing_fits_exits_1_and_writes_nothing(tmp_path) -> None:
+    csv = tmp_path / "sweep.csv"
+    result = run("sweep", "--model", "llama3-405b", "--gpus", "8", "--tokens", "1B", "--csv", str(csv))
+    assert_contract(result, (1,))
+    assert "no swept cluster fits llama3-405b" in result.stderr and "short by" in result.stderr
+    assert not csv.exists()
 
 
 def test_deep_but_legal_nesting_limit_is_stated(tmp_path) -> None:

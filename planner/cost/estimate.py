@@ -249,6 +249,7 @@ def estimate(
 
     config.check_experts(model.num_experts)
     config.check_cpu_offload(model.num_layers, training)
+    config.check_recompute_blocks(model.num_layers)
     config.check_cuda_graph_modules(training, model.layer_kind_counts, model.dropout)
     if config.fp8_param_gather and (why := fp8_param_gather_why_not(training)):
         raise PlannerError(f"parallel config: fp8_param_gather {why}")

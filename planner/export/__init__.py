@@ -104,7 +104,8 @@ def write_export(result: ExportResult, directory: Path, force: bool = False) -> 
     """
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
-        raise PlannerError(f"--out {directory} exists and is not a directory")
+        raise PlannerError(f"{directory} exists and is not a directory: name a directory to write the launch files "
+                           f"into")
     if not directory.parent.is_dir():
         raise PlannerError(f"cannot write into {directory}: directory {directory.parent} does not exist")
     manifest = _manifest(directory)

@@ -8,6 +8,7 @@ from functools import cache
 from pathlib import Path
 
 from planner.errors import PlannerError
+from planner.limits import MAX_PER_GPU_QUANTITY, MAX_SECONDS
 from planner.resources import load_structured_file, profiles_dir
 
 __all__ = ["EFFICIENCY_RANGE", "Calibration", "calibration_from_constants", "check_efficiency", "default_calibration",
@@ -82,6 +83,27 @@ def check_efficiency(name: str, value: float) -> str | None:
     return f"{name} {value:.3g} is outside [{low:g}, {high:g}], the plausible range of an efficiency"
 
 
+_SHARES = {"allocator_fragmentation": "the share of transient allocations left unusable",
+           "tp_backward_overlap": "the share of a backward TP collective its GEMM hides",
+           "host_overlap_softness": "0: full overlap of host and GPU, 1: none"}
+_GEMM_TILE_RANGE = (1, 4096)
+
+
+def _range_problem(name: str, value: float) -> str | None:
+    """Why a constant that is not an efficiency is out of its range, or None: shares in [0, 1], the GEMM tile a
+    whole number of elements, seconds up to MAX_SECONDS, bytes below MAX_PER_GPU_QUANTITY."""
+    if name in _SHARES and value > 1:
+        return f"{name} {value:.3g} is outside [0, 1] ({_SHARES[name]})"
+    low, high = _GEMM_TILE_RANGE
+    if name == "gemm_tile" and (value != int(value) or not low <= value <= high):
+        return f"gemm_tile {value!r} must be a whole number of elements in [{low}, {high}]"
+    if name.endswith("_s") and value > MAX_SECONDS:
+        return f"{name} {value:.3g} s is above {MAX_SECONDS:g} s"
+    if name.endswith("_bytes") and value >= MAX_PER_GPU_QUANTITY:
+        return f"{name} {value:.3g} is not below {MAX_PER_GPU_QUANTITY:g} bytes"
+    return None
+
+
 def load_calibration(path: Path) -> Calibration:
     """Read a calibration file; every constant must be present, finite and non-negative, and every
     efficiency plausible (`EFFICIENCY_RANGE`)."""
@@ -104,9 +126,7 @@ def calibration_from_constants(constants: object, path: str) -> Calibration:
             raise PlannerError(f"{path}: constant {item.name!r} must be a number, got {value!r}")
         if not math.isfinite(value) or value < 0:
             raise PlannerError(f"{path}: constant {item.name!r} must be a finite number >= 0, got {value!r}")
-        problem = check_efficiency(item.name, value) if "efficiency" in item.name else None
-        if item.name == "host_overlap_softness" and value > 1:
-            problem = f"host_overlap_softness {value:.3g} is outside [0, 1] (0: full overlap of host and GPU, 1: none)"
+        problem = check_efficiency(item.name, value) if "efficiency" in item.name else _range_problem(item.name, value)
         if problem:
             raise PlannerError(f"{path}: {problem}")
         values[item.name] = int(value) if item.type == "int" else float(value)

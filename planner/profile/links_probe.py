@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 DEFAULT_PROBE_SIZES_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 24, 1 << 26)
-_SIZE = re.compile(r"^(\d+)\s*([KMG]?)(i?B)?$", re.IGNORECASE)
+_SIZE = re.compile(r"^(\d+)\s*([KMG]?)(i?B)?$", re.IGNORECASE | re.ASCII)
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:

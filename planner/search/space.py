@@ -98,7 +98,7 @@ class FixedOptions:
         return cls(
             tp=options.get("tp"), pp=options.get("pp"), dp=options.get("dp"), micro_batch=options.get("micro_batch"),
             vpp=options.get("vpp"), recompute=Recompute(recompute) if recompute else None,
-            recompute_modules=parse_recompute_modules(modules) if modules else None,
+            recompute_modules=parse_recompute_modules(modules) if modules is not None else None,
             schedule=Schedule(schedule) if schedule else None, zero_stage=options.get("zero_stage"),
             distributed_optimizer=options.get("distributed_optimizer"),
             sequence_parallel=options.get("sequence_parallel"),
