@@ -872,6 +872,8 @@ def plan_command(model_spec: str, cluster_spec: str, global_batch: int, seq_len:
                            calibration_path, links_path, slowdowns, tuning)
     model, cluster, training, calibration, timer = (problem.model, problem.cluster, problem.training,
                                                     problem.calibration, problem.timer)
+    if timer is not None and fixed.tp is None:  # search only the TP degrees the profile measured
+        fixed = replace(fixed, tp_degrees=tuple(timer.measured_tps()))
     unslowed = condition_cluster(load_cluster(cluster_spec), links_path, ()) if slowdowns else None
     found = plan(model, cluster, training, fixed, top_k, time_limit_s, unslowed=unslowed, timer=timer,
                  calibration=calibration, choose_optimizer_states=tuning.optimizer_states == "auto",

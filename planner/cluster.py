@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from planner.errors import PlannerError
 from planner.gpu import GPUSpec, gpu_from_dict, lookup_gpu
-from planner.limits import MAX_GPUS, MAX_PER_GPU_QUANTITY, MAX_SECONDS
+from planner.limits import MAX_GPUS, MAX_PER_GPU_QUANTITY, MAX_SECONDS, MIN_BANDWIDTH, name_problem
 from planner.resources import load_structured_file, profiles_dir
 
 if TYPE_CHECKING:
@@ -68,11 +68,11 @@ class Link:
 
 
 def _check_bandwidths(where: str, bandwidths: dict[str, float]) -> None:
-    """Each bandwidth a positive number below MAX_PER_GPU_QUANTITY bytes/s (one line naming it otherwise)."""
+    """Each bandwidth a number of bytes/s in [MIN_BANDWIDTH, MAX_PER_GPU_QUANTITY) (one line naming it otherwise)."""
     for name, value in bandwidths.items():
         if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-                or not 0 < value < MAX_PER_GPU_QUANTITY):
-            raise PlannerError(f"{where}: {name} must be a positive number of bytes/s below "
+                or not MIN_BANDWIDTH <= value < MAX_PER_GPU_QUANTITY):
+            raise PlannerError(f"{where}: {name} must be a number of bytes/s from {MIN_BANDWIDTH:g} to below "
                                f"{MAX_PER_GPU_QUANTITY:g}, got {value!r}")
 
 
@@ -99,6 +99,8 @@ class Node:
     gpus_per_host: int | None = None  # None: the whole node is one host
 
     def __post_init__(self) -> None:
+        if why := name_problem(self.name, host=True):
+            raise PlannerError(f"node name {why}")
         gpus = self.num_gpus
         if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS:
             raise PlannerError(f"node {self.name}: num_gpus must be an integer in [1, {MAX_GPUS:,}], got {gpus!r}")
@@ -129,6 +131,8 @@ class Cluster:
     gpu_overrides: dict[GpuId, GPUSpec] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if why := name_problem(self.name):
+            raise PlannerError(f"cluster name {why}")
         if not self.nodes:
             raise PlannerError(f"cluster {self.name}: needs at least one node")
         _check_latency(f"cluster {self.name}: intra_latency_s", self.intra_latency_s)
@@ -360,6 +364,18 @@ def _number(data: dict[str, Any], key: str, origin: str, default: float | None =
     return float(value)
 
 
+_GROUP_KEYS = frozenset({"gpu", "gpu_profile", "power_limit_w", "nodes", "gpus_per_node", "gpus_per_host",
+                         "intra_node_gbps", "inter_node_gbps", "names"})
+_CLUSTER_KEYS = frozenset({"name", "node_groups", "intra_node_latency_us", "inter_node_latency_us", "links"})
+
+
+def _check_keys(mapping: dict[str, Any], allowed: frozenset[str], where: str) -> None:
+    """Refuse keys a cluster file does not read: a typo (gpus_per_nod) would otherwise be ignored in silence."""
+    unknown = sorted(str(key) for key in mapping if key not in allowed)
+    if unknown:
+        raise PlannerError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(allowed))}")
+
+
 def cluster_from_dict(data: dict[str, Any], origin: str) -> Cluster:
     """A cluster document: `node_groups` (or one group's keys at top level) plus optional `links`.
 
@@ -371,9 +387,15 @@ def cluster_from_dict(data: dict[str, Any], origin: str) -> Cluster:
     """
     if not isinstance(data, dict):
         raise PlannerError(f"{origin}: a cluster file must be a mapping")
-    groups = data.get("node_groups") or [data]
-    if not isinstance(groups, list):
-        raise PlannerError(f"{origin}: 'node_groups' must be a list")
+    groups = data.get("node_groups", [data])
+    if not isinstance(groups, list) or not groups:
+        raise PlannerError(f"{origin}: 'node_groups' must be a non-empty list")
+    _check_keys(data, _CLUSTER_KEYS | (frozenset() if "node_groups" in data else _GROUP_KEYS), origin)
+    for position, group in enumerate(groups):
+        if not isinstance(group, dict):
+            raise PlannerError(f"{origin}: node group {position} must be a mapping")
+        if "node_groups" in data:
+            _check_keys(group, _GROUP_KEYS, f"{origin}: node group {position}")
     nodes: list[Node] = []
     total = 0
     for position, group in enumerate(groups):
@@ -402,7 +424,10 @@ def cluster_from_dict(data: dict[str, Any], origin: str) -> Cluster:
         names = group.get("names") or [f"node{len(nodes) + i}" for i in range(count)]
         if not isinstance(names, list) or len(names) != count or not all(isinstance(n, (str, int)) for n in names):
             raise PlannerError(f"{where}: 'names' must be a list of {count} node names, got {names!r:.80}")
-        nodes.extend(Node(str(n), gpu, per_node, intra * _GB, nic * _GB, per_host) for n in names)
+        try:
+            nodes.extend(Node(str(n), gpu, per_node, intra * _GB, nic * _GB, per_host) for n in names)
+        except PlannerError as exc:
+            raise PlannerError(f"{where}: {exc}") from None
     cluster = Cluster(
         name=str(data.get("name", Path(origin).stem)),
         nodes=tuple(nodes),

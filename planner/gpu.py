@@ -8,7 +8,8 @@ from functools import cache
 from typing import Any
 
 from planner.errors import PlannerError
-from planner.limits import MAX_GPUS, MAX_PER_GPU_QUANTITY
+from planner.limits import MAX_GPUS, MAX_PER_GPU_QUANTITY, MIN_BANDWIDTH, MIN_POWER_SHARE
+from planner.profile.calibration import check_efficiency
 from planner.resources import load_structured_file, profiles_dir
 
 __all__ = ["GIB", "PCIE4_HOST_LINK_BYTES_PER_S", "GPUSpec", "catalog_entry", "catalog_gpu_names", "gpu_from_dict",
@@ -91,10 +92,17 @@ class GPUSpec:
             if not (value is None and name in ("tdp_w", "rated_power_w")) and not _positive_finite(value):
                 raise PlannerError(f"GPU {self.name!r} {name} must be a positive number below "
                                    f"{MAX_PER_GPU_QUANTITY:g}, got {value!r}")
-        for name in ("matmul_efficiency", "flash_attention_2_share", "fused_attention_share"):
+        if not _positive_finite(self.matmul_efficiency):  # a fit explores any positive value (`checked`: files)
+            raise PlannerError(f"GPU {self.name!r} matmul_efficiency must be positive, got {self.matmul_efficiency!r}")
+        for name in ("flash_attention_2_share", "fused_attention_share"):
             value = getattr(self, name)
             if not _positive_finite(value) or value > 1:
                 raise PlannerError(f"GPU {self.name!r} {name} must be in (0, 1], got {value!r}")
+        for name in ("hbm_bandwidth_bytes_per_s", "intra_node_bandwidth_bytes_per_s", "nic_bandwidth_bytes_per_s",
+                     "host_link_bytes_per_s"):
+            if getattr(self, name) < MIN_BANDWIDTH:
+                raise PlannerError(f"GPU {self.name!r} {name} must be at least {MIN_BANDWIDTH:g} bytes/s, "
+                                   f"got {getattr(self, name)!r}")
         for name in ("sm_count", "gpus_per_node"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_GPUS:
@@ -107,6 +115,13 @@ class GPUSpec:
                                  or not 1 <= host <= self.gpus_per_node or self.gpus_per_node % host):
             raise PlannerError(f"GPU {self.name!r} gpus_per_host must divide gpus_per_node ({self.gpus_per_node}), "
                                f"got {host!r}")
+
+    def checked(self) -> GPUSpec:
+        """This GPU as a file may give it: its matmul efficiency a plausible fraction of its peak (EFFICIENCY_RANGE),
+        which a fit in progress need not be."""
+        if (problem := check_efficiency("matmul_efficiency", self.matmul_efficiency)) is not None:
+            raise PlannerError(f"GPU {self.name!r} {problem}")
+        return self
 
     @property
     def gemm_clock_ratio(self) -> float:
@@ -123,9 +138,10 @@ class GPUSpec:
         rated = self.rated_power_w or self.tdp_w
         if rated is None:
             raise PlannerError(f"GPU {self.name} has no catalogued board power (tdp_w) to limit")
-        if isinstance(watts, bool) or not isinstance(watts, (int, float)) or not 0 < watts <= rated:
-            raise PlannerError(f"power limit {watts!r} W for {self.name} must be a number of watts in (0, {rated:g}], "
-                               f"the power its catalogued rates hold at")
+        lowest = MIN_POWER_SHARE * rated
+        if isinstance(watts, bool) or not isinstance(watts, (int, float)) or not lowest <= watts <= rated:
+            raise PlannerError(f"power limit {watts!r} W for {self.name} must be a number of watts in [{lowest:g}, "
+                               f"{rated:g}]: at most the power its catalogued rates hold at, at least a tenth of it")
         return replace(self, name=f"{self.name}@{watts:g}W", tdp_w=float(watts), rated_power_w=rated)
 
     def peak_flops(self, dtype: str) -> float:
@@ -172,30 +188,41 @@ def catalog_entry(gpu: GPUSpec) -> dict[str, Any]:
     return entry | {key: value for key, value in optional.items() if value is not None}
 
 
+def _read(value: Any, integer: bool = False) -> float:
+    """A number from a GPU entry as written: true is not 1 and 1.5 GPUs are not 1 (TypeError/ValueError otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{value!r} is not a number")
+    if integer and value != int(value):
+        raise ValueError(f"{value!r} is not a whole number")
+    return int(value) if integer else float(value)
+
+
 def gpu_from_dict(name: str, data: dict[str, Any], origin: str) -> GPUSpec:
     """Build a GPUSpec from a catalog-style mapping (GB/s, TFLOP/s, GiB as in profiles/gpus.yaml)."""
     try:
+        optional = {key: None if data.get(key) is None else _read(data[key], key == "gpus_per_host")
+                    for key in ("tdp_w", "gpus_per_host", "rated_power_w")}
         spec = GPUSpec(
             name=name,
-            peak_flops_per_s=tuple((k, float(v) * 1e12) for k, v in data["peak_tflops"].items()),
-            memory_bytes=int(float(data["memory_gib"]) * GIB),
-            hbm_bandwidth_bytes_per_s=float(data["hbm_gbps"]) * _GB,
-            matmul_efficiency=float(data["matmul_efficiency"]),
+            peak_flops_per_s=tuple((k, _read(v) * 1e12) for k, v in data["peak_tflops"].items()),
+            memory_bytes=int(_read(data["memory_gib"]) * GIB),
+            hbm_bandwidth_bytes_per_s=_read(data["hbm_gbps"]) * _GB,
+            matmul_efficiency=_read(data["matmul_efficiency"]),
             intra_node_link=str(data["intra_node"]["link"]),
-            intra_node_bandwidth_bytes_per_s=float(data["intra_node"]["gbps"]) * _GB,
-            gpus_per_node=int(data["gpus_per_node"]),
-            nic_bandwidth_bytes_per_s=float(data["nic_gbps"]) * _GB,
-            sm_count=int(data["sm_count"]),
+            intra_node_bandwidth_bytes_per_s=_read(data["intra_node"]["gbps"]) * _GB,
+            gpus_per_node=_read(data["gpus_per_node"], integer=True),
+            nic_bandwidth_bytes_per_s=_read(data["nic_gbps"]) * _GB,
+            sm_count=_read(data["sm_count"], integer=True),
             source=str(data.get("source", origin)),
-            tdp_w=None if data.get("tdp_w") is None else float(data["tdp_w"]),
-            gpus_per_host=None if data.get("gpus_per_host") is None else int(data["gpus_per_host"]),
-            flash_attention_2_share=float(data.get("flash_attention_2_share", 1.0)),
-            fused_attention_share=float(data.get("fused_attention_share", 1.0)),
-            rated_power_w=None if data.get("rated_power_w") is None else float(data["rated_power_w"]),
-            host_link_bytes_per_s=float(data.get("host_link_gbps", PCIE4_HOST_LINK_BYTES_PER_S / _GB)) * _GB,
+            tdp_w=optional["tdp_w"],
+            gpus_per_host=optional["gpus_per_host"],
+            flash_attention_2_share=_read(data.get("flash_attention_2_share", 1.0)),
+            fused_attention_share=_read(data.get("fused_attention_share", 1.0)),
+            rated_power_w=optional["rated_power_w"],
+            host_link_bytes_per_s=_read(data.get("host_link_gbps", PCIE4_HOST_LINK_BYTES_PER_S / _GB)) * _GB,
             fp8_gemm_tn_only=data.get("fp8_gemm_tn_only", False),
             flash_attn_native=data.get("flash_attn_native", False),
-        )
+        ).checked()
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise PlannerError(f"{origin}: GPU {name!r} is missing or has a bad field ({exc})") from None
     except PlannerError as exc:

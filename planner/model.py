@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import PlannerError
-from planner.limits import MAX_LAYERS, MAX_MODEL_WIDTH, MAX_SEQ_LEN
+from planner.limits import MAX_LAYERS, MAX_MODEL_WIDTH, MAX_SEQ_LEN, name_problem
 from planner.resources import load_structured_file, profiles_dir
 
 __all__ = [
@@ -558,6 +558,8 @@ class ModelSpec:
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
+        if why := name_problem(self.name):
+            raise PlannerError(f"model name {why}" + (f" ({self.source})" if self.source else ""))
         where = f"model {self.name!r}" + (f" ({self.source})" if self.source else "")
         _check_fields(self, where)
         if self.num_key_value_heads is None:
@@ -1007,6 +1009,16 @@ def _optional_int(config: dict[str, Any], key: str, path: Path) -> int | None:
     return None if config.get(key) is None else _require_int(config, key, path)
 
 
+def _flag(config: dict[str, Any], key: str, default: bool, path: Path) -> bool:
+    """`config[key]` as a JSON true/false (the string "false" is not true), `default` when absent or null."""
+    value = config.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise PlannerError(f"{path}: '{key}' must be true or false, got {value!r:.40}")
+    return value
+
+
 def _require_int(config: dict[str, Any], key: str, path: Path) -> int:
     value = config.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -1072,13 +1084,13 @@ def model_from_hf_config(config: dict[str, Any], path: Path, name: str | None = 
         num_layers=_require_int(config, "num_hidden_layers", path),
         hidden_size=_require_int(config, "hidden_size", path),
         num_attention_heads=heads,
-        num_key_value_heads=config.get("num_key_value_heads") or heads,
+        num_key_value_heads=_optional_int(config, "num_key_value_heads", path) or heads,
         head_dim=config.get("qk_nope_head_dim") or config.get("head_dim"),
         ffn_hidden_size=_require_int(config, "intermediate_size", path),
         vocab_size=_require_int(config, "vocab_size", path),
         max_position_embeddings=config.get("max_position_embeddings", 2048),
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        qkv_bias=model_type.startswith("qwen2") or bool(config.get("attention_bias", False)),
+        tie_embeddings=_flag(config, "tie_word_embeddings", False, path),
+        qkv_bias=model_type.startswith("qwen2") or _flag(config, "attention_bias", False, path),
         qk_norm=model_type.startswith("qwen3"),
         dropout=bool(config.get("attention_dropout", 0.0)),
         **_hf_moe(config, path),
@@ -1088,7 +1100,13 @@ def model_from_hf_config(config: dict[str, Any], path: Path, name: str | None = 
     )
     model = _with_layer_windows(model, config, path)
     mtp = config.get("num_nextn_predict_layers") or 0
-    return _with_mtp(model, _require_int(config, "num_nextn_predict_layers", path)) if mtp else model
+    if not mtp:
+        return model
+    count = _require_int(config, "num_nextn_predict_layers", path)
+    if count > MAX_LAYERS - model.num_layers:
+        raise PlannerError(f"{path}: num_nextn_predict_layers {count:,} would take the model past {MAX_LAYERS:,} "
+                           f"blocks")
+    return _with_mtp(model, count)
 
 
 def _with_layer_windows(model: ModelSpec, config: dict[str, Any], path: Path) -> ModelSpec:
@@ -1216,8 +1234,8 @@ def _hf_gemma(config: dict[str, Any], path: Path, name: str) -> ModelSpec:
         num_key_value_heads=_optional_int(text, "num_key_value_heads", path) or heads,
         head_dim=_optional_int(text, "head_dim", path), max_position_embeddings=text.get("max_position_embeddings",
                                                                                           8192),
-        activation="geglu", tie_embeddings=bool(text.get("tie_word_embeddings", True)),
-        qkv_bias=bool(text.get("attention_bias", False)), qk_norm=gemma3,
+        activation="geglu", tie_embeddings=_flag(text, "tie_word_embeddings", True, path),
+        qkv_bias=_flag(text, "attention_bias", False, path), qk_norm=gemma3,
         rope_theta=float(text.get("rope_theta", 10000.0)), source=str(path))
     window = _require_int(text, "sliding_window", path)
     kinds = _hf_layer_flags(text, "layer_types", layers, path)
@@ -1250,7 +1268,7 @@ def _hf_llama4(config: dict[str, Any], path: Path, name: str) -> ModelSpec:
         num_key_value_heads=_optional_int(text, "num_key_value_heads", path) or heads,
         head_dim=_optional_int(text, "head_dim", path), max_position_embeddings=text.get("max_position_embeddings",
                                                                                           8192),
-        tie_embeddings=bool(text.get("tie_word_embeddings", False)),
+        tie_embeddings=_flag(text, "tie_word_embeddings", False, path),
         num_experts=_require_int(text, "num_local_experts", path),
         moe_top_k=_require_int(text, "num_experts_per_tok", path), moe_ffn_hidden_size=expert_ffn,
         shared_expert_ffn_hidden_size=expert_ffn, **_hf_rope_and_window(text), source=str(path))
@@ -1295,8 +1313,8 @@ def _hf_nemotron_h(config: dict[str, Any], path: Path, name: str) -> ModelSpec:
         head_dim=_optional_int(config, "head_dim", path) or _optional_int(config, "attention_head_dim", path),
         max_position_embeddings=config.get("max_position_embeddings", 8192),
         activation=activation if activation in ACTIVATIONS else "relu2",
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        qkv_bias=bool(config.get("attention_bias", False)), rope_theta=float(config.get("rope_theta", 10000.0)),
+        tie_embeddings=_flag(config, "tie_word_embeddings", False, path),
+        qkv_bias=_flag(config, "attention_bias", False, path), rope_theta=float(config.get("rope_theta", 10000.0)),
         **moe, source=str(path))
     mamba = MambaSpec(
         _require_int(config, "mamba_num_heads", path), _require_int(config, "mamba_head_dim", path),

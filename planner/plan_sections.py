@@ -63,7 +63,7 @@ def _gpu_from_record(record: Any, where: str) -> GPUSpec:
     try:
         return GPUSpec(**_record_values(GPUSpec, names, record, where),
                        peak_flops_per_s=tuple((str(k), _scalar(v, "float", f"{where}.peak_flops_per_s.{k}"))
-                                              for k, v in peaks.items()))
+                                              for k, v in peaks.items())).checked()
     except TypeError as exc:
         raise PlannerError(f"{where}: {exc}") from None
     except PlannerError as exc:

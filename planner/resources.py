@@ -65,6 +65,8 @@ def _parse_yaml(text: str, origin: str) -> Any:
         return yaml.safe_load(text)
     except RecursionError:
         raise PlannerError(f"{origin}: nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # an integer literal past Python's digit limit for str → int
+        raise PlannerError(f"{origin}: {_digits_problem(exc)}") from None
 
 
 def parse_json(text: str, origin: str) -> Any:
@@ -73,17 +75,34 @@ def parse_json(text: str, origin: str) -> Any:
         document = json.loads(text)
     except RecursionError:
         raise PlannerError(f"{origin}: nested deeper than {MAX_DEPTH} levels") from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:
+        raise PlannerError(f"{origin}: {_digits_problem(exc)}") from None
     return check_tree(document, origin)
+
+
+def _digits_problem(exc: ValueError) -> str:
+    """The one line for a number Python refuses to convert (an integer of thousands of digits)."""
+    digits = str(exc).split("(")[1].split(" digits")[0] if "digits" in str(exc) else "too many"
+    return f"a number has more digits than planner reads (limit {digits} digits)"
 
 
 def check_tree(document: Any, origin: str) -> Any:
     """`document` unchanged when it nests at most MAX_DEPTH deep and every number in it is finite;
-    walked without recursion, so no later code meets a structure that could exhaust the stack."""
+    walked without recursion, so no later code meets a structure that could exhaust the stack. A container YAML
+    shares under several aliases is walked again only where it sits deeper than before, so an alias bomb (nine
+    lines naming 10⁹ nodes) is checked in the time its distinct nodes take."""
     pending: list[tuple[Any, str, int]] = [(document, "", 0)]
+    deepest: dict[int, int] = {}  # id of a container walked → the depth it was walked at
     while pending:
         value, where, depth = pending.pop()
         if isinstance(value, float) and not math.isfinite(value):
             raise PlannerError(f"{origin}: {where or 'the document'} is {value}; numbers must be finite")
+        if isinstance(value, (dict, list)):
+            if deepest.get(id(value), -1) >= depth:
+                continue
+            deepest[id(value)] = depth
         children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
         for key, child in children:
             if depth >= MAX_DEPTH:

@@ -192,7 +192,8 @@ def test_a_cluster_runs_its_gpus_under_a_stated_power_limit(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    ("1x8xH100-80GB@800W", r"power limit 800.0 W for H100-80GB must be a number of watts in \(0, 700\]"),
+    ("1x8xH100-80GB@800W", r"power limit 800.0 W for H100-80GB must be a number of watts in \[70, 700\]"),
+    ("1x8xH100-80GB@50W", r"power limit 50.0 W for H100-80GB must be .* at least a tenth of it"),
     ("1x8xH100-80GB@0W", r"power limit 0.0 W for H100-80GB must be"),
     ("1x8xH100-80GB@1.2.3W", "power limit '1.2.3' W is not a number"),
 ])

@@ -128,6 +128,28 @@ CORPUS: dict[str, tuple[dict[str, str], list[str], str]] = {
                                  "which --gpu does not sweep"),
     "empty price": ({}, ["sweep", "--gpus", "8", "--tokens", "1B", "--gpu-hour-price", ""], "--gpu-hour-price"),
     "fractional tokens": ({}, ["sweep", "--gpus", "8", "--tokens", "1.5"], "whole number of tokens"),
+    "alias bomb": ({"c.yaml": "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{b}: &{b} [{', '.join([f'*{a}'] * 10)}]\n" for a, b in zip("abcdefgh", "bcdefghi", strict=True))},
+                   ["estimate", *TINY[:2], "--cluster", "{dir}/c.yaml"], "unknown key(s) a, b"),
+    "cluster key typo": ({"c.yaml": "node_groups: [{gpu: H100-80GB, nodes: 2, gpus_per_nod: 8}]"},
+                         ["estimate", *TINY[:2], "--cluster", "{dir}/c.yaml"], "unknown key(s) gpus_per_nod"),
+    "node name with a line break": (
+        {"c.yaml": json.dumps({"node_groups": [{"gpu": "H100-80GB", "nodes": 2, "gpus_per_node": 8,
+                                                "names": ["a\nrm -rf /", "b;$(id)"]}]})},
+        ["estimate", *TINY[:2], "--cluster", "{dir}/c.yaml"], "must be a host name"),
+    "thousands of digits": ({"c.yaml": "{gpu: H100-80GB, nodes: " + "9" * 5000 + "}"},
+                            ["estimate", *TINY[:2], "--cluster", "{dir}/c.yaml"], "more digits than planner reads"),
+    "bandwidth near zero": ({"c.yaml": "{gpu: H100-80GB, nodes: 1, intra_node_gbps: 1.0e-300}"},
+                            ["estimate", *TINY[:2], "--cluster", "{dir}/c.yaml"], "from 1e+06"),
+    "power limit near zero": ({"c.yaml": "{gpu: H100-80GB, nodes: 1, power_limit_w: 1.0e-300}"},
+                              ["estimate", *TINY[:2], "--cluster", "{dir}/c.yaml"], "at least a tenth"),
+    "calibration constant typo": ({"cal.yaml": "constants: {memory_bound_efficency: 0.9}"},
+                                  ["estimate", *TINY, "--calibration", "{dir}/cal.yaml"],
+                                  "unknown constant(s) memory_bound_efficency"),
+    "calibration schema 99": ({"cal.yaml": "schema_version: 99\nconstants: {}"},
+                              ["estimate", *TINY, "--calibration", "{dir}/cal.yaml"], "schema_version 99"),
+    "hf flag as a string": ({"config.json": json.dumps({**HF, "tie_word_embeddings": "false"})},
+                            ["estimate", "--model", "{dir}/config.json"], "must be true or false"),
     "local queue beyond the batch limit": (
         {}, ["estimate", *TINY, "--pp", "2", "--schedule", "local", "--local-queue-depth", str(MAX_GLOBAL_BATCH + 1)],
         "local_queue_depth must be at most"),
@@ -183,7 +205,8 @@ GPU0, GROUP0 = ["cluster", "gpus", 0], ["cluster", "node_groups", 0]
 @pytest.mark.parametrize(("edit", "message"), [
     # values a cost divides by or sizes a loop with (2026-12-07 fuzz report: tracebacks, a hang, a memory kill)
     (_set([*GPU0, "peak_flops_per_s", "bf16"], 0), "peak_flops_per_s"),
-    (_set([*GPU0, "matmul_efficiency"], 0), "matmul_efficiency must be in (0, 1]"),
+    (_set([*GPU0, "matmul_efficiency"], 0), "matmul_efficiency must be positive"),
+    (_set([*GPU0, "matmul_efficiency"], 5), "matmul_efficiency 5 is outside [0.01, 1]"),
     (_set([*GPU0, "hbm_bandwidth_bytes_per_s"], 0), "hbm_bandwidth_bytes_per_s"),
     (_set([*GPU0, "fused_attention_share"], 0), "fused_attention_share"),
     (_set([*GPU0, "memory_bytes"], 2**70), "memory_bytes must be a positive number below 1e+18"),
@@ -238,6 +261,43 @@ def test_a_sweep_where_nothing_fits_exits_1_and_writes_nothing(tmp_path) -> None
     assert_contract(result, (1,))
     assert "no swept cluster fits llama3-405b" in result.stderr and "short by" in result.stderr
     assert not csv.exists()
+
+
+def _profile(tmp_path: Path, edit: Callable[[dict], None]) -> str:
+    document = json.loads((Path(__file__).parents[1] / "profiles/measured/tiny-llama-cpu-bf16-s128.json").read_text())
+    edit(document)
+    path = tmp_path / "PROFILE.json"
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+def _zero_times(document: dict) -> None:
+    for unit in document["units"]:
+        unit.update({key: 0 for key, value in unit.items() if key.endswith("_s") and isinstance(value, float)})
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (_set(["settings", "seq_len"], 0), "settings.seq_len must be in [1,"),
+    (_set(["settings", "seq_len"], 2**40), "settings.seq_len must be in [1,"),
+    (_set(["settings", "attention"], "weird"), "settings.attention must be one of"),
+    (_zero_times, "every measured time is 0"),
+])
+def test_calibrate_checks_a_profile_as_estimate_does(tmp_path, edit, message) -> None:
+    """`calibrate` reads the profile's settings through the same checks, and an empty fit writes nothing."""
+    out = tmp_path / "gpu.yaml"
+    result = run("calibrate", _profile(tmp_path, edit), "--gpu", "H100-80GB", "--force", "--out", str(out))
+    assert_contract(result, (2,))
+    assert message in result.stderr, result.stderr
+    assert not out.exists()
+
+
+def test_plan_with_a_profile_searches_the_tp_degrees_it_measured() -> None:
+    """The shipped CPU profile measured tp 1 and 2: `plan` on 8 GPUs searches those, not tp 4 or 8."""
+    result = run("plan", "--profile", "profiles/measured/tiny-llama-cpu-bf16-s128.json", "--cluster",
+                 "1x8xH100-80GB", "--global-batch", "8", "--json")
+    assert result.exit_code == 0, result.output
+    plans = json.loads(result.stdout)
+    assert {p["parallelism"]["tp"] for p in [plans, *plans.get("alternatives", [])]} <= {1, 2}
 
 
 def test_deep_but_legal_nesting_limit_is_stated(tmp_path) -> None:

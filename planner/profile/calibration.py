@@ -14,6 +14,8 @@ from planner.resources import load_structured_file, profiles_dir
 __all__ = ["EFFICIENCY_RANGE", "Calibration", "calibration_from_constants", "check_efficiency", "default_calibration",
            "load_calibration"]
 
+CALIBRATION_SCHEMA_VERSION = 1
+"""The calibration file format (profiles/calibration.yaml, `planner calibrate`'s output)."""
 EFFICIENCY_RANGE = (0.01, 1.0)
 """Plausible efficiencies, as fractions of a peak. Above 1 the spec's peak is wrong, not the kernel
 fast; below 1 % no real training kernel runs (cuBLAS on small shapes, NCCL on PCIe still reach
@@ -108,6 +110,16 @@ def load_calibration(path: Path) -> Calibration:
     """Read a calibration file; every constant must be present, finite and non-negative, and every
     efficiency plausible (`EFFICIENCY_RANGE`)."""
     document = load_structured_file(path)
+    if isinstance(document, dict):
+        version = document.get("schema_version", CALIBRATION_SCHEMA_VERSION)
+        if isinstance(version, bool) or version != CALIBRATION_SCHEMA_VERSION:
+            raise PlannerError(f"{path}: schema_version {version!r} is not supported (expected "
+                               f"{CALIBRATION_SCHEMA_VERSION})")
+        constants = document.get("constants")
+        known = {item.name for item in fields(Calibration)}
+        unknown = sorted(str(name) for name in constants if name not in known) if isinstance(constants, dict) else []
+        if unknown:
+            raise PlannerError(f"{path}: unknown constant(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     return calibration_from_constants(document.get("constants") if isinstance(document, dict) else None, str(path))
 
 

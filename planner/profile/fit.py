@@ -72,6 +72,8 @@ def fit_efficiencies(profile: MeasuredProfile, gpu: GPUSpec, calibration: Calibr
         raise PlannerError(f"{profile.source} was measured in {profile.dtype}; {gpu.name} has no {profile.dtype} peak "
                            "to fit against (profile with --dtype bf16 or fp16)")
     rows = _observations(profile)
+    if not rows:
+        raise PlannerError(f"{profile.source}: every measured time is 0; there is nothing to fit")
     measured = np.array([row[3] for row in rows])
     x = 1.0 / np.array([gpu.matmul_efficiency, calibration.memory_bound_efficiency,
                         calibration.flash_attention_efficiency])

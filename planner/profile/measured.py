@@ -21,13 +21,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from planner.config import Recompute
+from planner.config import ATTENTION_KERNELS, Recompute
 from planner.errors import PlannerError
 from planner.gpu import GPUSpec
+from planner.limits import MAX_SEQ_LEN
 from planner.model import ModelSpec, UnitKind, model_from_dict
 from planner.profile.analytic import AnalyticProfile, UnitSetting, UnitTimes
 from planner.profile.calibration import Calibration
-from planner.profile.measure import PROFILE_SCHEMA_VERSION
+from planner.profile.measure import PROFILE_DTYPES, PROFILE_SCHEMA_VERSION
 from planner.resources import load_structured_file
 
 __all__ = ["MeasuredProfile", "bind_to_model", "load_measured_profile", "parse_profile_document"]
@@ -206,11 +207,15 @@ def parse_profile_document(document: Any, source: str) -> MeasuredProfile:
         batches = {frozenset(table.get((kind, tp), {})) for kind in UnitKind}
         if len(batches) != 1:
             raise PlannerError(f"{source}: tp={tp} does not have embedding, block and head at the same micro-batches")
+    seq_len = _require(settings, "seq_len", int, f"{source}: settings")
+    if not 1 <= seq_len <= MAX_SEQ_LEN:
+        raise PlannerError(f"{source}: settings.seq_len must be in [1, {MAX_SEQ_LEN:,}], got {seq_len:,}")
+    dtype, attention = (_require(settings, key, str, f"{source}: settings") for key in ("dtype", "attention"))
+    for key, value, allowed in (("dtype", dtype, PROFILE_DTYPES), ("attention", attention, ATTENTION_KERNELS)):
+        if value not in allowed:
+            raise PlannerError(f"{source}: settings.{key} must be one of {', '.join(allowed)}, got {value!r}")
     return MeasuredProfile(
-        model=model, gpu=gpu,
-        seq_len=_require(settings, "seq_len", int, f"{source}: settings"),
-        dtype=_require(settings, "dtype", str, f"{source}: settings"),
-        attention=_require(settings, "attention", str, f"{source}: settings"),
+        model=model, gpu=gpu, seq_len=seq_len, dtype=dtype, attention=attention,
         device=str(device.get("name", device.get("type", "unknown device"))),
         times_by_setting=table, source=source, sequence_parallel=sequence_parallel,
         activation_bytes_by_setting=memory,

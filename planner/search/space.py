@@ -89,6 +89,7 @@ class FixedOptions:
     framework: str | None = None  # planner.frameworks name; None: any (every layout, Megatron-LM's semantics)
     local_queue_depth: int | None = None  # the local schedule's (config.DEFAULT_LOCAL_QUEUE_DEPTH when None)
     local_head: str | None = None  # the local schedule's auxiliary head ("linear" when None)
+    tp_degrees: tuple[int, ...] | None = None  # the TP degrees to search (a measured profile's); None: every one
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> FixedOptions:
@@ -296,7 +297,8 @@ def degree_triples(model: ModelSpec, cluster: Cluster, training: Training,
     gpus = cluster.num_gpus
     out = []
     for tp in _divisors(cluster.gpus_per_node):
-        if _tp_allowed(tp, model, cluster) or fixed.tp not in (None, tp) or gpus % tp:
+        if (_tp_allowed(tp, model, cluster) or fixed.tp not in (None, tp) or gpus % tp
+                or (fixed.tp_degrees is not None and tp not in fixed.tp_degrees)):
             continue
         for cp in _divisors(gpus // tp):
             if fixed.cp not in (None, cp) or _cp_allowed(cp, None, tp, model, training):
