@@ -435,9 +435,10 @@ def cluster_from_dict(data: dict[str, Any], origin: str) -> Cluster:
         inter_latency_s=_number(data, "inter_node_latency_us", origin, DEFAULT_INTER_NODE_LATENCY_S * 1e6) / 1e6,
     )
     overrides: dict[tuple[int, int], Link] = {}
-    if not isinstance(data.get("links") or [], list):
+    links = [] if data.get("links") is None else data["links"]  # `links:` with nothing after it: none
+    if not isinstance(links, list):
         raise PlannerError(f"{origin}: 'links' must be a list of {{nodes: [a, b], gbps, latency_us}}")
-    for position, entry in enumerate(data.get("links") or []):
+    for position, entry in enumerate(links):
         where = f"{origin}: links[{position}]"
         pair = entry.get("nodes") if isinstance(entry, dict) else None
         if not isinstance(pair, list) or len(pair) != 2:
@@ -447,6 +448,8 @@ def cluster_from_dict(data: dict[str, Any], origin: str) -> Cluster:
         if bandwidth is None:
             raise PlannerError(f"{where}: needs 'gbps'")
         latency = _number(entry, "latency_us", where, cluster.inter_latency_s * 1e6)
+        if (min(a, b), max(a, b)) in {(min(pair), max(pair)) for pair in overrides}:
+            raise PlannerError(f"{where}: a second link between {cluster.nodes[a].name} and {cluster.nodes[b].name}")
         overrides[(a, b)] = Link(bandwidth * _GB, latency / 1e6, "intra" if a == b else "inter")
     return cluster.with_pair_links(overrides) if overrides else cluster
 
@@ -461,6 +464,8 @@ def _group_gpu(group: Any, origin: str, where: str) -> GPUSpec:
     """A group's GPU: a catalog `gpu` name, or a `gpu_profile` file (one gpus.yaml-style entry) whose
     relative path is taken from the cluster file's directory."""
     if isinstance(group, dict) and "gpu_profile" in group:
+        if "gpu" in group:
+            raise PlannerError(f"{where}: give a 'gpu' type or a 'gpu_profile' file, not both")
         path = Path(str(group["gpu_profile"]))
         if not path.is_absolute() and Path(origin).is_file():
             path = Path(origin).parent / path

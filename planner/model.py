@@ -1204,13 +1204,20 @@ def _hf_text_config(config: dict[str, Any], path: Path, wrapper: str) -> dict[st
     return text
 
 
+_LAYER_TYPES = ("full_attention", "sliding_attention")  # HF `layer_types` entries planner costs
+
+
 def _hf_layer_flags(config: dict[str, Any], key: str, layers: int, path: Path) -> list[Any] | None:
-    """A per-layer list (HF `layer_types`, `no_rope_layers`) checked to have one entry per layer; None if absent."""
+    """A per-layer list (HF `layer_types`, `no_rope_layers`) checked to have one entry per layer, `layer_types`'
+    entries among _LAYER_TYPES (another kind would be costed as full attention); None if absent."""
     values = config.get(key)
     if values is None:
         return None
     if not isinstance(values, list) or len(values) != layers:
-        raise PlannerError(f"{path}: '{key}' must list one entry per layer ({layers}), got {values!r}")
+        raise PlannerError(f"{path}: '{key}' must list one entry per layer ({layers}), got {values!r:.80}")
+    odd = next((value for value in values if key == "layer_types" and value not in _LAYER_TYPES), None)
+    if odd is not None:
+        raise PlannerError(f"{path}: layer_types entries must be among {', '.join(_LAYER_TYPES)}, got {odd!r:.40}")
     return values
 
 

@@ -143,6 +143,16 @@ CORPUS: dict[str, tuple[dict[str, str], list[str], str]] = {
                             ["estimate", *TINY[:2], "--cluster", "{dir}/c.yaml"], "from 1e+06"),
     "power limit near zero": ({"c.yaml": "{gpu: H100-80GB, nodes: 1, power_limit_w: 1.0e-300}"},
                               ["estimate", *TINY[:2], "--cluster", "{dir}/c.yaml"], "at least a tenth"),
+    "links not a list but falsy": ({"c.yaml": "node_groups: [{gpu: H100-80GB, nodes: 2}]\nlinks: 0"},
+                                   ["estimate", *TINY[:2], "--cluster", "{dir}/c.yaml"], "'links' must be a list"),
+    "the same link twice": ({"c.yaml": "node_groups: [{gpu: H100-80GB, nodes: 2}]\n"
+                                       "links: [{nodes: [0, 1], gbps: 10}, {nodes: [1, 0], gbps: 20}]"},
+                            ["estimate", *TINY[:2], "--cluster", "{dir}/c.yaml"], "a second link between"),
+    "gpu and gpu profile": ({"c.yaml": "node_groups: [{gpu: H100-80GB, gpu_profile: g.yaml, nodes: 2}]"},
+                            ["estimate", *TINY[:2], "--cluster", "{dir}/c.yaml"], "not both"),
+    "hf layer type planner does not cost": (
+        {"config.json": json.dumps({**HF, "layer_types": ["linear_attention"] * 4})},
+        ["estimate", "--model", "{dir}/config.json"], "layer_types entries must be among"),
     "calibration constant typo": ({"cal.yaml": "constants: {memory_bound_efficency: 0.9}"},
                                   ["estimate", *TINY, "--calibration", "{dir}/cal.yaml"],
                                   "unknown constant(s) memory_bound_efficency"),
