@@ -192,13 +192,6 @@ def deepspeed_legacy_pipeline(version: str) -> bool:
     return _release(version) < DEEPSPEED_MODERN_PIPELINE
 
 
-def check_recompute_num_layers(layers: int | None, num_layers: int) -> None:
-    """`recompute_num_layers` (Megatron-LM's --recompute-num-layers, blocks recomputed per model chunk) is at most the
-    model's `num_layers` blocks (PlannerError otherwise)."""
-    if layers is not None and layers > num_layers:
-        raise PlannerError(f"recompute_num_layers {layers} exceeds the model's {num_layers} blocks")
-
-
 def _parse_module_list(option: str, text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
     """A comma-separated option's names in `allowed`'s order, once each (PlannerError naming the first unknown one,
     or the text when it names none)."""
@@ -684,8 +677,11 @@ class ParallelConfig:
                                f"CPU offloading does not run with activation recompute), got {self.recompute.value}")
 
     def check_recompute_blocks(self, num_layers: int) -> None:
-        """A block recompute re-runs at most every block the model has (`recompute_num_layers`)."""
-        check_recompute_num_layers(self.recompute_num_layers, num_layers)
+        """A block recompute (`recompute_num_layers`, Megatron-LM's --recompute-num-layers) re-runs at most every
+        block the model has."""
+        layers = self.recompute_num_layers
+        if layers is not None and layers > num_layers:
+            raise PlannerError(f"recompute_num_layers {layers} exceeds the model's {num_layers} blocks")
 
     def check_cpu_offload(self, num_layers: int, training: Training) -> None:
         """Megatron-Core offloads fewer blocks than the model has, and not under CUDA graphs."""

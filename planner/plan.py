@@ -263,26 +263,29 @@ _ESTIMATE_NUMBERS = ("iteration_time_s", "tokens_per_s", "mfu", "peak_memory_byt
 
 
 def _check_estimate(estimate: Any, stages: list[Any], origin: str) -> None:
-    """The written estimate that `estimate --plan` and `compare` print: its figures finite numbers >= 0, `fits` a
-    flag, every breakdown term a number, every stage's memory terms numbers (one line naming the field)."""
+    """The written estimate that `estimate --plan` and `compare` print: its figures and every stage's memory terms
+    finite numbers >= 0, every breakdown term a finite number, `fits` a flag (one line naming the field)."""
     if not isinstance(estimate, dict):
         raise PlannerError(f"{origin}: 'estimate' must be an object")
     figures = {f"estimate.{key}": _require(estimate, key, "estimate") for key in _ESTIMATE_NUMBERS}
     if "model_tflops_per_gpu" in estimate:
         figures["estimate.model_tflops_per_gpu"] = estimate["model_tflops_per_gpu"]
-    for section in ("breakdown_s", "breakdown_detail_s"):
-        terms = estimate.get(section, {})
-        if not isinstance(terms, dict):
-            raise PlannerError(f"{origin}: estimate.{section} must map terms to seconds")
-        figures.update({f"estimate.{section}.{key}": value for key, value in terms.items()})
     for position, stage in enumerate(stages):
         memory = _require(stage, "memory_bytes", f"stages[{position}]")
         if not isinstance(memory, dict):
             raise PlannerError(f"{origin}: stages[{position}].memory_bytes must map terms to bytes")
         figures.update({f"stages[{position}].memory_bytes.{key}": value for key, value in memory.items()})
-    for name, value in figures.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise PlannerError(f"{origin}: {name} must be a finite number >= 0, got {value!r:.60}")
+    terms = {}
+    for section in ("breakdown_s", "breakdown_detail_s"):
+        mapping = estimate.get(section, {})
+        if not isinstance(mapping, dict):
+            raise PlannerError(f"{origin}: estimate.{section} must map terms to seconds")
+        terms.update({f"estimate.{section}.{key}": value for key, value in mapping.items()})
+    for name, value in (*figures.items(), *terms.items()):
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                or (value < 0 and name in figures)):
+            raise PlannerError(f"{origin}: {name} must be a finite number{' >= 0' if name in figures else ''}, "
+                               f"got {value!r:.60}")
     if not isinstance(_require(estimate, "fits", "estimate"), bool):
         raise PlannerError(f"{origin}: estimate.fits must be true or false, got {estimate['fits']!r:.60}")
 

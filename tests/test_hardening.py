@@ -247,6 +247,17 @@ def test_plan_file_values_a_cost_needs_are_checked(tmp_path, edit, message) -> N
     assert not (tmp_path / "t.json").exists()
 
 
+def test_plan_file_breakdown_terms_may_be_negative(tmp_path) -> None:
+    """A breakdown term can be a credit (time hidden behind another term), so a negative one is read; an infinite
+    one that is not a number is not."""
+    negative = _set(["estimate", "breakdown_s", "compute"], -0.5)
+    assert run("estimate", "--plan", str(plan_file(tmp_path, negative))).exit_code == 0
+    text = _set(["estimate", "breakdown_s", "compute"], "0.5")
+    result = run("estimate", "--plan", str(plan_file(tmp_path, text)))
+    assert_contract(result, (2,))
+    assert "estimate.breakdown_s.compute must be a finite number, got '0.5'" in result.stderr, result.stderr
+
+
 def test_outputs_written_together_are_all_or_nothing(tmp_path) -> None:
     """timeline's trace and SVG: an SVG path that cannot be written leaves no trace behind, and both land when
     both can be written."""
