@@ -60,7 +60,7 @@ from planner.export import EXPORT_TARGETS, exporter, render_stdout, write_export
 from planner.finetune import adapter_parameters
 from planner.frameworks import FRAMEWORK_NAMES, framework_named
 from planner.gpu import GIB, catalog_gpu_names, lookup_gpu
-from planner.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN
+from planner.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, decimal_digits
 from planner.local_learning import local_learning_section
 from planner.model import ModelSpec, catalog_model_names, load_model
 from planner.placement import Placement, default_placement
@@ -1195,15 +1195,15 @@ def sweep_command(model_spec: str, sizes_text: str, gpus_text: str, global_batch
                   headroom_pct: float) -> None:
     """The best plan per cluster size and GPU type, with time-to-train, cost and the Pareto front."""
     parts = [size.strip() for size in sizes_text.split(",")]
-    if not all(part.isascii() and part.isdigit() for part in parts):
+    if not all(decimal_digits(part) for part in parts):
         raise PlannerError(f"--gpus {sizes_text!r} must be comma-separated GPU counts, e.g. 64,128,256")
     sizes = [int(part) for part in parts]
     if any(size < 1 for size in sizes):
         raise PlannerError(f"--gpus {sizes_text!r}: every cluster needs at least one GPU")
     gpus = [lookup_gpu(name.strip()).name for name in gpus_text.split(",")]
-    for option, values in (("--gpus", sizes), ("--gpu", gpus)):
+    for option, text, values in (("--gpus", sizes_text, sizes), ("--gpu", gpus_text, gpus)):
         if len(set(values)) < len(values):
-            raise PlannerError(f"{option} {sizes_text if option == '--gpus' else gpus_text!r} lists a value twice")
+            raise PlannerError(f"{option} {text!r} lists a value twice")
     prices = parse_prices(prices_text, gpus)
     points = sweep(load_model(model_spec), Training(global_batch=global_batch, seq_len=seq_len, dtype=dtype), gpus,
                    sizes, tokens, prices, time_limit_s=time_limit_s, progress=sweep_progress,

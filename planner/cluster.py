@@ -13,7 +13,6 @@ the other node (LINKS.json measures exactly this with p2p probes).
 from __future__ import annotations
 
 import itertools
-import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from planner.errors import PlannerError
 from planner.gpu import GPUSpec, gpu_from_dict, lookup_gpu
-from planner.limits import MAX_GPUS, MAX_PER_GPU_QUANTITY, MAX_SECONDS, MIN_BANDWIDTH, name_problem
+from planner.limits import MAX_GPUS, MAX_SECONDS, bandwidth_problem, finite_number, name_problem
 from planner.resources import load_structured_file, profiles_dir
 
 if TYPE_CHECKING:
@@ -70,16 +69,13 @@ class Link:
 def _check_bandwidths(where: str, bandwidths: dict[str, float]) -> None:
     """Each bandwidth a number of bytes/s in [MIN_BANDWIDTH, MAX_PER_GPU_QUANTITY) (one line naming it otherwise)."""
     for name, value in bandwidths.items():
-        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-                or not MIN_BANDWIDTH <= value < MAX_PER_GPU_QUANTITY):
-            raise PlannerError(f"{where}: {name} must be a number of bytes/s from {MIN_BANDWIDTH:g} to below "
-                               f"{MAX_PER_GPU_QUANTITY:g}, got {value!r}")
+        if problem := bandwidth_problem(name, value):
+            raise PlannerError(f"{where}: {problem}")
 
 
 def _check_latency(name: str, value: float) -> None:
     """A latency in [0, MAX_SECONDS] seconds (one line naming it otherwise)."""
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-            or not 0 <= value <= MAX_SECONDS):
+    if not finite_number(value) or not 0 <= value <= MAX_SECONDS:
         raise PlannerError(f"{name} must be a number of seconds in [0, {MAX_SECONDS:g}], got {value!r}")
 
 
@@ -359,7 +355,7 @@ def _number(data: dict[str, Any], key: str, origin: str, default: float | None =
         value = default
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+    if not finite_number(value) or value <= 0:
         raise PlannerError(f"{origin}: '{key}' must be a positive number (finite), got {value!r}")
     return float(value)
 
@@ -448,9 +444,9 @@ def cluster_from_dict(data: dict[str, Any], origin: str) -> Cluster:
         if bandwidth is None:
             raise PlannerError(f"{where}: needs 'gbps'")
         latency = _number(entry, "latency_us", where, cluster.inter_latency_s * 1e6)
-        if (min(a, b), max(a, b)) in {(min(pair), max(pair)) for pair in overrides}:
+        if (min(a, b), max(a, b)) in overrides:
             raise PlannerError(f"{where}: a second link between {cluster.nodes[a].name} and {cluster.nodes[b].name}")
-        overrides[(a, b)] = Link(bandwidth * _GB, latency / 1e6, "intra" if a == b else "inter")
+        overrides[(min(a, b), max(a, b))] = Link(bandwidth * _GB, latency / 1e6, "intra" if a == b else "inter")
     return cluster.with_pair_links(overrides) if overrides else cluster
 
 

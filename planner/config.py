@@ -16,7 +16,7 @@ from types import MappingProxyType
 
 from planner.cost.schedule import PIPELINE_ORDERS, PipelineSchedule, Schedule, schedule_of, stage_ranks
 from planner.errors import PlannerError
-from planner.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS
+from planner.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, finite_number
 
 __all__ = [
     "CP_COMMS",
@@ -341,8 +341,9 @@ class Training:
             raise PlannerError(f"training: grad_bytes must be 2 or 4, got {self.grad_bytes!r}")
         for name in ("moe_load_imbalance", "moe_capacity_factor"):
             value = getattr(self, name)
-            if (value is not None or name == "moe_load_imbalance") and (
-                    isinstance(value, bool) or not isinstance(value, (int, float)) or not 1.0 <= value < float("inf")):
+            if value is None and name == "moe_capacity_factor":  # none: dropless
+                continue
+            if not finite_number(value) or value < 1:
                 raise PlannerError(f"training: {name} must be a finite number >= 1, got {value!r}")
 
     def _check_cuda_graph_modules(self) -> None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
 from planner.errors import PlannerError
-from planner.limits import MAX_GPUS, MAX_PER_GPU_QUANTITY, MIN_BANDWIDTH, MIN_POWER_SHARE
+from planner.limits import MAX_GPUS, MAX_PER_GPU_QUANTITY, MIN_POWER_SHARE, bandwidth_problem, finite_number
 from planner.profile.calibration import check_efficiency
 from planner.resources import load_structured_file, profiles_dir
 
@@ -26,8 +25,7 @@ the catalog states none (`host_link_gbps` in profiles/gpus.yaml)."""
 
 def _positive_finite(value: object) -> bool:
     """Whether `value` is a real number in (0, MAX_PER_GPU_QUANTITY) (not a bool)."""
-    return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-            and 0 < value < MAX_PER_GPU_QUANTITY)
+    return finite_number(value) and 0 < value < MAX_PER_GPU_QUANTITY
 
 
 def sustained_clock_ratio(watts: float, rated_watts: float) -> float:
@@ -86,23 +84,21 @@ class GPUSpec:
         if not peaks or any(not _positive_finite(value) for _, value in peaks):
             raise PlannerError(f"GPU {self.name!r} peak_flops_per_s must give each dtype a positive FLOP/s below "
                                f"{MAX_PER_GPU_QUANTITY:g}, got {dict(peaks)!r:.120}")
-        for name in ("memory_bytes", "hbm_bandwidth_bytes_per_s", "intra_node_bandwidth_bytes_per_s",
-                     "nic_bandwidth_bytes_per_s", "host_link_bytes_per_s", "tdp_w", "rated_power_w"):
+        for name in ("memory_bytes", "tdp_w", "rated_power_w"):
             value = getattr(self, name)
             if not (value is None and name in ("tdp_w", "rated_power_w")) and not _positive_finite(value):
                 raise PlannerError(f"GPU {self.name!r} {name} must be a positive number below "
                                    f"{MAX_PER_GPU_QUANTITY:g}, got {value!r}")
+        for name in ("hbm_bandwidth_bytes_per_s", "intra_node_bandwidth_bytes_per_s", "nic_bandwidth_bytes_per_s",
+                     "host_link_bytes_per_s"):
+            if problem := bandwidth_problem(name, getattr(self, name)):
+                raise PlannerError(f"GPU {self.name!r} {problem}")
         if not _positive_finite(self.matmul_efficiency):  # a fit explores any positive value (`checked`: files)
             raise PlannerError(f"GPU {self.name!r} matmul_efficiency must be positive, got {self.matmul_efficiency!r}")
         for name in ("flash_attention_2_share", "fused_attention_share"):
             value = getattr(self, name)
             if not _positive_finite(value) or value > 1:
                 raise PlannerError(f"GPU {self.name!r} {name} must be in (0, 1], got {value!r}")
-        for name in ("hbm_bandwidth_bytes_per_s", "intra_node_bandwidth_bytes_per_s", "nic_bandwidth_bytes_per_s",
-                     "host_link_bytes_per_s"):
-            if getattr(self, name) < MIN_BANDWIDTH:
-                raise PlannerError(f"GPU {self.name!r} {name} must be at least {MIN_BANDWIDTH:g} bytes/s, "
-                                   f"got {getattr(self, name)!r}")
         for name in ("sm_count", "gpus_per_node"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_GPUS:

@@ -4,6 +4,7 @@ times README states (measured by tests/test_hardening.py)."""
 
 from __future__ import annotations
 
+import math
 import re
 
 __all__ = [
@@ -16,6 +17,11 @@ __all__ = [
     "MAX_PER_GPU_QUANTITY",
     "MAX_SECONDS",
     "MAX_SEQ_LEN",
+    "MIN_BANDWIDTH",
+    "MIN_POWER_SHARE",
+    "bandwidth_problem",
+    "decimal_digits",
+    "finite_number",
     "name_problem",
 ]
 
@@ -55,3 +61,22 @@ def name_problem(name: object, host: bool = False) -> str | None:
     if not host and (not name or len(name) > MAX_NAME_LENGTH or not name.isprintable()):
         return f"must be 1 to {MAX_NAME_LENGTH} printable characters on one line, got {name!r:.60}"
     return None
+
+
+def finite_number(value: object) -> bool:
+    """Whether `value` as read from a file is a finite int or float (true and false are not numbers)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def bandwidth_problem(name: str, value: object) -> str | None:
+    """Why `value` cannot be the bandwidth `name` of a GPU, node or link, or None: a number of bytes/s in
+    [MIN_BANDWIDTH, MAX_PER_GPU_QUANTITY)."""
+    if finite_number(value) and MIN_BANDWIDTH <= value < MAX_PER_GPU_QUANTITY:
+        return None
+    return f"{name} must be a number of bytes/s from {MIN_BANDWIDTH:g} to below {MAX_PER_GPU_QUANTITY:g}, got {value!r}"
+
+
+def decimal_digits(text: str) -> bool:
+    """Whether `text` is a whole number written in ASCII digits: str.isdigit also takes '²' and other scripts'
+    digits, which int() refuses or reads as another number."""
+    return text.isascii() and text.isdigit()

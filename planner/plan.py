@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from planner.cost.estimate import Estimate, mfu_convention
 from planner.cost.schedule import schedule_of
 from planner.errors import PlannerError
 from planner.frameworks import FRAMEWORK_NAMES, runs_on
+from planner.limits import decimal_digits, finite_number
 from planner.model import ModelSpec, model_from_dict
 from planner.placement import Placement, rank_coordinates
 from planner.plan_sections import (
@@ -282,8 +282,7 @@ def _check_estimate(estimate: Any, stages: list[Any], origin: str) -> None:
             raise PlannerError(f"{origin}: estimate.{section} must map terms to seconds")
         terms.update({f"estimate.{section}.{key}": value for key, value in mapping.items()})
     for name, value in (*figures.items(), *terms.items()):
-        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-                or (value < 0 and name in figures)):
+        if not finite_number(value) or (value < 0 and name in figures):
             raise PlannerError(f"{origin}: {name} must be a finite number{' >= 0' if name in figures else ''}, "
                                f"got {value!r:.60}")
     if not isinstance(_require(estimate, "fits", "estimate"), bool):
@@ -393,7 +392,7 @@ def _split_plan_reference(reference: Path | str) -> tuple[Path, int]:
     name, mark, number = text.rpartition("#")
     if not mark or Path(text).exists():
         return Path(text), 1
-    if not (number.isascii() and number.isdigit()) or int(number) < 1:
+    if not decimal_digits(number) or int(number) < 1:
         raise PlannerError(f"plan reference {text}: after '#' comes the plan's number as `planner plan` lists it, "
                            f"1 (the best) or more, not {number!r}")
     return Path(name), int(number)

@@ -64,9 +64,7 @@ def _gpu_from_record(record: Any, where: str) -> GPUSpec:
         return GPUSpec(**_record_values(GPUSpec, names, record, where),
                        peak_flops_per_s=tuple((str(k), _scalar(v, "float", f"{where}.peak_flops_per_s.{k}"))
                                               for k, v in peaks.items())).checked()
-    except TypeError as exc:
-        raise PlannerError(f"{where}: {exc}") from None
-    except PlannerError as exc:
+    except (TypeError, PlannerError) as exc:
         raise PlannerError(f"{where}: {exc}") from None
 
 

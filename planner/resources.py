@@ -13,6 +13,7 @@ import json
 import math
 import os
 import stat
+import sys
 import tempfile
 from collections.abc import Sequence
 from functools import cache
@@ -65,8 +66,8 @@ def _parse_yaml(text: str, origin: str) -> Any:
         return yaml.safe_load(text)
     except RecursionError:
         raise PlannerError(f"{origin}: nested deeper than {MAX_DEPTH} levels") from None
-    except ValueError as exc:  # an integer literal past Python's digit limit for str → int
-        raise PlannerError(f"{origin}: {_digits_problem(exc)}") from None
+    except ValueError as exc:  # an integer past Python's digit limit for str → int, a date that is none
+        raise PlannerError(f"{origin}: {_value_problem(exc)}") from None
 
 
 def parse_json(text: str, origin: str) -> Any:
@@ -78,14 +79,16 @@ def parse_json(text: str, origin: str) -> Any:
     except json.JSONDecodeError:
         raise
     except ValueError as exc:
-        raise PlannerError(f"{origin}: {_digits_problem(exc)}") from None
+        raise PlannerError(f"{origin}: {_value_problem(exc)}") from None
     return check_tree(document, origin)
 
 
-def _digits_problem(exc: ValueError) -> str:
-    """The one line for a number Python refuses to convert (an integer of thousands of digits)."""
-    digits = str(exc).split("(")[1].split(" digits")[0] if "digits" in str(exc) else "too many"
-    return f"a number has more digits than planner reads (limit {digits} digits)"
+def _value_problem(exc: ValueError) -> str:
+    """The one line for a value Python refuses to convert: an integer past sys.get_int_max_str_digits(), or a YAML
+    date that is no date (2024-13-45)."""
+    if "digits" in str(exc):
+        return f"a number has more digits than planner reads (limit {sys.get_int_max_str_digits():,} digits)"
+    return f"a value cannot be read ({exc})"
 
 
 def check_tree(document: Any, origin: str) -> Any:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from planner.cluster import Cluster, GpuId
 from planner.errors import PlannerError
 from planner.gpu import GPUSpec
+from planner.limits import decimal_digits
 
 __all__ = ["Slowdown", "apply_slowdowns", "parse_slowdown"]
 
@@ -50,7 +51,7 @@ def parse_slowdown(text: str) -> Slowdown:
         raise PlannerError(f"--slowdown {text!r}: FACTOR {factor_text!r} is not a number; use {_FORM}") from None
     gpu_index = None
     if colon:
-        if not (gpu_text.strip().isascii() and gpu_text.strip().isdigit()):
+        if not decimal_digits(gpu_text.strip()):
             raise PlannerError(f"--slowdown {text!r}: GPU {gpu_text!r} is not a GPU index; use {_FORM}")
         gpu_index = int(gpu_text)
     return Slowdown(node.strip(), gpu_index, factor)
@@ -60,7 +61,7 @@ def _node_of(cluster: Cluster, name: str) -> int:
     """A node by name, or by index when no node carries that name."""
     if any(node.name == name for node in cluster.nodes):
         return cluster.node_index(name)
-    if name.isascii() and name.isdigit() and int(name) < cluster.num_nodes:
+    if decimal_digits(name) and int(name) < cluster.num_nodes:
         return int(name)
     shown = ", ".join(node.name for node in cluster.nodes[:4]) + (", ..." if cluster.num_nodes > 4 else "")
     raise PlannerError(f"--slowdown: cluster {cluster.name} has no node {name!r} (nodes: {shown})")

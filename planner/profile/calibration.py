@@ -110,17 +110,17 @@ def load_calibration(path: Path) -> Calibration:
     """Read a calibration file; every constant must be present, finite and non-negative, and every
     efficiency plausible (`EFFICIENCY_RANGE`)."""
     document = load_structured_file(path)
+    constants = document.get("constants") if isinstance(document, dict) else None
     if isinstance(document, dict):
         version = document.get("schema_version", CALIBRATION_SCHEMA_VERSION)
         if isinstance(version, bool) or version != CALIBRATION_SCHEMA_VERSION:
             raise PlannerError(f"{path}: schema_version {version!r} is not supported (expected "
                                f"{CALIBRATION_SCHEMA_VERSION})")
-        constants = document.get("constants")
-        known = {item.name for item in fields(Calibration)}
-        unknown = sorted(str(name) for name in constants if name not in known) if isinstance(constants, dict) else []
-        if unknown:
-            raise PlannerError(f"{path}: unknown constant(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    return calibration_from_constants(document.get("constants") if isinstance(document, dict) else None, str(path))
+    known = {item.name for item in fields(Calibration)}
+    unknown = sorted(str(name) for name in constants if name not in known) if isinstance(constants, dict) else []
+    if unknown:
+        raise PlannerError(f"{path}: unknown constant(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return calibration_from_constants(constants, str(path))
 
 
 def calibration_from_constants(constants: object, path: str) -> Calibration:
